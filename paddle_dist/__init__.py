@@ -1,0 +1,21 @@
+"""paddle_dist: data-parallel PaddlePaddle training, on one card or many, with the plumbing done.
+
+Example:
+    import paddle_dist
+    cfg = paddle_dist.load_config("configs/mnist_lenet.yaml", ["train.api=hapi"])
+    paddle_dist.setup(cfg)
+    result = paddle_dist.fit(my_net, train_ds, eval_ds, config=cfg)
+"""
+
+import warnings
+
+# `import paddle` warns about a missing ccache on every import, in every rank.
+warnings.filterwarnings("ignore", message="No ccache found")
+
+from .config import Config, load as load_config  # noqa: E402
+from .env import DistEnv, detect  # noqa: E402
+from .runtime import seed_everything, setup  # noqa: E402
+from .trainer import fit  # noqa: E402
+
+__all__ = ["Config", "DistEnv", "detect", "fit", "load_config", "seed_everything", "setup"]
+__version__ = "0.1.0"

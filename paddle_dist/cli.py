@@ -1,0 +1,122 @@
+"""Command lines: train.py, tools/spawn_train.py and `python -m paddle_dist.launch`.
+
+Options are long and distinct (`--config/-c`, `--override/-o`) because
+`paddle.distributed.launch` rejects script options that are prefixes of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from . import config as configlib
+from . import env as envlib
+from . import launcher
+from .errors import EXIT_USAGE, UserError
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", default=None,
+                        help="YAML config: a path or a name from configs/ (default: mnist_lenet)")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. -o train.api=hapi (repeatable)")
+
+
+def _devices(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nprocs", type=int, default=None,
+                        help="processes on this machine (default: one per --gpus id, else dist.nprocs)")
+    parser.add_argument("--gpus", default=None,
+                        help="GPU ids, e.g. 0,1 (physical ids, members of CUDA_VISIBLE_DEVICES)")
+
+
+def _load(args, extra: List[str] = ()) -> configlib.Config:
+    overrides = list(args.override) + list(extra)
+    if getattr(args, "nprocs", None) is not None:
+        overrides.append(f"dist.nprocs={args.nprocs}")
+    if getattr(args, "gpus", None) is not None:
+        overrides.append(f"dist.gpus={args.gpus!s}")
+    if getattr(args, "nprocs", None) is not None and args.nprocs < 1:
+        raise UserError(f"--nprocs must be >= 1 (got {args.nprocs}); use 2 for two processes")
+    return configlib.load(args.config, overrides)
+
+
+def train_main(argv: Optional[List[str]] = None) -> int:
+    """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
+    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
+    _common(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = _load(parser.parse_args(argv))
+    return _run_job(cfg, script=os.path.abspath(sys.argv[0]), script_args=argv)
+
+
+def spawn_main(argv: Optional[List[str]] = None) -> int:
+    """tools/spawn_train.py: the same job through `paddle.distributed.spawn`."""
+    parser = argparse.ArgumentParser(prog="spawn_train.py",
+                                     description="Train through paddle.distributed.spawn.")
+    _common(parser)
+    _devices(parser)
+    args = parser.parse_args(argv)
+    if args.nprocs is None and args.gpus is None:
+        args.nprocs = 2
+    return _run_job(_load(args, ["dist.launcher=spawn"]))
+
+
+def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = ()) -> int:
+    from . import runtime, worker
+
+    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+    p = launcher.plan(cfg, here, script=script, script_args=script_args)
+    if p.mode == "none":
+        worker.main(cfg)
+        return 0
+    worker.check_pairing(cfg)
+    worker.build_datasets(cfg)        # bad data fails here, once, before any rank starts
+    run_dir = runtime.create_run_dir(cfg)
+    cfg.output.run_dir = str(run_dir)
+    print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
+    if p.mode == "launch":
+        p = launcher.plan(cfg, here, script=script,
+                          script_args=list(script_args) + ["-o", f"output.run_dir={run_dir}"],
+                          log_dir=str(Path(run_dir) / "launch"))
+        return launcher.launch(p)
+    return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),))
+
+
+def launch_main(argv: Optional[List[str]] = None) -> int:
+    """`python -m paddle_dist.launch`: run any Paddle script data-parallel."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paddle_dist.launch",
+        description="Run a Paddle training script on N processes with paddle_dist's device "
+                    "selection and NCCL settings (the script calls init_parallel_env itself).")
+    _common(parser)
+    _devices(parser)
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    if not Path(args.script).is_file():
+        raise UserError(f"script {args.script!r} not found; give the path of a Python file")
+    cfg = _load(args)
+    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+    if here.launcher != "standalone":
+        raise UserError("already inside a launched job; run the script directly")
+    cfg.dist.launcher = "launch"
+    p = launcher.plan(cfg, here, script=args.script, script_args=args.script_args)
+    if p.mode == "none":
+        p = launcher.LaunchPlan(mode="launch", argv=launcher.launch_argv(1, (), args.script,
+                                                                         args.script_args))
+    return launcher.launch(p)
+
+
+def run(main, argv: Optional[List[str]] = None) -> None:
+    """Run a command; user errors become one line on stderr and exit code 2."""
+    try:
+        code = main(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,284 @@
+"""Typed configuration: defaults -> YAML file -> `-o section.key=value` overrides.
+
+Every key has a typed default below. An unknown key or a value of the wrong type is a
+`ConfigError` naming the key (and, for a typo, the closest valid key). Values are parsed
+with `yaml.safe_load`, never `eval`.
+
+Example:
+    cfg = load("configs/mnist_lenet.yaml", ["train.api=hapi", "train.epochs=3"])
+    cfg.train.epochs  # -> 3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from .errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = "mnist_lenet"
+
+
+@dataclass
+class DataConfig:
+    name: str = "mnist"            # mnist | synthetic | linear
+    root: str = ""                 # MNIST IDX directory; "" = the bundled 4,000/1,000 subset
+    num_samples: int = 4096        # synthetic / linear: training samples
+    num_eval_samples: int = 1024   # synthetic / linear: evaluation samples
+    seed: int = 0                  # synthetic / linear: data generator seed
+
+
+@dataclass
+class ModelConfig:
+    name: str = "lenet"            # lenet | mlp | linear
+
+
+@dataclass
+class TrainConfig:
+    api: str = "loop"              # loop (manual DataParallel) | hapi (paddle.Model.fit)
+    epochs: int = 5
+    batch_size: int = 64           # per rank; the global batch is batch_size * world_size
+    eval_batch_size: int = 500     # per rank
+    optimizer: str = "adam"        # adam | sgd | momentum
+    lr: float = 0.001
+    weight_decay: float = 0.0
+    shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
+    drop_last: bool = False
+    seed: int = 2024               # weights and every other random draw
+    max_steps: int = 0             # stop after this many steps in total; 0 = run all epochs
+    log_every: int = 20            # steps between progress lines
+
+
+@dataclass
+class NcclConfig:
+    socket_ifname: str = ""        # NCCL_SOCKET_IFNAME, e.g. "eth0" or "^lo,docker"
+    ib_hca: str = ""               # NCCL_IB_HCA, e.g. "mlx5_0,mlx5_1"
+    ib_disable: Optional[bool] = None   # NCCL_IB_DISABLE
+    p2p_disable: Optional[bool] = None  # NCCL_P2P_DISABLE
+    debug: str = ""                # NCCL_DEBUG: WARN | INFO | TRACE
+    debug_subsys: str = ""         # NCCL_DEBUG_SUBSYS, e.g. "INIT,NET"
+    extra: Dict[str, str] = field(default_factory=dict)  # any other NCCL_* variable
+
+
+@dataclass
+class DistConfig:
+    nprocs: int = 1                # processes on this machine; > 1 makes train.py launch them
+    launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn
+    gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
+    backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+
+
+@dataclass
+class CheckpointConfig:
+    every_epochs: int = 1          # 0 = never
+    keep_last: int = 3
+
+
+@dataclass
+class OutputConfig:
+    root: str = "runs"             # runs go to <root>/<name>-<timestamp>
+    name: str = ""                 # "" = the config file's stem
+    run_dir: str = ""              # explicit run directory; must not hold a finished run
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "data.name": ("mnist", "synthetic", "linear"),
+    "model.name": ("lenet", "mlp", "linear"),
+    "train.api": ("loop", "hapi"),
+    "train.optimizer": ("adam", "sgd", "momentum"),
+    "dist.launcher": ("launch", "spawn"),
+    "dist.backend": ("auto", "gloo", "nccl"),
+}
+POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
+            "dist.nprocs", "data.num_samples", "data.num_eval_samples")
+NON_NEGATIVE = ("train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
+                "checkpoint.keep_last")
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A config path, or the name of a file in configs/ ("mnist_mlp" -> configs/mnist_mlp.yaml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    bundled = CONFIG_DIR / f"{name_or_path}.yaml"
+    if "/" not in name_or_path and bundled.is_file():
+        return bundled
+    known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"config file {name_or_path!r} not found; pass a YAML path or one of: {known}")
+
+
+def load(path: Optional[str] = None, overrides: List[str] = ()) -> Config:
+    """Build the config: defaults, then the YAML file (default: configs/mnist_lenet.yaml), then overrides."""
+    cfg = Config()
+    source = resolve_path(path or DEFAULT_CONFIG)
+    merge(cfg, read_yaml(source))
+    for item in overrides:
+        key, value = parse_override(item)
+        set_key(cfg, key, value)
+    if not cfg.output.name:
+        cfg.output.name = source.stem
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: Path) -> Dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (data:, model:, train:, ...)")
+    return data
+
+
+def parse_override(item: str):
+    """'train.epochs=3' -> ('train.epochs', 3). Values are YAML scalars: 3, 0.1, true, "0,1"."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.epochs=3")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def merge(cfg: Any, data: Dict[str, Any], prefix: str = "") -> None:
+    for key, value in data.items():
+        set_key(cfg, f"{prefix}{key}", value)
+
+
+def set_key(cfg: Config, dotted: str, value: Any) -> None:
+    """Set a dotted key, checking that it exists and that the value has its type."""
+    *parents, leaf = dotted.split(".")
+    node = cfg
+    for i, part in enumerate(parents):
+        node = getattr(node, _field(node, part, ".".join(parents[: i + 1])))
+    name = _field(node, leaf, dotted)
+    current = getattr(node, name)
+    if dataclasses.is_dataclass(current):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{dotted} is a section; set its keys, e.g. {dotted}.<key>=...")
+        merge(cfg, value, f"{dotted}.")
+        return
+    setattr(node, name, _coerce(dotted, value, _field_type(node, name)))
+
+
+def _field(node: Any, name: str, dotted: str) -> str:
+    names = [f.name for f in dataclasses.fields(node)]
+    if name in names:
+        return name
+    section = dotted.rpartition(".")[0]
+    full = [f"{section}.{n}" if section else n for n in names]
+    close = difflib.get_close_matches(dotted, full + _all_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; valid keys here: {', '.join(full)}"
+    raise ConfigError(f"unknown config key {dotted!r}{hint}")
+
+
+def _all_keys(node: Any = None, prefix: str = "") -> List[str]:
+    node = node if node is not None else Config()
+    keys = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += _all_keys(value, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _field_type(node: Any, name: str) -> str:
+    return str({f.name: f.type for f in dataclasses.fields(node)}[name])
+
+
+def _coerce(key: str, value: Any, type_name: str) -> Any:
+    """Check a value against a field's annotation; ints are accepted for floats, nothing else converts."""
+    if value is None and type_name.startswith("Optional"):
+        return None
+    base = type_name.replace("Optional[", "").rstrip("]")
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, (str, int, float)) and not isinstance(value, bool),
+        "Dict[str, str]": isinstance(value, dict),
+    }[base]
+    if not ok:
+        raise ConfigError(f"{key} must be {_type_words(base)}, got {value!r}")
+    if base == "float":
+        return float(value)
+    if base == "str":
+        return str(value)
+    if base == "Dict[str, str]":
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+def _type_words(base: str) -> str:
+    return {"bool": "true or false", "int": "an integer", "float": "a number",
+            "str": "a string", "Dict[str, str]": "a mapping of NAME: value"}[base]
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks that types alone cannot express."""
+    for key, allowed in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(allowed)} (got {value!r})")
+    for key in POSITIVE:
+        if get_key(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1 (got {get_key(cfg, key)!r})")
+    for key in NON_NEGATIVE:
+        if get_key(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0 (got {get_key(cfg, key)!r})")
+    if cfg.train.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0 (got {cfg.train.lr!r})")
+    for name in cfg.dist.nccl.extra:
+        if not name.startswith("NCCL_"):
+            raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
+
+
+def get_key(cfg: Config, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def from_dict(data: Dict[str, Any]) -> Config:
+    """Rebuild a Config from `to_dict()` output (what a spawned child receives)."""
+    cfg = Config()
+    merge(cfg, data)
+    validate(cfg)
+    return cfg
+
+
+def dump(cfg: Config, path: Path) -> None:
+    """Write the resolved config as YAML, loadable again with `load(path)`."""
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

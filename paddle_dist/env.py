@@ -1,0 +1,303 @@
+"""The environment layer: the ONLY module that reads or writes `os.environ`.
+
+`detect()` turns the variables a launcher left behind into a frozen `DistEnv`; everything
+else in paddle_dist receives that object and never asks for ranks itself.
+
+Device rule (Paddle's own, made explicit): `--gpus` / `dist.gpus` name physical GPU ids,
+as nvidia-smi shows them. When `CUDA_VISIBLE_DEVICES` is set, every id must be in it,
+and a process uses the id's POSITION in that list, because CUDA renumbers the visible
+devices from 0 (`CUDA_VISIBLE_DEVICES=4,5 --gpus 5` -> device `gpu:1`). Without GPUs, or
+with the CPU build of Paddle, training runs on CPU with the gloo backend.
+
+Example:
+    env = detect()
+    if env.is_main:
+        print(f"{env.world_size} ranks, device {env.device}")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .errors import DeviceError
+
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job. `global_rank` is unique in the job;
+    `local_rank` is unique on this machine (Paddle's `ParallelEnv().local_rank` is NOT:
+    it is the global rank)."""
+
+    launcher: str = "standalone"   # standalone | paddle_launch | spawn
+    global_rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    nnodes: int = 1
+    master: str = ""               # host:port of the rendezvous; "" when standalone
+    device: str = CPU              # "cpu" or "gpu:<index among the visible GPUs>"
+    backend: str = "none"          # none (one process) | gloo | nccl
+
+    @property
+    def is_main(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What this Paddle build and machine offer; `probe_gpus()` fills it in."""
+
+    compiled_with_cuda: bool = False
+    count: int = 0
+
+
+# ---------------------------------------------------------------- cluster environments
+class ClusterEnvironment:
+    """One way processes get started. `detect(environ)` says whether it started this one."""
+
+    name = "standalone"
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.env = environ
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return True
+
+    def _int(self, key: str, default: int = 0) -> int:
+        return int(self.env.get(key, default))
+
+    def ranks(self) -> Dict[str, object]:
+        return {}
+
+
+class PaddleLaunch(ClusterEnvironment):
+    """`python -m paddle.distributed.launch`: sets PADDLE_LOCAL_RANK, PADDLE_NNODES, PADDLE_MASTER."""
+
+    name = "paddle_launch"
+
+    @staticmethod
+    def detect(environ):
+        return "PADDLE_TRAINER_ID" in environ and "PADDLE_LOCAL_RANK" in environ
+
+    def ranks(self):
+        nnodes = self._int("PADDLE_NNODES", 1)
+        local_size = self._int("PADDLE_LOCAL_SIZE", 1)
+        return dict(
+            global_rank=self._int("PADDLE_TRAINER_ID"),
+            local_rank=self._int("PADDLE_LOCAL_RANK"),
+            world_size=self._int("PADDLE_TRAINERS_NUM", 1),
+            local_world_size=local_size,
+            node_rank=self._int("PADDLE_TRAINER_ID") // max(local_size, 1),
+            nnodes=nnodes,
+            master=self.env.get("PADDLE_MASTER") or _first_endpoint(self.env),
+        )
+
+
+class PaddleSpawn(ClusterEnvironment):
+    """`paddle.distributed.spawn`: only the legacy PADDLE_TRAINER_* variables, one machine."""
+
+    name = "spawn"
+
+    @staticmethod
+    def detect(environ):
+        return "PADDLE_TRAINER_ID" in environ and "PADDLE_TRAINERS_NUM" in environ
+
+    def ranks(self):
+        rank = self._int("PADDLE_TRAINER_ID")
+        world = self._int("PADDLE_TRAINERS_NUM", 1)
+        return dict(global_rank=rank, local_rank=rank, world_size=world,
+                    local_world_size=world, master=_first_endpoint(self.env))
+
+
+# Most specific first: a launched process carries the spawn variables too, and
+# everything else is a standalone process.
+CLUSTER_ENVIRONMENTS = (PaddleLaunch, PaddleSpawn, ClusterEnvironment)
+
+
+def _first_endpoint(environ: Mapping[str, str]) -> str:
+    return environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+
+
+def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = None,
+           environ: Optional[Mapping[str, str]] = None) -> DistEnv:
+    """Describe this process: launcher, ranks, device and backend.
+
+    Example:
+        env = detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+    """
+    environ = os.environ if environ is None else environ
+    cluster = next(c for c in CLUSTER_ENVIRONMENTS if c.detect(environ))(environ)
+    ranks = cluster.ranks()
+    info = gpu_info if gpu_info is not None else probe_gpus()
+    device = select_device(cluster.name, ranks.get("local_rank", 0), gpus, info, environ)
+    world = ranks.get("world_size", 1)
+    return DistEnv(launcher=cluster.name, device=device,
+                   backend=select_backend(backend, device, world), **ranks)
+
+
+def probe_gpus() -> GpuInfo:
+    import paddle
+
+    if not paddle.is_compiled_with_cuda():
+        return GpuInfo(False, 0)
+    return GpuInfo(True, paddle.device.cuda.device_count())
+
+
+# ---------------------------------------------------------------- devices
+def parse_gpus(spec: str) -> List[str]:
+    """'0,1' -> ['0', '1']; malformed or duplicated ids are a DeviceError."""
+    if spec is None or str(spec).strip() == "":
+        return []
+    ids = [part.strip() for part in str(spec).split(",")]
+    for gpu in ids:
+        if not gpu.isdigit():
+            raise DeviceError(f"--gpus {spec!r} is malformed: {gpu!r} is not a GPU id; "
+                              "use comma-separated ids such as 0,1")
+    dupes = sorted({g for g in ids if ids.count(g) > 1})
+    if dupes:
+        raise DeviceError(f"--gpus {spec!r} names GPU {','.join(dupes)} more than once; "
+                          "give each GPU once")
+    return ids
+
+
+def visible_gpus(info: GpuInfo, environ: Mapping[str, str]) -> List[str]:
+    """Physical ids this process can use, in CUDA's order."""
+    if not info.compiled_with_cuda or info.count == 0:
+        return []
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None or listed.strip() in ("", "all"):
+        return [str(i) for i in range(info.count)]
+    return [x.strip() for x in listed.split(",") if x.strip()][: info.count]
+
+
+def check_gpus(spec: str, info: GpuInfo, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Validate requested GPU ids against the build and `CUDA_VISIBLE_DEVICES`; return them."""
+    environ = os.environ if environ is None else environ
+    ids = parse_gpus(spec)
+    if not ids:
+        return []
+    if not info.compiled_with_cuda:
+        raise DeviceError(f"GPUs {spec} were requested but this Paddle build has no CUDA "
+                          "(CPU paddlepaddle); install paddlepaddle-gpu, or drop --gpus to train on CPU")
+    visible = visible_gpus(info, environ)
+    missing = [g for g in ids if g not in visible]
+    if missing:
+        seen = ",".join(visible) or "none"
+        where = ("CUDA_VISIBLE_DEVICES=" + environ["CUDA_VISIBLE_DEVICES"]
+                 if environ.get("CUDA_VISIBLE_DEVICES") else f"{info.count} GPU(s) on this machine")
+        raise DeviceError(f"GPU {','.join(missing)} is not visible (visible: {seen}; {where}); "
+                          "pick --gpus from the visible ids")
+    return ids
+
+
+def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
+                  environ: Mapping[str, str]) -> str:
+    """'cpu' or 'gpu:<n>' for this process (n counts among the visible GPUs)."""
+    requested = check_gpus(gpus, info, environ)
+    visible = visible_gpus(info, environ)
+    if not visible:
+        return CPU
+    selected = environ.get("FLAGS_selected_gpus", "").split(",")[0].strip()
+    if selected:
+        # paddle.distributed.launch passes a position in the visible list, spawn the
+        # physical id itself (spawn.py, "use absolute gpu card id").
+        if launcher == "spawn" and selected in visible:
+            return f"gpu:{visible.index(selected)}"
+        return f"gpu:{int(selected)}"
+    pool = requested or visible
+    return f"gpu:{visible.index(pool[local_rank % len(pool)])}"
+
+
+def select_backend(backend: str, device: str, world_size: int) -> str:
+    if world_size < 2:
+        return "none"
+    if backend != "auto":
+        return backend
+    return "nccl" if device.startswith("gpu") else "gloo"
+
+
+# ---------------------------------------------------------------- variables for children
+NCCL_KEYS = {
+    "socket_ifname": "NCCL_SOCKET_IFNAME",
+    "ib_hca": "NCCL_IB_HCA",
+    "ib_disable": "NCCL_IB_DISABLE",
+    "p2p_disable": "NCCL_P2P_DISABLE",
+    "debug": "NCCL_DEBUG",
+    "debug_subsys": "NCCL_DEBUG_SUBSYS",
+}
+
+
+def nccl_variables(nccl) -> Dict[str, str]:
+    """The NCCL_* variables a `dist.nccl` config block asks for (unset fields are left out).
+
+    Example:
+        nccl_variables(cfg.dist.nccl)  # {'NCCL_SOCKET_IFNAME': 'eth0', 'NCCL_DEBUG': 'INFO'}
+    """
+    out = {}
+    for key, var in NCCL_KEYS.items():
+        value = getattr(nccl, key)
+        if value is None or value == "":
+            continue
+        out[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    out.update({k: str(v) for k, v in nccl.extra.items()})
+    return out
+
+
+def worker_variables(cfg, nprocs: int, cpu_count: Optional[int] = None,
+                     environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Variables every worker of a job gets: NCCL settings, and one OpenMP thread share
+    per rank on CPU unless the user chose OMP_NUM_THREADS (two ranks each grabbing every
+    core run slower than one)."""
+    environ = os.environ if environ is None else environ
+    out = nccl_variables(cfg.dist.nccl)
+    if "OMP_NUM_THREADS" not in environ:
+        cores = cpu_count or os.cpu_count() or 1
+        out["OMP_NUM_THREADS"] = str(max(1, cores // max(nprocs, 1)))
+    return out
+
+
+def child_environ(extra: Mapping[str, str], drop: Sequence[str] = ()) -> Dict[str, str]:
+    """A full environment for a child process: ours, minus `drop`, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra)
+    return env
+
+
+def export(variables: Mapping[str, str]) -> Dict[str, Optional[str]]:
+    """Set variables in this process (for Paddle, which reads them itself); return the old values."""
+    old = {k: os.environ.get(k) for k in variables}
+    os.environ.update({k: str(v) for k, v in variables.items()})
+    return old
+
+
+def restore(old: Mapping[str, Optional[str]]) -> None:
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def prepare_process_group(env: DistEnv, cfg) -> None:
+    """Export what Paddle reads before `init_parallel_env`: backend, NCCL settings, the
+    device flag. Done in the worker too, so a bare `paddle.distributed.launch` gets them."""
+    variables = nccl_variables(cfg.dist.nccl)
+    if env.backend != "none":
+        variables["PADDLE_DISTRI_BACKEND"] = env.backend
+    if env.device.startswith("gpu"):
+        variables["FLAGS_selected_gpus"] = env.device.split(":")[1]
+    export(variables)

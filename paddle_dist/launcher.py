@@ -1,0 +1,118 @@
+"""Start the processes of a job: `plan()` decides (pure), `launch()` acts.
+
+Modes:
+- `none`: run in this process: one rank, or processes already started outside
+  (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
+- `launch`: `python -m paddle.distributed.launch --nproc_per_node N [--devices ids] script args`;
+- `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`.
+
+Example:
+    p = plan(cfg, env, script="train.py", script_args=sys.argv[1:])
+    if p.mode != "none":
+        sys.exit(launch(p))
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import env as envlib
+from .errors import ConfigError, DeviceError
+
+# Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
+QUIET_CHILD = {
+    "GLOG_minloglevel": "2",
+    "PYTHONWARNINGS": "ignore::UserWarning:paddle.utils.cpp_extension.extension_utils",
+}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    mode: str                           # none | launch | spawn
+    nprocs: int = 1
+    gpus: Tuple[str, ...] = ()
+    backend: str = "auto"
+    argv: Tuple[str, ...] = ()          # launch mode: the command to run
+    env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
+    log_dir: str = ""                   # launch mode: Paddle's workerlog.N files
+
+
+def resolve_nprocs(nprocs: int, gpus: Sequence[str]) -> int:
+    """`--gpus 0,1` alone means two processes; `--nprocs` and `--gpus` must agree."""
+    if nprocs < 1:
+        raise ConfigError(f"--nprocs must be >= 1 (got {nprocs}); use 2 for two processes")
+    if gpus and nprocs not in (1, len(gpus)):
+        raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
+                          f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs or make them agree")
+    return len(gpus) if gpus else nprocs
+
+
+def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
+         gpu_info: Optional[envlib.GpuInfo] = None, log_dir: str = "",
+         cpu_count: Optional[int] = None, environ=None) -> LaunchPlan:
+    """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
+
+    Example:
+        plan(cfg, DistEnv(), script="train.py").argv
+        # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
+    """
+    info = gpu_info if gpu_info is not None else envlib.probe_gpus()
+    gpus = tuple(envlib.check_gpus(cfg.dist.gpus, info, environ))
+    nprocs = resolve_nprocs(cfg.dist.nprocs, gpus)
+    if env.launcher != "standalone" or (nprocs == 1 and not gpus):
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+    variables = dict(QUIET_CHILD)
+    variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))
+    mode = cfg.dist.launcher
+    argv: Tuple[str, ...] = ()
+    if mode == "launch":
+        argv = launch_argv(nprocs, gpus, script, script_args, log_dir)
+    return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
+                      argv=argv, env=variables, log_dir=log_dir)
+
+
+def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequence[str],
+                log_dir: str = "") -> Tuple[str, ...]:
+    argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
+            "--log_level", "WARNING"]
+    if gpus:
+        argv += ["--devices", ",".join(gpus)]
+    if log_dir:
+        argv += ["--log_dir", log_dir]
+    return tuple(argv + [script, *script_args])
+
+
+def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = ()) -> int:
+    """Run the plan; return the job's exit code. `fn(*args)` is the spawn-mode entry."""
+    if p.mode == "launch":
+        return _run_subprocess(list(p.argv), envlib.child_environ(p.env))
+    if p.mode == "spawn":
+        return _run_spawn(p, fn, args)
+    raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
+
+
+def _run_subprocess(argv: List[str], child_env: Dict[str, str]) -> int:
+    proc = subprocess.Popen(argv, env=child_env, start_new_session=False)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # Paddle's launcher tears its workers down on SIGINT/SIGTERM; wait for it.
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
+
+
+def _run_spawn(p: LaunchPlan, fn: Callable, args: Sequence) -> int:
+    import paddle.distributed as dist
+
+    old = envlib.export(p.env)  # spawn copies our environment into its children
+    try:
+        backend = envlib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
+        options = {"gpus": ",".join(p.gpus)} if p.gpus else {}
+        dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend, join=True, **options)
+        return 0
+    finally:
+        envlib.restore(old)

@@ -1,0 +1,128 @@
+"""Per-rank log files, rank-0 console progress and VisualDL scalars.
+
+Every rank writes `<run>/logs/rank<N>.log`; only global rank 0 prints to the console and
+writes VisualDL scalars under `<run>/vdl`.
+
+Example:
+    log = setup(run_dir, env)
+    progress = Progress(env, run_dir, steps_per_epoch=63, epochs=5, batch_size=64, log_every=20)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+NAME = "paddle_dist"
+
+
+def setup(run_dir: Optional[Path], env) -> logging.Logger:
+    """Configure the `paddle_dist` logger for this rank (replacing earlier handlers)."""
+    log = logging.getLogger(NAME)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    if run_dir is not None:
+        (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(Path(run_dir) / "logs" / f"rank{env.global_rank}.log")
+        file_handler.setFormatter(logging.Formatter(
+            f"%(asctime)s rank{env.global_rank} %(levelname)s %(message)s"))
+        log.addHandler(file_handler)
+    if env.is_main:
+        console = logging.StreamHandler(sys.stdout)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(console)
+    return log
+
+
+def get() -> logging.Logger:
+    return logging.getLogger(NAME)
+
+
+def format_eta(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Step and epoch reporting shared by both trainers.
+
+    `step(loss, lr)` is called after every optimizer step with this rank's loss; a line
+    goes out every `log_every` steps with the mean loss, global samples/s and an ETA.
+    """
+
+    def __init__(self, env, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
+                 batch_size: int, log_every: int, total_steps: Optional[int] = None):
+        self.env, self.log = env, get()
+        self.steps_per_epoch, self.epochs, self.log_every = steps_per_epoch, epochs, log_every
+        self.global_batch = batch_size * env.world_size
+        self.total_steps = total_steps or steps_per_epoch * epochs
+        self.step_count, self.losses = 0, []
+        self.train_time, self._window, self._t_last = 0.0, [], None
+        self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
+
+    def epoch_begin(self, epoch: int) -> None:
+        self.epoch, self.epoch_step, self._t_last = epoch, 0, time.perf_counter()
+
+    def step(self, loss: float, lr: float) -> None:
+        now = time.perf_counter()
+        self.train_time += now - self._t_last
+        self._t_last = now
+        self.step_count += 1
+        self.epoch_step += 1
+        self.losses.append(loss)
+        self._window.append(loss)
+        if self.step_count % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
+            self._report(lr)
+
+    def pause(self) -> None:
+        """Stop the training clock (evaluation, checkpointing)."""
+        self._t_last = None
+
+    def resume(self) -> None:
+        self._t_last = time.perf_counter()
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.step_count * self.global_batch / self.train_time if self.train_time else 0.0
+
+    def _report(self, lr: float) -> None:
+        mean = sum(self._window) / len(self._window)
+        self._window = []
+        speed = self.samples_per_s
+        eta = (self.total_steps - self.step_count) * self.global_batch / speed if speed else 0
+        self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
+                      f"loss {mean:.4f} lr {lr:.2e} {speed:,.0f} samples/s eta {format_eta(eta)}")
+        self.scalar("train/loss", mean)
+        self.scalar("train/lr", lr)
+        self.scalar("train/samples_per_s", speed)
+
+    def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float]) -> None:
+        parts = [f"train_loss {train_loss:.4f}"] + [f"{k} {v:.4f}" for k, v in metrics.items()
+                                                     if k != "count"]
+        self.log.info(f"epoch {epoch + 1}/{self.epochs} done: " + " ".join(parts)
+                      + f" ({int(metrics.get('count', 0))} eval samples)")
+        for key, value in metrics.items():
+            if key != "count":
+                self.scalar(f"eval/{key}", value, step=epoch + 1)
+
+    def scalar(self, tag: str, value: float, step: Optional[int] = None) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(tag=tag, value=float(value),
+                                   step=self.step_count if step is None else step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _visualdl_writer(run_dir: Path):
+    from visualdl import LogWriter
+
+    return LogWriter(logdir=str(Path(run_dir) / "vdl"))

@@ -1,0 +1,79 @@
+"""Model registry: `build(name)` returns a fresh `paddle.nn.Layer`.
+
+Example:
+    net = build("lenet")      # LeNet-style CNN for [N, 1, 28, 28] inputs
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import paddle
+from paddle import nn
+
+from .errors import ConfigError
+
+
+class LinearNet(nn.Layer):
+    """10 -> 10 -> 1 regression net, the classic `paddle.distributed.spawn` example."""
+
+    def __init__(self, in_dim: int = 10, hidden: int = 10, out_dim: int = 1):
+        super().__init__()
+        self.linear1 = nn.Linear(in_dim, hidden)
+        self.linear2 = nn.Linear(hidden, out_dim)
+
+    def forward(self, x):
+        return self.linear2(self.linear1(x))
+
+
+class MLP(nn.Layer):
+    """784 -> 512 -> 10 classifier on flattened 28x28 images."""
+
+    def __init__(self, in_dim: int = 784, hidden: int = 512, num_classes: int = 10):
+        super().__init__()
+        self.fc1 = nn.Linear(in_dim, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        x = paddle.flatten(x, start_axis=1)
+        return self.fc2(nn.functional.relu(self.fc1(x)))
+
+
+class LeNet(nn.Layer):
+    """LeNet-style CNN: two conv + max-pool blocks, three fully connected layers."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2D(1, 6, 3, stride=1, padding=1), nn.ReLU(), nn.MaxPool2D(2, 2),
+            nn.Conv2D(6, 16, 5, stride=1, padding=0), nn.ReLU(), nn.MaxPool2D(2, 2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(paddle.flatten(self.features(x), start_axis=1))
+
+
+# name -> (constructor, task); the task picks the loss and the evaluation metric.
+REGISTRY: Dict[str, tuple] = {
+    "linear": (LinearNet, "regression"),
+    "mlp": (MLP, "classification"),
+    "lenet": (LeNet, "classification"),
+}
+
+
+def build(name: str) -> nn.Layer:
+    return _entry(name)[0]()
+
+
+def task_of(name: str) -> str:
+    return _entry(name)[1]
+
+
+def _entry(name: str):
+    if name not in REGISTRY:
+        raise ConfigError(f"model.name {name!r} is unknown; choose one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]

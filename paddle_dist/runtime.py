@@ -1,0 +1,111 @@
+"""Per-process set-up, the same for every launch mode: device, process group, seeds, run dir.
+
+Example:
+    env = setup(cfg)            # idempotent: safe to call before building the model
+    run_dir = make_run_dir(cfg, env)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from . import env as envlib
+from .errors import UserError
+
+_ENV: Optional[envlib.DistEnv] = None
+_FAILED = "error: "
+
+
+def setup(cfg) -> envlib.DistEnv:
+    """Detect this process, select its device, start the process group once, seed."""
+    global _ENV
+    env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+    if _ENV is None:
+        envlib.prepare_process_group(env, cfg)
+        paddle.set_device(env.device)
+        if env.is_distributed:
+            with _quiet_stderr():
+                dist.init_parallel_env()
+    _ENV = env
+    seed_everything(cfg.train.seed)
+    return env
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank: identical initial weights (DataParallel also broadcasts
+    rank 0's), identical data order from the distributed sampler."""
+    random.seed(seed)
+    np.random.seed(seed)
+    paddle.seed(seed)
+
+
+class _BannerFilter(io.TextIOBase):
+    """Drops Paddle's 'Modified FLAGS detected' block; passes everything else through."""
+
+    def __init__(self, target):
+        self.target, self.skipping = target, False
+
+    def write(self, text):
+        if "Modified FLAGS detected" in text:
+            self.skipping = True
+        elif self.skipping and text.startswith("====="):
+            self.skipping = False
+        elif not self.skipping:
+            self.target.write(text)
+        return len(text)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    with contextlib.redirect_stderr(_BannerFilter(sys.stderr)):
+        yield
+
+
+def make_run_dir(cfg, env) -> Path:
+    """The run directory, created by rank 0 and agreed on by every rank.
+
+    `output.run_dir` is used as given (it must not hold a finished run); otherwise
+    `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>` with a suffix if taken.
+    """
+    chosen = [""]
+    if env.is_main:
+        try:
+            chosen = [str(create_run_dir(cfg))]
+        except UserError as exc:
+            chosen = [f"{_FAILED}{exc}"]
+    if env.is_distributed:
+        # The other ranks wait here for rank 0's choice, or for its error.
+        dist.broadcast_object_list(chosen, src=0)
+    if chosen[0].startswith(_FAILED):
+        raise UserError(chosen[0][len(_FAILED):])
+    return Path(chosen[0])
+
+
+def create_run_dir(cfg) -> Path:
+    if cfg.output.run_dir:
+        path = Path(cfg.output.run_dir)
+        if (path / "metrics.json").exists():
+            raise UserError(f"output.run_dir {path} already holds a finished run; "
+                            "choose another output.run_dir or remove that one")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.output.root) / f"{cfg.output.name}-{stamp}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")

@@ -1,0 +1,59 @@
+"""The single per-process entry for every launch mode: set up, build the parts, train.
+
+Example:
+    worker.main(cfg)          # in each rank, however it was started
+"""
+
+from __future__ import annotations
+
+from . import config as configlib
+from . import data, models, runtime, trainer
+from .errors import ConfigError
+from .trainer.common import Parts, optimizer_factory
+
+import paddle
+
+
+def build_datasets(cfg):
+    """(train, eval) datasets for `data.name`; one builder for both trainers."""
+    d = cfg.data
+    if d.name == "mnist":
+        flatten = cfg.model.name == "mlp"
+        return (data.mnist_dataset(d.root, "train", flatten=flatten),
+                data.mnist_dataset(d.root, "test", flatten=flatten))
+    if d.name == "synthetic":
+        return (data.synthetic_classification(d.num_samples, seed=d.seed),
+                data.synthetic_classification(d.num_eval_samples, seed=d.seed + 1))
+    return (data.linear_regression(d.num_samples, seed=d.seed),
+            data.linear_regression(d.num_eval_samples, seed=d.seed + 1))
+
+
+def check_pairing(cfg) -> None:
+    task = models.task_of(cfg.model.name)
+    data_task = "regression" if cfg.data.name == "linear" else "classification"
+    if task != data_task:
+        raise ConfigError(f"model.name={cfg.model.name} ({task}) does not fit data.name="
+                          f"{cfg.data.name} ({data_task}); use model.name=linear with data.name=linear, "
+                          "lenet or mlp with mnist or synthetic")
+
+
+def build_parts(cfg) -> Parts:
+    check_pairing(cfg)
+    train_data, eval_data = build_datasets(cfg)
+    task = models.task_of(cfg.model.name)
+    loss = paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()
+    return Parts(model=models.build(cfg.model.name), train_data=train_data, eval_data=eval_data,
+                 loss=loss, optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr,
+                                                        cfg.train.weight_decay), task=task)
+
+
+def main(cfg) -> trainer.Result:
+    """Run this rank's share of the job described by `cfg`."""
+    check_pairing(cfg)
+    env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
+    return trainer.train(build_parts(cfg), cfg, env)
+
+
+def spawn_entry(cfg_dict) -> None:
+    """Target of `paddle.distributed.spawn`: the config arrives as a plain dict."""
+    main(configlib.from_dict(cfg_dict))
