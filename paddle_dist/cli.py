@@ -120,3 +120,8 @@ def run(main, argv: Optional[List[str]] = None) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+def launch_entry() -> None:
+    """Console command `paddle-dist-launch`."""
+    run(launch_main)

@@ -221,7 +221,7 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
     """Check a value against a field's annotation; ints are accepted for floats, nothing else converts."""
     if value is None and type_name.startswith("Optional"):
         return None
-    base = type_name.replace("Optional[", "").rstrip("]")
+    base = type_name[len("Optional["):-1] if type_name.startswith("Optional[") else type_name
     ok = {
         "bool": isinstance(value, bool),
         "int": isinstance(value, int) and not isinstance(value, bool),

@@ -14,9 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -107,12 +109,19 @@ def _run_subprocess(argv: List[str], child_env: Dict[str, str]) -> int:
 
 def _run_spawn(p: LaunchPlan, fn: Callable, args: Sequence) -> int:
     import paddle.distributed as dist
+    import paddle.distributed.fleet.launch  # noqa: F401  (creates the logger silenced below)
 
     old = envlib.export(p.env)  # spawn copies our environment into its children
+    paddle_log = logging.getLogger("root")
+    level = paddle_log.level
     try:
         backend = envlib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
         options = {"gpus": ",".join(p.gpus)} if p.gpus else {}
-        dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend, join=True, **options)
+        paddle_log.setLevel(logging.WARNING)   # spawn's "find free ports" INFO line
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Your model will be trained under CPUONLY")
+            dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend, join=True, **options)
         return 0
     finally:
+        paddle_log.setLevel(level)
         envlib.restore(old)

@@ -12,6 +12,7 @@ import io
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -34,7 +35,7 @@ def setup(cfg) -> envlib.DistEnv:
         envlib.prepare_process_group(env, cfg)
         paddle.set_device(env.device)
         if env.is_distributed:
-            with _quiet_stderr():
+            with quiet_paddle():
                 dist.init_parallel_env()
     _ENV = env
     seed_everything(cfg.train.seed)
@@ -66,8 +67,10 @@ class _BannerFilter(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
-    with contextlib.redirect_stderr(_BannerFilter(sys.stderr)):
+def quiet_paddle():
+    """Silence Paddle's banner and its internal to_tensor warnings (noise users cannot act on)."""
+    with contextlib.redirect_stderr(_BannerFilter(sys.stderr)), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="To copy construct from a tensor")
         yield
 
 

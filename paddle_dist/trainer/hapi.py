@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import paddle
 
+from ..runtime import quiet_paddle
 from .common import EpochEnd, Parts, lr_of, make_optimizer, to_float
 
 
@@ -30,8 +31,13 @@ class _Bridge(paddle.callbacks.Callback):
 
 
 def run(parts: Parts, cfg, env, progress, epoch_end: EpochEnd, max_steps: int) -> None:
+    with quiet_paddle():
+        _fit(parts, cfg, progress, epoch_end, max_steps)
+
+
+def _fit(parts: Parts, cfg, progress, epoch_end: EpochEnd, max_steps: int) -> None:
     net = parts.model
-    model = paddle.Model(net)
+    model = paddle.Model(net)     # wraps DataParallel itself when world size > 1
     optimizer = make_optimizer(parts.optimizer, net.parameters())
     model.prepare(optimizer=optimizer, loss=parts.loss)
     model.fit(parts.train_data, batch_size=cfg.train.batch_size, epochs=cfg.train.epochs,

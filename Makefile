@@ -1,0 +1,33 @@
+# `make demo` and `make test` set everything up themselves in .venv.
+# GPU machines: make demo PADDLE=paddlepaddle-gpu   (or any pip requirement for Paddle)
+PYTHON ?= python3
+VENV ?= .venv
+PADDLE ?= paddlepaddle==3.3.1
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(subst =,_,$(subst /,_,$(PADDLE)))
+PIP_QUIET := --quiet --disable-pip-version-check
+
+.PHONY: demo test setup clean
+
+demo: $(STAMP)
+	$(PY) train.py -o dist.nprocs=2
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 9))' || \
+		{ echo "error: Python 3.9+ is needed (found $$($(PYTHON) --version 2>&1)); set PYTHON=python3.X"; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+		rm -rf $(VENV); \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
+		else echo "error: '$(PYTHON) -m venv' failed; install your distribution's venv package (Debian: apt-get install python3-venv)"; exit 2; fi; }
+	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c "import paddle, paddle_dist, visualdl, yaml" 
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+clean:
+	rm -rf runs log .pytest_cache

@@ -1,0 +1,62 @@
+"""Run real processes for integration tests: bounded by a timeout, never leaving orphans.
+
+Each command starts in its own session; afterwards every process still in that session
+(a rank that outlived its launcher) is killed and the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def session_members(sid: int) -> List[int]:
+    """PIDs whose session id is `sid` (read from /proc, so nothing is matched by name)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,
+        cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """Run `args` (python is prepended when the first item is a .py file or -m)."""
+    if args[0].endswith(".py") or args[0] == "-m":
+        args = [PY] + args
+    child_env = dict(os.environ)
+    child_env.pop("PYTEST_CURRENT_TEST", None)
+    child_env.update(env or {})
+    proc = subprocess.Popen(args, cwd=str(cwd or ROOT), env=child_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
+    finally:
+        left = session_members(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind by {' '.join(args)}: {left}"
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(result.args)}\n"
+                                    f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
+    return result
