@@ -1,0 +1,33 @@
+"""`python -m paddle_dist.launch` runs an existing Paddle script data-parallel."""
+
+import json
+
+import numpy as np
+
+from .procs import ROOT, check, run
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "three_changes.py")
+
+
+def test_three_changes_script_runs_on_two_ranks_with_our_settings(tmp_path):
+    result = check(run(["-m", "paddle_dist.launch", "--nprocs", "2",
+                        "-o", "dist.nccl.debug=INFO", "-o", "dist.nccl.socket_ifname=lo",
+                        SCRIPT, "--out", str(tmp_path)]))
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    weights = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in (0, 1)]
+    assert [i["world"] for i in infos] == [2, 2]
+    # 256 samples, 2 epochs, split between the ranks: each saw exactly half.
+    assert [i["seen"] for i in infos] == [256, 256]
+    for key in weights[0]:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+    for info in infos:
+        assert info["env"]["NCCL_DEBUG"] == "INFO"
+        assert info["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert info["env"]["OMP_NUM_THREADS"] == "1"
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    result = run(["-m", "paddle_dist.launch", "--nprocs", "2", str(tmp_path / "nope.py")])
+    assert result.returncode == 2
+    assert "nope.py" in result.stderr and "not found" in result.stderr

@@ -1,0 +1,109 @@
+"""train.py and tools/spawn_train.py end to end: the main job, its outputs, bad input."""
+
+import gzip
+import json
+import shutil
+
+import pytest
+import yaml
+
+from .procs import ROOT, check, run
+
+BUNDLED = ROOT / "paddle_dist" / "datasets" / "mnist"
+
+
+def _outputs_of(run_dir, ranks=2):
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert (run_dir / "checkpoints" / "latest").is_file()
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert {p.name for p in latest.iterdir()} == {"model.npz", "optimizer.npz", "meta.json"}
+    assert any((run_dir / "vdl").iterdir()), "no VisualDL log written"
+    for rank in range(ranks):
+        assert (run_dir / "logs" / f"rank{rank}.log").read_text().strip()
+    return metrics, yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize("api,command", [
+    ("loop", ["train.py", "-o", "dist.nprocs=2"]),
+    ("hapi", ["tools/spawn_train.py", "--nprocs", "2"]),
+])
+def test_main_job_reaches_95_percent_on_two_ranks(api, command, tmp_path):
+    run_dir = tmp_path / "run"
+    result = check(run(command + ["-o", f"train.api={api}", "-o", f"output.run_dir={run_dir}"],
+                       timeout=300))
+    metrics, saved = _outputs_of(run_dir)
+    assert metrics["test_accuracy"] >= 0.95, metrics
+    assert metrics["test_samples"] == 1000
+    assert metrics["world_size"] == 2 and metrics["api"] == api
+    assert metrics["samples_per_s"] > 0 and metrics["final_loss"] < 0.5
+    assert saved["train"]["api"] == api and saved["dist"]["nprocs"] == 2
+    assert "test accuracy" in result.stdout and str(run_dir) in result.stdout
+    assert "samples/s" in result.stdout and "eta" in result.stdout
+    assert "Traceback" not in result.stderr and "Modified FLAGS" not in result.stderr
+
+
+def test_bare_paddle_launch_runs_train_py(tmp_path):
+    run_dir = tmp_path / "run"
+    check(run(["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+               str(tmp_path / "log"), "train.py", "-c", "configs/mnist_mlp.yaml",
+               "-o", "train.max_steps=10", "-o", f"output.run_dir={run_dir}"]))
+    metrics, saved = _outputs_of(run_dir)
+    assert metrics["world_size"] == 2 and metrics["steps"] == 10
+    assert saved["model"]["name"] == "mlp" and saved["train"]["max_steps"] == 10
+
+
+def test_single_process_linear_regression(tmp_path):
+    run_dir = tmp_path / "run"
+    check(run(["train.py", "-c", "configs/linear.yaml", "-o", f"output.run_dir={run_dir}"]))
+    metrics, _ = _outputs_of(run_dir, ranks=1)
+    assert metrics["world_size"] == 1 and metrics["test_accuracy"] is None
+    assert metrics["test_loss"] < 0.01
+
+
+# ------------------------------------------------------------------ bad input
+def _usage_error(args, *words):
+    result = run(args, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["train.py", "-c", "no_such.yaml"], ["no_such.yaml", "not found", "mnist_lenet"]),
+    (["train.py", "-o", "train.epoch=3"], ["train.epoch", "train.epochs"]),
+    (["train.py", "-o", "train.epochs=abc"], ["train.epochs", "integer"]),
+    (["train.py", "-o", "model.name=resnet"], ["model.name", "lenet"]),
+    (["tools/spawn_train.py", "--nprocs", "0"], ["--nprocs", ">= 1"]),
+    (["tools/spawn_train.py", "--gpus", "0,x"], ["malformed", "'x'"]),
+    (["tools/spawn_train.py", "--gpus", "0,0"], ["more than once"]),
+    (["tools/spawn_train.py", "--gpus", "0,1"], ["0,1", "paddlepaddle-gpu"]),
+    (["train.py", "-o", "dist.nprocs=2", "-o", "data.root=/nonexistent/mnist"],
+     ["/nonexistent/mnist", "data.root"]),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    _usage_error(args, *words)
+
+
+def test_data_root_without_mnist_files(tmp_path):
+    _usage_error(["train.py", "-o", f"data.root={tmp_path}"], str(tmp_path), "t10k-images-idx3-ubyte")
+
+
+def test_corrupted_data_file(tmp_path):
+    for path in BUNDLED.glob("*.gz"):
+        shutil.copy(path, tmp_path / path.name)
+    victim = tmp_path / "train-images-idx3-ubyte.gz"
+    victim.write_bytes(gzip.compress(gzip.decompress(victim.read_bytes())[:-100]))
+    runs = tmp_path / "runs"
+    _usage_error(["train.py", "-o", "dist.nprocs=2", "-o", f"data.root={tmp_path}",
+                  "-o", f"output.root={runs}"], "train-images-idx3-ubyte.gz")
+    assert not runs.exists(), "a run directory was created for a job that never started"
+
+
+def test_finished_run_is_never_overwritten(tmp_path):
+    (tmp_path / "metrics.json").write_text("keep me")
+    _usage_error(["train.py", "-o", "train.max_steps=1", "-o", f"output.run_dir={tmp_path}"],
+                 str(tmp_path), "finished run")
+    assert (tmp_path / "metrics.json").read_text() == "keep me"
