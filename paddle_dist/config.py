@@ -279,6 +279,13 @@ def from_dict(data: Dict[str, Any]) -> Config:
     return cfg
 
 
+def replace_key(cfg: Config, dotted: str, value: Any) -> Config:
+    """A copy of `cfg` with one key changed (checked like an override)."""
+    copy = from_dict(cfg.to_dict())
+    set_key(copy, dotted, value)
+    return copy
+
+
 def dump(cfg: Config, path: Path) -> None:
     """Write the resolved config as YAML, loadable again with `load(path)`."""
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -54,7 +54,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     run_dir = runtime.make_run_dir(cfg, env)
     log = logger.setup(run_dir, env)
     if env.is_main:
-        configlib.dump(cfg, run_dir / "config.yaml")
+        # Without its run_dir, the saved config repeats the run into a new directory.
+        configlib.dump(configlib.replace_key(cfg, "output.run_dir", ""), run_dir / "config.yaml")
     per_epoch = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                                 cfg.train.drop_last)
     limit = total_steps(cfg, per_epoch)
