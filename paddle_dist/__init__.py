@@ -12,8 +12,8 @@ import warnings
 # `import paddle` warns about a missing ccache on every import, in every rank.
 warnings.filterwarnings("ignore", message="No ccache found")
 
+from .env import DistEnv, detect  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as load_config  # noqa: E402
-from .env import DistEnv, detect  # noqa: E402
 from .runtime import seed_everything, setup  # noqa: E402
 from .trainer import fit  # noqa: E402
 

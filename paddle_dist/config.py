@@ -133,8 +133,8 @@ def load(path: Optional[str] = None, overrides: List[str] = ()) -> Config:
     source = resolve_path(path or DEFAULT_CONFIG)
     merge(cfg, read_yaml(source))
     for item in overrides:
-        key, value = parse_override(item)
-        set_key(cfg, key, value)
+        key, text = parse_override(item)
+        set_key(cfg, key, text, from_text=True)
     if not cfg.output.name:
         cfg.output.name = source.stem
     validate(cfg)
@@ -158,15 +158,22 @@ def read_yaml(path: Path) -> Dict[str, Any]:
 
 
 def parse_override(item: str):
-    """'train.epochs=3' -> ('train.epochs', 3). Values are YAML scalars: 3, 0.1, true, "0,1"."""
-    key, sep, raw = item.partition("=")
+    """'train.epochs=3' -> ('train.epochs', '3'): the key and the value's text, read later
+    against the key's type (YAML scalars such as 3, 0.1, true; strings kept as typed)."""
+    key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.epochs=3")
+    return key.strip(), text.strip()
+
+
+def _from_text(text: str, type_name: str) -> Any:
+    if type_name == "str":   # keep what was typed: output.name=2024_01 stays "2024_01"
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        return text[1:-1] if quoted else text
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        return yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
+        return text
 
 
 def merge(cfg: Any, data: Dict[str, Any], prefix: str = "") -> None:
@@ -174,20 +181,28 @@ def merge(cfg: Any, data: Dict[str, Any], prefix: str = "") -> None:
         set_key(cfg, f"{prefix}{key}", value)
 
 
-def set_key(cfg: Config, dotted: str, value: Any) -> None:
-    """Set a dotted key, checking that it exists and that the value has its type."""
+def set_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
+    """Set a dotted key, checking that it exists and that the value has its type.
+    `from_text`: the value is command-line text, read according to the key's type."""
     *parents, leaf = dotted.split(".")
     node = cfg
     for i, part in enumerate(parents):
+        if isinstance(node, dict):
+            raise ConfigError(f"{dotted} is too deep; {'.'.join(parents[:i])} holds NAME: value pairs")
         node = getattr(node, _field(node, part, ".".join(parents[: i + 1])))
+    if isinstance(node, dict):   # a free-form mapping such as dist.nccl.extra
+        node[leaf] = str(value)
+        return
     name = _field(node, leaf, dotted)
-    current = getattr(node, name)
+    current, type_name = getattr(node, name), _field_type(node, name)
+    if from_text:
+        value = _from_text(value, type_name)
     if dataclasses.is_dataclass(current):
         if not isinstance(value, dict):
             raise ConfigError(f"{dotted} is a section; set its keys, e.g. {dotted}.<key>=...")
         merge(cfg, value, f"{dotted}.")
         return
-    setattr(node, name, _coerce(dotted, value, _field_type(node, name)))
+    setattr(node, name, _coerce(dotted, value, type_name))
 
 
 def _field(node: Any, name: str, dotted: str) -> str:
@@ -229,6 +244,12 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
         "str": isinstance(value, (str, int, float)) and not isinstance(value, bool),
         "Dict[str, str]": isinstance(value, dict),
     }[base]
+    if not ok and base == "float" and isinstance(value, str):
+        # YAML 1.1 reads 1e-3 (no dot) as a string; it is still a number.
+        try:
+            value, ok = float(value), True
+        except ValueError:
+            pass
     if not ok:
         raise ConfigError(f"{key} must be {_type_words(base)}, got {value!r}")
     if base == "float":

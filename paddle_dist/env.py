@@ -25,6 +25,10 @@ from .errors import DeviceError
 
 CPU = "cpu"
 
+# `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
+# value is only known before that: paddle_dist imports this module first.
+USER_OMP_NUM_THREADS = os.environ.get("OMP_NUM_THREADS")
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -262,9 +266,10 @@ def worker_variables(cfg, nprocs: int, cpu_count: Optional[int] = None,
     """Variables every worker of a job gets: NCCL settings, and one OpenMP thread share
     per rank on CPU unless the user chose OMP_NUM_THREADS (two ranks each grabbing every
     core run slower than one)."""
-    environ = os.environ if environ is None else environ
+    user_set = (USER_OMP_NUM_THREADS is not None if environ is None
+                else "OMP_NUM_THREADS" in environ)
     out = nccl_variables(cfg.dist.nccl)
-    if "OMP_NUM_THREADS" not in environ:
+    if not user_set:
         cores = cpu_count or os.cpu_count() or 1
         out["OMP_NUM_THREADS"] = str(max(1, cores // max(nprocs, 1)))
     return out

@@ -333,9 +333,6 @@ def test_worker_variables_includes_nccl_settings():
     assert out == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree", "OMP_NUM_THREADS": "2"}
 
 
-@pytest.mark.xfail(reason="BUG: paddle_dist imports paddle, whose import sets OMP_NUM_THREADS=1 in "
-                          "os.environ, so worker_variables() never sees an unset OMP_NUM_THREADS "
-                          "and never shares the cores out", strict=True)
 def test_worker_variables_shares_cores_when_the_user_did_not_set_omp(environ_before_paddle):
     if "OMP_NUM_THREADS" in environ_before_paddle:
         pytest.skip("OMP_NUM_THREADS was set when the tests started")

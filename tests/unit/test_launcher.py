@@ -1,0 +1,255 @@
+"""Unit tests for paddle_dist.launcher: `plan()` decides how a job starts, without starting it.
+
+No process is started here: `launch()` is only exercised with Popen / spawn replaced by fakes.
+"""
+
+import os
+import sys
+
+import pytest
+
+from paddle_dist import launcher
+from paddle_dist.config import load
+from paddle_dist.env import DistEnv, GpuInfo
+from paddle_dist.errors import ConfigError, DeviceError
+from paddle_dist.launcher import LaunchPlan, plan, resolve_nprocs
+
+from tests.conftest import environ_diff
+
+CPU_BUILD = GpuInfo(False, 0)
+FOUR_GPUS = GpuInfo(True, 4)
+LAUNCH_PREFIX = (sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node")
+
+
+def make_plan(overrides=(), env=None, info=CPU_BUILD, **kwargs):
+    """plan() for `-o overrides`, from a standalone process, 8 cores, no user variables."""
+    kwargs.setdefault("script", "train.py")
+    kwargs.setdefault("script_args", ["-o", "train.epochs=1"])
+    kwargs.setdefault("cpu_count", 8)
+    kwargs.setdefault("environ", {})
+    return plan(load(overrides=list(overrides)), env or DistEnv(), gpu_info=info, **kwargs)
+
+
+# ---------------------------------------------------------------- modes
+def test_one_process_runs_here():
+    p = make_plan(["dist.nprocs=1"])
+    assert p == LaunchPlan(mode="none", nprocs=1, gpus=())
+    assert p.argv == () and p.env == {}
+
+
+def test_two_processes_use_paddle_distributed_launch():
+    p = make_plan(["dist.nprocs=2"])
+    assert (p.mode, p.nprocs, p.gpus) == ("launch", 2, ())
+    assert p.argv[:len(LAUNCH_PREFIX) + 1] == LAUNCH_PREFIX + ("2",)
+    assert p.argv[-3:] == ("train.py", "-o", "train.epochs=1")
+    assert "--devices" not in p.argv           # CPU: no devices to pin
+    assert "--log_dir" not in p.argv
+    assert p.log_dir == ""
+
+
+def test_launch_argv_is_exact():
+    p = make_plan(["dist.nprocs=2"], script="job.py", script_args=["--flag", "x"])
+    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "WARNING", "job.py", "--flag", "x")
+
+
+def test_log_dir_goes_before_the_script(tmp_path):
+    p = make_plan(["dist.nprocs=2"], log_dir=str(tmp_path / "launch"))
+    i = p.argv.index("--log_dir")
+    assert p.argv[i + 1] == str(tmp_path / "launch")
+    assert i < p.argv.index("train.py")
+    assert p.log_dir == str(tmp_path / "launch")
+
+
+def test_launch_children_get_threads_nccl_settings_and_quiet_logs():
+    p = make_plan(["dist.nprocs=2", "dist.nccl.socket_ifname=eth0", "dist.nccl.debug=WARN",
+                   "dist.nccl.ib_disable=true", "dist.nccl.extra={NCCL_ALGO: Ring}"])
+    assert p.env["OMP_NUM_THREADS"] == "4"          # 8 cores / 2 ranks
+    assert p.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert p.env["NCCL_DEBUG"] == "WARN"
+    assert p.env["NCCL_IB_DISABLE"] == "1"
+    assert p.env["NCCL_ALGO"] == "Ring"
+    assert p.env["GLOG_minloglevel"] == "2"
+
+
+def test_users_omp_num_threads_is_not_overridden():
+    p = make_plan(["dist.nprocs=2"], environ={"OMP_NUM_THREADS": "6"})
+    assert "OMP_NUM_THREADS" not in p.env
+
+
+def test_spawn_has_no_command_line():
+    p = make_plan(["dist.nprocs=2", "dist.launcher=spawn", "dist.backend=gloo"])
+    assert (p.mode, p.nprocs, p.argv, p.backend) == ("spawn", 2, (), "gloo")
+    assert p.env["OMP_NUM_THREADS"] == "4"
+    assert p.env["GLOG_minloglevel"] == "2"
+
+
+def test_backend_is_passed_through():
+    assert make_plan(["dist.nprocs=2"]).backend == "auto"
+    assert make_plan(["dist.nprocs=2", "dist.backend=nccl"]).backend == "nccl"
+
+
+# ---------------------------------------------------------------- GPUs
+def test_gpus_alone_set_the_number_of_processes():
+    p = make_plan(["dist.gpus=0,1"], info=FOUR_GPUS)
+    assert (p.mode, p.nprocs, p.gpus) == ("launch", 2, ("0", "1"))
+    i = p.argv.index("--devices")
+    assert p.argv[i + 1] == "0,1"
+    assert p.argv[len(LAUNCH_PREFIX)] == "2"
+    assert i < p.argv.index("train.py")
+
+
+def test_gpus_and_matching_nprocs_agree():
+    p = make_plan(["dist.gpus=2,3", "dist.nprocs=2"], info=FOUR_GPUS)
+    assert (p.nprocs, p.gpus) == (2, ("2", "3"))
+
+
+def test_single_gpu_is_launched_to_pin_the_device():
+    p = make_plan(["dist.gpus=3"], info=FOUR_GPUS)
+    assert (p.mode, p.nprocs, p.gpus) == ("launch", 1, ("3",))
+    assert p.argv[p.argv.index("--devices") + 1] == "3"
+
+
+def test_spawn_with_gpus_keeps_the_ids():
+    p = make_plan(["dist.gpus=1,2", "dist.launcher=spawn"], info=FOUR_GPUS)
+    assert (p.mode, p.nprocs, p.gpus, p.argv) == ("spawn", 2, ("1", "2"), ())
+
+
+def test_gpus_and_nprocs_that_disagree_are_a_device_error():
+    with pytest.raises(DeviceError, match="--nprocs 3 does not match --gpus 0,1"):
+        make_plan(["dist.gpus=0,1", "dist.nprocs=3"], info=FOUR_GPUS)
+
+
+def test_gpus_are_checked_against_the_given_environ():
+    with pytest.raises(DeviceError, match="GPU 1 is not visible"):
+        make_plan(["dist.gpus=1"], info=FOUR_GPUS, environ={"CUDA_VISIBLE_DEVICES": "4,5"})
+    p = make_plan(["dist.gpus=5"], info=FOUR_GPUS, environ={"CUDA_VISIBLE_DEVICES": "4,5"})
+    assert p.gpus == ("5",)
+
+
+def test_gpus_on_a_cpu_build_are_a_device_error():
+    with pytest.raises(DeviceError, match="paddlepaddle-gpu"):
+        make_plan(["dist.gpus=0,1"], info=CPU_BUILD)
+
+
+# ---------------------------------------------------------------- never launch twice
+@pytest.mark.parametrize("env", [
+    DistEnv(launcher="paddle_launch", world_size=2),
+    DistEnv(launcher="paddle_launch", global_rank=1, local_rank=1, world_size=2),
+    DistEnv(launcher="spawn", world_size=2),
+])
+def test_inside_a_launched_job_nothing_is_launched_again(env):
+    assert make_plan(["dist.nprocs=2"], env=env).mode == "none"
+    assert make_plan(["dist.nprocs=2", "dist.launcher=spawn"], env=env).mode == "none"
+
+
+def test_inside_a_launched_job_with_gpus_nothing_is_launched_again():
+    env = DistEnv(launcher="paddle_launch", world_size=2, device="gpu:0", backend="nccl")
+    p = make_plan(["dist.gpus=0,1"], env=env, info=FOUR_GPUS,
+                  environ={"FLAGS_selected_gpus": "0"})
+    assert p.mode == "none"
+
+
+# ---------------------------------------------------------------- resolve_nprocs
+@pytest.mark.parametrize("nprocs", [0, -1])
+def test_resolve_nprocs_rejects_less_than_one(nprocs):
+    with pytest.raises(ConfigError, match="--nprocs must be >= 1"):
+        resolve_nprocs(nprocs, [])
+
+
+@pytest.mark.parametrize("nprocs, gpus, expected", [
+    (1, [], 1),
+    (3, [], 3),
+    (1, ["0", "1"], 2),
+    (2, ["0", "1"], 2),
+    (1, ["5"], 1),
+])
+def test_resolve_nprocs(nprocs, gpus, expected):
+    assert resolve_nprocs(nprocs, gpus) == expected
+
+
+def test_resolve_nprocs_rejects_a_mismatch():
+    with pytest.raises(DeviceError, match="one process runs per GPU"):
+        resolve_nprocs(2, ["0", "1", "2"])
+
+
+# ---------------------------------------------------------------- purity
+def test_plan_is_repeatable_and_leaves_os_environ_alone():
+    before = dict(os.environ)
+    cfg = load(overrides=["dist.nprocs=2", "dist.nccl.debug=INFO"])
+    first = plan(cfg, DistEnv(), script="train.py", gpu_info=CPU_BUILD, cpu_count=8)
+    second = plan(cfg, DistEnv(), script="train.py", gpu_info=CPU_BUILD, cpu_count=8)
+    assert first == second
+    assert environ_diff(before, os.environ) == []
+
+
+def test_plan_does_not_modify_the_config():
+    cfg = load(overrides=["dist.gpus=0,1"])
+    before = cfg.to_dict()
+    make_plan(["dist.gpus=0,1"], info=FOUR_GPUS)
+    plan(cfg, DistEnv(), script="train.py", gpu_info=FOUR_GPUS, environ={})
+    assert cfg.to_dict() == before
+
+
+def test_plan_env_is_not_shared_between_plans():
+    first = make_plan(["dist.nprocs=2"])
+    first.env["EXTRA"] = "1"
+    assert "EXTRA" not in make_plan(["dist.nprocs=2"]).env
+    assert "EXTRA" not in launcher.QUIET_CHILD
+
+
+# ---------------------------------------------------------------- launch() with fakes
+class FakePopen:
+    calls = []
+
+    def __init__(self, argv, env=None, **kwargs):
+        FakePopen.calls.append((argv, env))
+
+    def wait(self):
+        return 3
+
+
+def test_launch_runs_the_argv_with_the_plan_env(monkeypatch):
+    monkeypatch.setattr(FakePopen, "calls", [])
+    monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
+    monkeypatch.setenv("PADDLE_DIST_TEST_PARENT", "kept")
+    p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO"])
+    assert launcher.launch(p) == 3
+    [(argv, child_env)] = FakePopen.calls
+    assert argv == list(p.argv)
+    assert child_env["PADDLE_DIST_TEST_PARENT"] == "kept"   # the parent's environment...
+    assert child_env["NCCL_DEBUG"] == "INFO"                # ...plus the plan's variables
+    assert child_env["OMP_NUM_THREADS"] == "4"
+    assert "NCCL_DEBUG" not in os.environ or os.environ["NCCL_DEBUG"] != "INFO"
+
+
+def test_launch_spawn_exports_the_plan_env_only_while_spawning(monkeypatch):
+    import paddle.distributed as dist
+
+    seen = {}
+
+    def fake_spawn(fn, args=(), nprocs=1, backend=None, join=True, **options):
+        seen.update(fn=fn, args=args, nprocs=nprocs, backend=backend, options=options,
+                    debug=os.environ.get("NCCL_DEBUG"))
+
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.setattr(dist, "spawn", fake_spawn)
+    p = make_plan(["dist.nprocs=2", "dist.launcher=spawn", "dist.nccl.debug=INFO"])
+    assert launcher.launch(p, print, ("x",)) == 0
+    assert seen == dict(fn=print, args=("x",), nprocs=2, backend="gloo", options={},
+                        debug="INFO")
+    assert "NCCL_DEBUG" not in os.environ
+
+
+def test_launch_spawn_passes_gpus_and_picks_nccl(monkeypatch):
+    import paddle.distributed as dist
+
+    seen = {}
+    monkeypatch.setattr(dist, "spawn", lambda fn, **kw: seen.update(kw))
+    p = make_plan(["dist.gpus=1,2", "dist.launcher=spawn"], info=FOUR_GPUS)
+    launcher.launch(p, print)
+    assert (seen["nprocs"], seen["backend"], seen["gpus"]) == (2, "nccl", "1,2")
+
+
+def test_launch_refuses_a_plan_that_starts_nothing():
+    with pytest.raises(ValueError, match="starts no processes"):
+        launcher.launch(make_plan(["dist.nprocs=1"]))
