@@ -65,7 +65,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     info = gpu_info if gpu_info is not None else envlib.probe_gpus()
     gpus = tuple(envlib.check_gpus(cfg.dist.gpus, info, environ))
     nprocs = resolve_nprocs(cfg.dist.nprocs, gpus)
-    if env.launcher != "standalone" or (nprocs == 1 and not gpus):
+    if env.launcher != "standalone" or nprocs == 1:   # one GPU or CPU process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD)
     variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))

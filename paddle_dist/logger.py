@@ -77,7 +77,7 @@ class Progress:
         self.epoch_step += 1
         self.losses.append(loss)
         self._window.append(loss)
-        if self.step_count % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
+        if self.epoch_step % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
             self._report(lr)
 
     def pause(self) -> None:

@@ -1,6 +1,8 @@
 """`python -m paddle_dist.launch` runs an existing Paddle script data-parallel."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -31,3 +33,9 @@ def test_missing_script_is_a_usage_error(tmp_path):
     result = run(["-m", "paddle_dist.launch", "--nprocs", "2", str(tmp_path / "nope.py")])
     assert result.returncode == 2
     assert "nope.py" in result.stderr and "not found" in result.stderr
+
+
+def test_console_command_is_installed():
+    command = Path(sys.executable).parent / "paddle-dist-launch"
+    result = check(run([str(command), "--help"], timeout=60))
+    assert "--nprocs" in result.stdout and "--gpus" in result.stdout

@@ -103,12 +103,6 @@ def test_gpus_and_matching_nprocs_agree():
     assert (p.nprocs, p.gpus) == (2, ("2", "3"))
 
 
-def test_single_gpu_is_launched_to_pin_the_device():
-    p = make_plan(["dist.gpus=3"], info=FOUR_GPUS)
-    assert (p.mode, p.nprocs, p.gpus) == ("launch", 1, ("3",))
-    assert p.argv[p.argv.index("--devices") + 1] == "3"
-
-
 def test_spawn_with_gpus_keeps_the_ids():
     p = make_plan(["dist.gpus=1,2", "dist.launcher=spawn"], info=FOUR_GPUS)
     assert (p.mode, p.nprocs, p.gpus, p.argv) == ("spawn", 2, ("1", "2"), ())
@@ -253,3 +247,9 @@ def test_launch_spawn_passes_gpus_and_picks_nccl(monkeypatch):
 def test_launch_refuses_a_plan_that_starts_nothing():
     with pytest.raises(ValueError, match="starts no processes"):
         launcher.launch(make_plan(["dist.nprocs=1"]))
+
+
+def test_one_gpu_runs_in_this_process():
+    # The worker then selects the device itself (env.select_device: gpu:3 here).
+    p = make_plan(["dist.gpus=3"], info=FOUR_GPUS)
+    assert (p.mode, p.nprocs, p.gpus, p.argv) == ("none", 1, ("3",), ())
