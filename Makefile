@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 			apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
 		else echo "error: '$(PYTHON) -m venv' failed; install your distribution's venv package (Debian: apt-get install python3-venv)"; exit 2; fi; }
 	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
-	$(PY) -c "import paddle, paddle_dist, visualdl, yaml" 
+	$(PY) -c "import paddle_dist, paddle, visualdl, yaml"
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 clean:
