@@ -74,7 +74,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         return 0
     worker.check_pairing(cfg)
     worker.build_datasets(cfg)        # bad data fails here, once, before any rank starts
-    run_dir = runtime.create_run_dir(cfg)
+    run_dir = runtime.create_run_dir(cfg).resolve()
     cfg.output.run_dir = str(run_dir)
     print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
     if p.mode == "launch":

@@ -103,10 +103,11 @@ class Progress:
         self.scalar("train/samples_per_s", speed)
 
     def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float]) -> None:
-        parts = [f"train_loss {train_loss:.4f}"] + [f"{k} {v:.4f}" for k, v in metrics.items()
-                                                     if k != "count"]
-        self.log.info(f"epoch {epoch + 1}/{self.epochs} done: " + " ".join(parts)
-                      + f" ({int(metrics.get('count', 0))} eval samples)")
+        line = f"epoch {epoch + 1}/{self.epochs} done: train loss {train_loss:.4f}"
+        if metrics:
+            found = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "count")
+            line += f" | eval {found} on {int(metrics['count'])} samples"
+        self.log.info(line)
         for key, value in metrics.items():
             if key != "count":
                 self.scalar(f"eval/{key}", value, step=epoch + 1)

@@ -91,7 +91,7 @@ def make_run_dir(cfg, env) -> Path:
         dist.broadcast_object_list(chosen, src=0)
     if chosen[0].startswith(_FAILED):
         raise UserError(chosen[0][len(_FAILED):])
-    return Path(chosen[0])
+    return Path(chosen[0]).resolve()
 
 
 def create_run_dir(cfg) -> Path:
