@@ -102,12 +102,9 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the script directly")
-    cfg.dist.launcher = "launch"
-    p = launcher.plan(cfg, here, script=args.script, script_args=args.script_args)
-    if p.mode == "none":
-        p = launcher.LaunchPlan(mode="launch", argv=launcher.launch_argv(1, (), args.script,
-                                                                         args.script_args))
-    return launcher.launch(p)
+    cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch
+    return launcher.launch(launcher.plan(cfg, here, script=args.script,
+                                         script_args=args.script_args, always=True))
 
 
 def run(main, argv: Optional[List[str]] = None) -> None:

@@ -55,8 +55,10 @@ def resolve_nprocs(nprocs: int, gpus: Sequence[str]) -> int:
 
 def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
          gpu_info: Optional[envlib.GpuInfo] = None, log_dir: str = "",
-         cpu_count: Optional[int] = None, environ=None) -> LaunchPlan:
+         cpu_count: Optional[int] = None, environ=None, always: bool = False) -> LaunchPlan:
     """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
+
+    `always`: start processes even for one rank (a script cannot run in this process).
 
     Example:
         plan(cfg, DistEnv(), script="train.py").argv
@@ -65,7 +67,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     info = gpu_info if gpu_info is not None else envlib.probe_gpus()
     gpus = tuple(envlib.check_gpus(cfg.dist.gpus, info, environ))
     nprocs = resolve_nprocs(cfg.dist.nprocs, gpus)
-    if env.launcher != "standalone" or nprocs == 1:   # one GPU or CPU process: run right here
+    if env.launcher != "standalone" or (nprocs == 1 and not always):  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD)
     variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))

@@ -39,7 +39,11 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
     config's); `loss` defaults to cross-entropy (classification) or MSE (regression).
     """
-    cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
+    if config is None:
+        cfg = configlib.Config()
+        cfg.output.name = "run"
+    else:
+        cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
     env = runtime.setup(cfg)
     if loss is None:
         loss = paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()

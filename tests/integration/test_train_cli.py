@@ -107,3 +107,21 @@ def test_finished_run_is_never_overwritten(tmp_path):
     _usage_error(["train.py", "-o", "train.max_steps=1", "-o", f"output.run_dir={tmp_path}"],
                  str(tmp_path), "finished run")
     assert (tmp_path / "metrics.json").read_text() == "keep me"
+
+
+def _gpu_count():
+    import paddle
+
+    return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 GPUs and paddlepaddle-gpu; the CPU "
+                    "paths and the GPU selection logic are tested without them")
+@pytest.mark.parametrize("command", [["train.py"], ["tools/spawn_train.py"]])
+def test_two_gpus(command, tmp_path):
+    run_dir = tmp_path / "run"
+    check(run(command + ["-o", "dist.gpus=0,1", "-o", "train.max_steps=20",
+                         "-o", f"output.run_dir={run_dir}"]))
+    metrics, _ = _outputs_of(run_dir)
+    assert metrics["world_size"] == 2
+    assert "backend nccl" in (run_dir / "logs" / "rank0.log").read_text()

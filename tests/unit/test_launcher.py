@@ -253,3 +253,9 @@ def test_one_gpu_runs_in_this_process():
     # The worker then selects the device itself (env.select_device: gpu:3 here).
     p = make_plan(["dist.gpus=3"], info=FOUR_GPUS)
     assert (p.mode, p.nprocs, p.gpus, p.argv) == ("none", 1, ("3",), ())
+
+
+def test_always_launches_a_single_script_process_with_its_gpu():
+    p = make_plan(["dist.gpus=2"], info=FOUR_GPUS, always=True)
+    assert (p.mode, p.nprocs) == ("launch", 1)
+    assert p.argv[p.argv.index("--devices") + 1] == "2"
