@@ -6,6 +6,11 @@ PADDLE ?= paddlepaddle==3.3.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst /,_,$(PADDLE)))
 PIP_QUIET := --quiet --disable-pip-version-check
+# pipefail: a failing pip must fail the target even though its output is filtered.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# paddlepaddle and paddlepaddle-gpu both provide `paddle`: remove the other one first.
+OTHER_PADDLE := $(if $(findstring gpu,$(PADDLE)),paddlepaddle,paddlepaddle-gpu)
 
 .PHONY: demo test setup clean
 
@@ -25,7 +30,8 @@ $(STAMP): setup.cfg pyproject.toml
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
 		else echo "error: '$(PYTHON) -m venv' failed; install your distribution's venv package (Debian: apt-get install python3-venv)"; exit 2; fi; }
-	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip uninstall $(PIP_QUIET) -y $(OTHER_PADDLE) 2>&1 | { grep -v -e "^WARNING" -e "not installed" || true; }
+	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" -e ".[test]" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import paddle_dist, paddle, visualdl, yaml"
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 

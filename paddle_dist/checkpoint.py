@@ -47,11 +47,14 @@ def save(root: Path, epoch: int, model, optimizer, keep_last: int = 3,
     opt_arrays, opt_scalars = _flatten(optimizer.state_dict())
     _save_npz(tmp / "optimizer.npz", opt_arrays)
     info = dict(meta or {}, epoch=epoch, optimizer_scalars=opt_scalars, format=1)
-    (tmp / "meta.json").write_text(json.dumps(info, indent=1, sort_keys=True))
-    if final.exists():
-        shutil.rmtree(final)
+    _write_synced(tmp / "meta.json", json.dumps(info, indent=1, sort_keys=True))
+    _fsync_dir(tmp)
+    old = root / f".{final.name}.old-{os.getpid()}"
+    if final.exists():            # re-saving an epoch: move the old copy aside, never delete first
+        os.replace(final, old)
     os.replace(tmp, final)
     _write_atomic(root / LATEST, final.name)
+    shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep_last)
     return final
 
@@ -125,6 +128,22 @@ def _save_npz(path: Path, arrays: Dict[str, np.ndarray]) -> None:
         os.fsync(f.fileno())
 
 
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and new files in `path` durable (a crash could otherwise lose them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _load_npz(path: Path) -> Dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
         return {k: data[k] for k in data.files}
@@ -132,8 +151,9 @@ def _load_npz(path: Path) -> Dict[str, np.ndarray]:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    _write_synced(tmp, text)
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _prune(root: Path, keep_last: int) -> None:

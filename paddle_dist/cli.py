@@ -18,6 +18,13 @@ from . import launcher
 from .errors import EXIT_USAGE, UserError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line on stderr (exit 2) like every other usage error."""
+
+    def error(self, message):
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--config", default=None,
                         help="YAML config: a path or a name from configs/ (default: mnist_lenet)")
@@ -34,18 +41,21 @@ def _devices(parser: argparse.ArgumentParser) -> None:
 
 def _load(args, extra: List[str] = ()) -> configlib.Config:
     overrides = list(args.override) + list(extra)
-    if getattr(args, "nprocs", None) is not None:
-        overrides.append(f"dist.nprocs={args.nprocs}")
-    if getattr(args, "gpus", None) is not None:
-        overrides.append(f"dist.gpus={args.gpus!s}")
-    if getattr(args, "nprocs", None) is not None and args.nprocs < 1:
-        raise UserError(f"--nprocs must be >= 1 (got {args.nprocs}); use 2 for two processes")
+    nprocs, gpus = getattr(args, "nprocs", None), getattr(args, "gpus", None)
+    if nprocs is not None:
+        if nprocs < 1:
+            raise UserError(f"--nprocs must be >= 1 (got {nprocs}); use 2 for two processes")
+        overrides.append(f"dist.nprocs={nprocs}")
+    if gpus is not None:
+        if not gpus.strip():
+            raise UserError("--gpus is empty; give GPU ids such as 0,1, or drop --gpus to train on CPU")
+        overrides.append(f"dist.gpus={gpus}")
     return configlib.load(args.config, overrides)
 
 
 def train_main(argv: Optional[List[str]] = None) -> int:
     """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
-    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="train.py", description=__doc__.splitlines()[0])
     _common(parser)
     argv = sys.argv[1:] if argv is None else argv
     cfg = _load(parser.parse_args(argv))
@@ -54,21 +64,23 @@ def train_main(argv: Optional[List[str]] = None) -> int:
 
 def spawn_main(argv: Optional[List[str]] = None) -> int:
     """tools/spawn_train.py: the same job through `paddle.distributed.spawn`."""
-    parser = argparse.ArgumentParser(prog="spawn_train.py",
-                                     description="Train through paddle.distributed.spawn.")
+    parser = _Parser(prog="spawn_train.py", description="Train through paddle.distributed.spawn.")
     _common(parser)
     _devices(parser)
-    args = parser.parse_args(argv)
-    if args.nprocs is None and args.gpus is None:
-        args.nprocs = 2
-    return _run_job(_load(args, ["dist.launcher=spawn"]))
+    cfg = _load(parser.parse_args(argv), ["dist.launcher=spawn"])
+    if cfg.dist.nprocs is None and not cfg.dist.gpus:
+        cfg.dist.nprocs = 2           # nothing said how many: spawning one would be pointless
+    return _run_job(cfg)
 
 
 def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = ()) -> int:
     from . import runtime, worker
 
-    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
-    p = launcher.plan(cfg, here, script=script, script_args=script_args)
+    environ, gpu_info, cores = envlib.host_facts()
+    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
+                         environ=environ)
+    facts = dict(environ=environ, gpu_info=gpu_info, cpu_count=cores)
+    p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
     if p.mode == "none":
         worker.main(cfg)
         return 0
@@ -80,31 +92,36 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     if p.mode == "launch":
         p = launcher.plan(cfg, here, script=script,
                           script_args=list(script_args) + ["-o", f"output.run_dir={run_dir}"],
-                          log_dir=str(Path(run_dir) / "launch"))
+                          log_dir=str(Path(run_dir) / "launch"), **facts)
         return launcher.launch(p)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),))
 
 
 def launch_main(argv: Optional[List[str]] = None) -> int:
     """`python -m paddle_dist.launch`: run any Paddle script data-parallel."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m paddle_dist.launch",
         description="Run a Paddle training script on N processes with paddle_dist's device "
                     "selection and NCCL settings (the script calls init_parallel_env itself).")
     _common(parser)
     _devices(parser)
+    parser.add_argument("--log_dir", default="log",
+                        help="where Paddle's launcher writes every rank's output (default: log)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
     if not Path(args.script).is_file():
         raise UserError(f"script {args.script!r} not found; give the path of a Python file")
     cfg = _load(args)
-    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+    environ, gpu_info, cores = envlib.host_facts()
+    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
+                         environ=environ)
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the script directly")
     cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch
-    return launcher.launch(launcher.plan(cfg, here, script=args.script,
-                                         script_args=args.script_args, always=True))
+    return launcher.launch(launcher.plan(cfg, here, script=args.script, script_args=args.script_args,
+                                         log_dir=args.log_dir, always=True, environ=environ,
+                                         gpu_info=gpu_info, cpu_count=cores))
 
 
 def run(main, argv: Optional[List[str]] = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -68,7 +69,8 @@ class NcclConfig:
 
 @dataclass
 class DistConfig:
-    nprocs: int = 1                # processes on this machine; > 1 makes train.py launch them
+    nprocs: Optional[int] = None   # processes on this machine (default: one per dist.gpus id, else 1);
+                                   # > 1 makes train.py launch them
     launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn
     gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
@@ -110,7 +112,7 @@ CHOICES = {
     "dist.backend": ("auto", "gloo", "nccl"),
 }
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
-            "dist.nprocs", "data.num_samples", "data.num_eval_samples")
+            "data.num_samples", "data.num_eval_samples")
 NON_NEGATIVE = ("train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "checkpoint.keep_last")
 
@@ -120,6 +122,8 @@ def resolve_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"config {name_or_path!r} is a directory; pass a YAML file")
     bundled = CONFIG_DIR / f"{name_or_path}.yaml"
     if "/" not in name_or_path and bundled.is_file():
         return bundled
@@ -150,6 +154,8 @@ def read_yaml(path: Path) -> Dict[str, Any]:
         raise ConfigError(f"{path}{where} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text (UTF-8) YAML file; pass a YAML config") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -278,8 +284,10 @@ def validate(cfg: Config) -> None:
     for key in NON_NEGATIVE:
         if get_key(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0 (got {get_key(cfg, key)!r})")
-    if cfg.train.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0 (got {cfg.train.lr!r})")
+    if cfg.dist.nprocs is not None and cfg.dist.nprocs < 1:
+        raise ConfigError(f"dist.nprocs must be >= 1 (got {cfg.dist.nprocs}); use 2 for two processes")
+    if not (math.isfinite(cfg.train.lr) and cfg.train.lr > 0):
+        raise ConfigError(f"train.lr must be a finite number > 0 (got {cfg.train.lr!r})")
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")

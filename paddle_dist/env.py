@@ -178,8 +178,9 @@ def parse_gpus(spec: str) -> List[str]:
     return ids
 
 
-def visible_gpus(info: GpuInfo, environ: Mapping[str, str]) -> List[str]:
+def visible_gpus(info: GpuInfo, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """Physical ids this process can use, in CUDA's order."""
+    environ = os.environ if environ is None else environ
     if not info.compiled_with_cuda or info.count == 0:
         return []
     listed = environ.get("CUDA_VISIBLE_DEVICES")
@@ -227,6 +228,10 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
 
 
 def select_backend(backend: str, device: str, world_size: int) -> str:
+    """gloo on CPU, nccl on GPU unless asked otherwise; nccl without a GPU is an error."""
+    if backend == "nccl" and not device.startswith("gpu"):
+        raise DeviceError("dist.backend=nccl needs GPUs, but this process runs on CPU; "
+                          "use dist.backend=auto (gloo on CPU) or select GPUs with --gpus")
     if world_size < 2:
         return "none"
     if backend != "auto":
@@ -275,11 +280,21 @@ def worker_variables(cfg, nprocs: int, cpu_count: Optional[int] = None,
     return out
 
 
-def child_environ(extra: Mapping[str, str], drop: Sequence[str] = ()) -> Dict[str, str]:
-    """A full environment for a child process: ours, minus `drop`, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+def child_environ(extra: Mapping[str, str]) -> Dict[str, str]:
+    """A full environment for a child process: ours plus `extra`."""
+    env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def host_facts():
+    """What plans depend on about this machine: (environment copy, GPUs, CPU cores).
+
+    Example:
+        environ, gpus, cores = host_facts()
+        launcher.plan(cfg, env, environ=environ, gpu_info=gpus, cpu_count=cores)
+    """
+    return dict(os.environ), probe_gpus(), os.cpu_count() or 1
 
 
 def export(variables: Mapping[str, str]) -> Dict[str, Optional[str]]:

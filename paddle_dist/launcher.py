@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import env as envlib
-from .errors import ConfigError, DeviceError
+from .errors import DeviceError
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
 QUIET_CHILD = {
@@ -43,14 +43,25 @@ class LaunchPlan:
     log_dir: str = ""                   # launch mode: Paddle's workerlog.N files
 
 
-def resolve_nprocs(nprocs: int, gpus: Sequence[str]) -> int:
-    """`--gpus 0,1` alone means two processes; `--nprocs` and `--gpus` must agree."""
-    if nprocs < 1:
-        raise ConfigError(f"--nprocs must be >= 1 (got {nprocs}); use 2 for two processes")
-    if gpus and nprocs not in (1, len(gpus)):
-        raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
-                          f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs or make them agree")
-    return len(gpus) if gpus else nprocs
+def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
+                    backend: str) -> Tuple[int, Tuple[str, ...]]:
+    """(process count, GPU ids) for a job. `--gpus 0,1` alone means two processes;
+    without `--gpus` on a GPU machine each process takes the next visible GPU.
+    `nprocs=None` means "not given"."""
+    if gpus:
+        if nprocs is not None and nprocs != len(gpus):
+            raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
+                              f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs "
+                              "or make them agree")
+        return len(gpus), tuple(gpus)
+    count = nprocs or 1
+    if not visible or backend == "gloo":
+        return count, ()
+    if count > len(visible):
+        raise DeviceError(f"{count} processes need {count} GPUs but {len(visible)} are visible "
+                          f"({','.join(visible)}); use --nprocs {len(visible)} or fewer, "
+                          "or dist.backend=gloo to train on CPU")
+    return count, tuple(visible[:count])
 
 
 def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
@@ -65,8 +76,10 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
         # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
     """
     info = gpu_info if gpu_info is not None else envlib.probe_gpus()
-    gpus = tuple(envlib.check_gpus(cfg.dist.gpus, info, environ))
-    nprocs = resolve_nprocs(cfg.dist.nprocs, gpus)
+    requested = envlib.check_gpus(cfg.dist.gpus, info, environ)
+    visible = envlib.visible_gpus(info, environ)
+    nprocs, gpus = resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
+    envlib.select_backend(cfg.dist.backend, "gpu" if gpus else envlib.CPU, nprocs)  # checks it
     if env.launcher != "standalone" or (nprocs == 1 and not always):  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD)

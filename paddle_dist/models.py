@@ -6,7 +6,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Dict
 
 import paddle
 from paddle import nn

@@ -30,16 +30,18 @@ _FAILED = "error: "
 def setup(cfg) -> envlib.DistEnv:
     """Detect this process, select its device, start the process group once, seed."""
     global _ENV
-    env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
     if _ENV is None:
+        env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
         envlib.prepare_process_group(env, cfg)
         paddle.set_device(env.device)
         if env.is_distributed:
+            # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
+            # second call returns the existing default group (parallel.py).
             with quiet_paddle():
                 dist.init_parallel_env()
-    _ENV = env
+        _ENV = env
     seed_everything(cfg.train.seed)
-    return env
+    return _ENV
 
 
 def seed_everything(seed: int) -> None:
@@ -97,6 +99,8 @@ def make_run_dir(cfg, env) -> Path:
 def create_run_dir(cfg) -> Path:
     if cfg.output.run_dir:
         path = Path(cfg.output.run_dir)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"output.run_dir {path} is a file; give a directory")
         if (path / "metrics.json").exists():
             raise UserError(f"output.run_dir {path} already holds a finished run; "
                             "choose another output.run_dir or remove that one")

@@ -9,9 +9,7 @@ from __future__ import annotations
 from . import config as configlib
 from . import data, models, runtime, trainer
 from .errors import ConfigError
-from .trainer.common import Parts, optimizer_factory
-
-import paddle
+from .trainer.common import Parts, default_loss, optimizer_factory
 
 
 def build_datasets(cfg):
@@ -41,15 +39,13 @@ def build_parts(cfg) -> Parts:
     check_pairing(cfg)
     train_data, eval_data = build_datasets(cfg)
     task = models.task_of(cfg.model.name)
-    loss = paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()
     return Parts(model=models.build(cfg.model.name), train_data=train_data, eval_data=eval_data,
-                 loss=loss, optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr,
-                                                        cfg.train.weight_decay), task=task)
+                 loss=default_loss(task), task=task,
+                 optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay))
 
 
 def main(cfg) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
-    check_pairing(cfg)
     env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
     return trainer.train(build_parts(cfg), cfg, env)
 

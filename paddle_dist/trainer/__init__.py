@@ -25,7 +25,8 @@ import paddle
 from .. import config as configlib
 from .. import logger, runtime
 from . import hapi, loop
-from .common import EpochEnd, Parts, Result, optimizer_factory, steps_per_epoch, total_steps
+from .common import (EpochEnd, Parts, Result, default_loss, optimizer_factory, steps_per_epoch,
+                     total_steps)
 
 TRAINERS = {"loop": loop, "hapi": hapi}
 
@@ -45,8 +46,7 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     else:
         cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
     env = runtime.setup(cfg)
-    if loss is None:
-        loss = paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()
+    loss = loss or default_loss(task)
     if optimizer is None:
         optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay)
     return train(Parts(model, train_data, eval_data, loss, optimizer, task), cfg, env)

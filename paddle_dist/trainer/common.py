@@ -46,6 +46,10 @@ class Result:
         return self.history[-1] if self.history else {}
 
 
+def default_loss(task: str):
+    return paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()
+
+
 def make_optimizer(spec, parameters):
     if isinstance(spec, paddle.optimizer.Optimizer):
         return spec

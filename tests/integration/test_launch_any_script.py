@@ -12,7 +12,7 @@ SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "three_changes.py")
 
 
 def test_three_changes_script_runs_on_two_ranks_with_our_settings(tmp_path):
-    result = check(run(["-m", "paddle_dist.launch", "--nprocs", "2",
+    result = check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
                         "-o", "dist.nccl.debug=INFO", "-o", "dist.nccl.socket_ifname=lo",
                         SCRIPT, "--out", str(tmp_path)]))
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -80,6 +80,11 @@ def _usage_error(args, *words):
     (["tools/spawn_train.py", "--gpus", "0,x"], ["malformed", "'x'"]),
     (["tools/spawn_train.py", "--gpus", "0,0"], ["more than once"]),
     (["tools/spawn_train.py", "--gpus", "0,1"], ["0,1", "paddlepaddle-gpu"]),
+    (["tools/spawn_train.py", "--gpus", ""], ["--gpus is empty"]),
+    (["tools/spawn_train.py", "--nprocs", "two"], ["--nprocs", "two"]),
+    (["train.py", "-o", "dist.nprocs=2", "-o", "dist.backend=nccl"], ["nccl needs GPUs"]),
+    (["train.py", "-o", "train.lr=nan"], ["train.lr", "finite"]),
+    (["train.py", "-c", "configs"], ["directory"]),
     (["train.py", "-o", "dist.nprocs=2", "-o", "data.root=/nonexistent/mnist"],
      ["/nonexistent/mnist", "data.root"]),
 ])
@@ -125,3 +130,36 @@ def test_two_gpus(command, tmp_path):
     metrics, _ = _outputs_of(run_dir)
     assert metrics["world_size"] == 2
     assert "backend nccl" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_run_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    _usage_error(["train.py", "-o", f"output.run_dir={tmp_path / 'f'}"], "is a file")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+# ------------------------------------------------------------------ our own launchers
+def _weights(run_dir):
+    import numpy as np
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
+
+
+def test_own_launchers_equal_one_process_with_double_batch(tmp_path):
+    """train.py's launch mode (loop) and spawn_train.py (hapi) against one process with 2B."""
+    common = ["-c", "configs/mnist_mlp.yaml", "-o", "train.max_steps=8", "-o", "train.optimizer=sgd",
+              "-o", "train.lr=0.05"]
+    runs = {
+        "single": ["train.py", "-o", "train.batch_size=64"],
+        "launch": ["train.py", "-o", "dist.nprocs=2", "-o", "train.batch_size=32"],
+        "spawn": ["tools/spawn_train.py", "--nprocs", "2", "-o", "train.batch_size=32",
+                  "-o", "train.api=hapi"],
+    }
+    weights = {}
+    for name, args in runs.items():
+        check(run(args + common + ["-o", f"output.run_dir={tmp_path / name}"]))
+        weights[name] = _weights(tmp_path / name)
+    for name in ("launch", "spawn"):
+        diff = max(float(abs(weights[name][k] - weights["single"][k]).max()) for k in weights[name])
+        assert diff <= 1e-5, (name, diff)

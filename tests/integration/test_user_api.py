@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TRAIN_STEPS = 6
-BATCH = 16          # per rank with 2 ranks; the single process uses 2 * BATCH
-EVAL_SAMPLES = 999  # odd on purpose: 2 ranks get 500 and 499, nothing may be padded
+TRAIN_SAMPLES = 640  # 20 steps per epoch at a global batch of 32
+TRAIN_STEPS = 50     # into the third epoch: the per-epoch shuffles must agree too
+BATCH = 16           # per rank with 2 ranks; the single process uses 2 * BATCH
+EVAL_SAMPLES = 999   # odd on purpose: 2 ranks get 500 and 499, nothing may be padded
 
 
 # ----------------------------------------------------------------- the user's script
@@ -45,7 +46,7 @@ def build_parts():
         def forward(self, x):
             return self.out(paddle.nn.functional.relu(self.hidden(x)))
 
-    return TinyNet, Digits("train"), Digits("test", EVAL_SAMPLES)
+    return TinyNet, Digits("train", TRAIN_SAMPLES), Digits("test", EVAL_SAMPLES)
 
 
 def train_rank(opts):
@@ -55,7 +56,7 @@ def train_rank(opts):
 
     cfg = paddle_dist.load_config(overrides=[
         f"train.api={opts.api}", f"train.batch_size={opts.batch}", f"train.max_steps={TRAIN_STEPS}",
-        "train.epochs=1", "train.log_every=2", "checkpoint.every_epochs=0",
+        "train.epochs=3", "train.log_every=5", "checkpoint.every_epochs=0",
         f"output.run_dir={opts.out}/run"])
     env = paddle_dist.setup(cfg)
     net_class, train_data, eval_data = build_parts()
@@ -125,11 +126,15 @@ def test_two_ranks_equal_one_process_with_double_batch(api, mode, single, tmp_pa
     assert info0["world_size"] == info1["world_size"] == 2
     assert info0["steps"] == info1["steps"] == TRAIN_STEPS
     assert _max_diff(w0, w1) == 0.0, "ranks ended with different weights"
-    ref_weights, _ = single[api]
+    ref_weights, ref_info = single[api]
     assert _max_diff(w0, ref_weights) <= 1e-5
-    # Exact evaluation: every one of the 999 samples counted once, same result on each rank.
+    # Exact evaluation: every one of the 999 samples counted once, same result on each rank,
+    # and the same result as one process evaluating everything.
     assert info0["metrics"]["eval_count"] == info1["metrics"]["eval_count"] == EVAL_SAMPLES
     assert info0["metrics"] == info1["metrics"]
+    assert info0["metrics"]["epoch"] == 3
+    assert info0["metrics"]["eval_accuracy"] == ref_info["metrics"]["eval_accuracy"]
+    assert abs(info0["metrics"]["eval_loss"] - ref_info["metrics"]["eval_loss"]) <= 1e-5
 
 
 def test_hapi_and_loop_give_the_same_losses(single):

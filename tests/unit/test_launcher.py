@@ -12,7 +12,7 @@ from paddle_dist import launcher
 from paddle_dist.config import load
 from paddle_dist.env import DistEnv, GpuInfo
 from paddle_dist.errors import ConfigError, DeviceError
-from paddle_dist.launcher import LaunchPlan, plan, resolve_nprocs
+from paddle_dist.launcher import LaunchPlan, plan, resolve_devices
 
 from tests.conftest import environ_diff
 
@@ -85,7 +85,7 @@ def test_spawn_has_no_command_line():
 
 def test_backend_is_passed_through():
     assert make_plan(["dist.nprocs=2"]).backend == "auto"
-    assert make_plan(["dist.nprocs=2", "dist.backend=nccl"]).backend == "nccl"
+    assert make_plan(["dist.nprocs=2", "dist.backend=nccl"], info=FOUR_GPUS).backend == "nccl"
 
 
 # ---------------------------------------------------------------- GPUs
@@ -143,27 +143,45 @@ def test_inside_a_launched_job_with_gpus_nothing_is_launched_again():
     assert p.mode == "none"
 
 
-# ---------------------------------------------------------------- resolve_nprocs
-@pytest.mark.parametrize("nprocs", [0, -1])
-def test_resolve_nprocs_rejects_less_than_one(nprocs):
-    with pytest.raises(ConfigError, match="--nprocs must be >= 1"):
-        resolve_nprocs(nprocs, [])
+# ---------------------------------------------------------------- resolve_devices
+def test_dist_nprocs_below_one_is_a_config_error():
+    with pytest.raises(ConfigError, match="dist.nprocs must be >= 1"):
+        make_plan(["dist.nprocs=0"])
 
 
-@pytest.mark.parametrize("nprocs, gpus, expected", [
-    (1, [], 1),
-    (3, [], 3),
-    (1, ["0", "1"], 2),
-    (2, ["0", "1"], 2),
-    (1, ["5"], 1),
+@pytest.mark.parametrize("nprocs, gpus, visible, backend, expected", [
+    (None, [], [], "auto", (1, ())),
+    (3, [], [], "auto", (3, ())),
+    (None, ["0", "1"], ["0", "1"], "auto", (2, ("0", "1"))),
+    (2, ["0", "1"], ["0", "1"], "auto", (2, ("0", "1"))),
+    (None, ["5"], ["4", "5"], "auto", (1, ("5",))),
+    (2, [], ["0", "1", "2"], "auto", (2, ("0", "1"))),   # next visible GPUs
+    (3, [], ["0", "1"], "gloo", (3, ())),                # gloo on a GPU machine: CPU ranks
 ])
-def test_resolve_nprocs(nprocs, gpus, expected):
-    assert resolve_nprocs(nprocs, gpus) == expected
+def test_resolve_devices(nprocs, gpus, visible, backend, expected):
+    assert resolve_devices(nprocs, gpus, visible, backend) == expected
 
 
-def test_resolve_nprocs_rejects_a_mismatch():
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_resolve_devices_rejects_a_mismatch(nprocs):
     with pytest.raises(DeviceError, match="one process runs per GPU"):
-        resolve_nprocs(2, ["0", "1", "2"])
+        resolve_devices(nprocs, ["0", "1"], ["0", "1"], "auto")
+
+
+def test_more_processes_than_visible_gpus_is_an_error():
+    with pytest.raises(DeviceError, match="3 processes need 3 GPUs but 2 are visible"):
+        resolve_devices(3, [], ["0", "1"], "auto")
+
+
+def test_nccl_on_cpu_is_an_error():
+    with pytest.raises(DeviceError, match="dist.backend=nccl needs GPUs"):
+        make_plan(["dist.nprocs=2", "dist.backend=nccl"])
+
+
+def test_spawn_without_gpus_on_a_gpu_machine_takes_visible_gpus():
+    p = make_plan(["dist.nprocs=2", "dist.launcher=spawn"], info=FOUR_GPUS,
+                  environ={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert (p.mode, p.gpus) == ("spawn", ("2", "3"))
 
 
 # ---------------------------------------------------------------- purity
