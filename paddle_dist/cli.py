@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+import traceback
+
 from . import config as configlib
 from . import env as envlib
-from . import launcher
-from .errors import EXIT_USAGE, UserError
+from . import faults, launcher
+from .errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,12 +91,34 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     run_dir = runtime.create_run_dir(cfg).resolve()
     cfg.output.run_dir = str(run_dir)
     print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
+    code = 0
+    for attempt in range(cfg.dist.max_restarts + 1):
+        if attempt:
+            # A restart continues from the latest checkpoint, whatever resume said first.
+            cfg.checkpoint.resume = "auto"
+            print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
+                  "checkpoint", flush=True)
+        _clear_status(run_dir)
+        code = _start(p, cfg, here, facts, run_dir, script, script_args)
+        if code in (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
+            break
+    return code
+
+
+def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[str]) -> int:
+    from . import worker
+
     if p.mode == "launch":
-        p = launcher.plan(cfg, here, script=script,
-                          script_args=list(script_args) + ["-o", f"output.run_dir={run_dir}"],
-                          log_dir=str(Path(run_dir) / "launch"), **facts)
-        return launcher.launch(p)
-    return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),))
+        extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}"]
+        p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
+                          log_dir=str(run_dir / "launch"), **facts)
+        return launcher.launch(p, run_dir=run_dir)
+    return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
+
+
+def _clear_status(run_dir: Path) -> None:
+    for path in (run_dir / "status").glob("rank*.json"):
+        path.unlink()
 
 
 def launch_main(argv: Optional[List[str]] = None) -> int:
@@ -124,15 +148,27 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
                                          gpu_info=gpu_info, cpu_count=cores))
 
 
+def rank_exit_code(exc: BaseException) -> int:
+    """Say how a command or rank ended, in one place: a user error is one line; a peer's
+    failure and a stop request were logged by the trainer already; anything else gets its
+    traceback. Returns the exit code (faults.EXIT_*)."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    code = faults.exit_code_of(exc)
+    if isinstance(exc, UserError):
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+    elif code not in (faults.EXIT_PEER, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+    return code
+
+
 def run(main, argv: Optional[List[str]] = None) -> None:
-    """Run a command; user errors become one line on stderr and exit code 2."""
+    """Run a command and exit with its code (see rank_exit_code for failures)."""
     try:
         code = main(argv)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        code = EXIT_USAGE
-    except KeyboardInterrupt:
-        code = 130
+    except BaseException as exc:  # noqa: BLE001 - every ending becomes an exit code
+        code = rank_exit_code(exc)
     sys.exit(code)
 
 

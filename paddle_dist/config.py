@@ -74,13 +74,19 @@ class DistConfig:
     launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn
     gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
+    hang_timeout: float = 300.0    # a rank with no progress this long (outside collectives) is hung; 0 = off
+    stop_timeout: float = 60.0     # after SIGTERM, seconds the ranks get to save and stop before SIGKILL
+    max_restarts: int = 0          # restart a failed job from its latest checkpoint up to N times
     nccl: NcclConfig = field(default_factory=NcclConfig)
 
 
 @dataclass
 class CheckpointConfig:
     every_epochs: int = 1          # 0 = never
+    every_steps: int = 0           # also every N optimizer steps (mid-epoch); 0 = never
     keep_last: int = 3
+    resume: str = "auto"           # auto (latest in this run dir, if any) | none | a checkpoint path
 
 
 @dataclass
@@ -91,6 +97,11 @@ class OutputConfig:
 
 
 @dataclass
+class FaultsConfig:
+    inject: str = ""               # testing: KIND:RANK:STEP, KIND = raise | exit | kill | hang
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -98,6 +109,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -114,7 +126,8 @@ CHOICES = {
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
 NON_NEGATIVE = ("train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
-                "checkpoint.keep_last")
+                "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
+                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts")
 
 
 def resolve_path(name_or_path: str) -> Path:
@@ -288,9 +301,20 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"dist.nprocs must be >= 1 (got {cfg.dist.nprocs}); use 2 for two processes")
     if not (math.isfinite(cfg.train.lr) and cfg.train.lr > 0):
         raise ConfigError(f"train.lr must be a finite number > 0 (got {cfg.train.lr!r})")
+    _validate_fault(cfg.faults.inject)
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
+
+
+def _validate_fault(spec: str) -> None:
+    if not spec:
+        return
+    parts = spec.split(":")
+    kinds = ("raise", "exit", "kill", "hang")
+    if len(parts) != 3 or parts[0] not in kinds or not all(p.isdigit() for p in parts[1:]):
+        raise ConfigError(f"faults.inject {spec!r} must be KIND:RANK:STEP with KIND one of "
+                          f"{', '.join(kinds)}, e.g. raise:1:5")
 
 
 def get_key(cfg: Config, dotted: str) -> Any:

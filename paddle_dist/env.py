@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from .errors import DeviceError
 
 CPU = "cpu"
+SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's launcher starts
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -46,6 +47,7 @@ class DistEnv:
     master: str = ""               # host:port of the rendezvous; "" when standalone
     device: str = CPU              # "cpu" or "gpu:<index among the visible GPUs>"
     backend: str = "none"          # none (one process) | gloo | nccl
+    supervised: bool = False       # started by paddle_dist's launcher, which reports failures
 
     @property
     def is_main(self) -> bool:
@@ -149,7 +151,7 @@ def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = 
     info = gpu_info if gpu_info is not None else probe_gpus()
     device = select_device(cluster.name, ranks.get("local_rank", 0), gpus, info, environ)
     world = ranks.get("world_size", 1)
-    return DistEnv(launcher=cluster.name, device=device,
+    return DistEnv(launcher=cluster.name, device=device, supervised=environ.get(SUPERVISED) == "1",
                    backend=select_backend(backend, device, world), **ranks)
 
 

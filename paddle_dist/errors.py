@@ -1,6 +1,5 @@
 """Errors a user can fix. Entry points print them as one line and exit with code 2."""
 
-EXIT_USAGE = 2
 
 
 class UserError(Exception):

@@ -15,14 +15,14 @@ Example:
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from . import env as envlib
+from . import supervisor
 from .errors import DeviceError
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
@@ -41,6 +41,7 @@ class LaunchPlan:
     argv: Tuple[str, ...] = ()          # launch mode: the command to run
     env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
     log_dir: str = ""                   # launch mode: Paddle's workerlog.N files
+    stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
 
 
 def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
@@ -82,20 +83,22 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     envlib.select_backend(cfg.dist.backend, "gpu" if gpus else envlib.CPU, nprocs)  # checks it
     if env.launcher != "standalone" or (nprocs == 1 and not always):  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
-    variables = dict(QUIET_CHILD)
+    variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
     variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))
     mode = cfg.dist.launcher
     argv: Tuple[str, ...] = ()
     if mode == "launch":
         argv = launch_argv(nprocs, gpus, script, script_args, log_dir)
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
-                      argv=argv, env=variables, log_dir=log_dir)
+                      argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout)
 
 
 def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequence[str],
                 log_dir: str = "") -> Tuple[str, ...]:
+    # ERROR: Paddle's launcher then records each failed rank's exit code, which the
+    # supervisor reads from its stderr file to report the real code or signal.
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
-            "--log_level", "WARNING"]
+            "--log_level", "ERROR"]
     if gpus:
         argv += ["--devices", ",".join(gpus)]
     if log_dir:
@@ -103,26 +106,22 @@ def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequ
     return tuple(argv + [script, *script_args])
 
 
-def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = ()) -> int:
-    """Run the plan; return the job's exit code. `fn(*args)` is the spawn-mode entry."""
+def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
+           run_dir: Optional[Path] = None) -> int:
+    """Run the plan under supervision; return the job's exit code (the root cause's).
+    `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files."""
     if p.mode == "launch":
-        return _run_subprocess(list(p.argv), envlib.child_environ(p.env))
+        return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
+                                           p.stop_timeout, Path(p.log_dir or "log"))
     if p.mode == "spawn":
-        return _run_spawn(p, fn, args)
+        return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
 
 
-def _run_subprocess(argv: List[str], child_env: Dict[str, str]) -> int:
-    proc = subprocess.Popen(argv, env=child_env, start_new_session=False)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        # Paddle's launcher tears its workers down on SIGINT/SIGTERM; wait for it.
-        proc.send_signal(signal.SIGINT)
-        return proc.wait()
-
-
-def _run_spawn(p: LaunchPlan, fn: Callable, args: Sequence) -> int:
+def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
+    """Start the ranks with paddle.distributed.spawn (not joined: the supervisor watches).
+    Returns spawn's context, which must stay alive while the ranks start: it owns the
+    queues their arguments travel through."""
     import paddle.distributed as dist
     import paddle.distributed.fleet.launch  # noqa: F401  (creates the logger silenced below)
 
@@ -135,8 +134,9 @@ def _run_spawn(p: LaunchPlan, fn: Callable, args: Sequence) -> int:
         paddle_log.setLevel(logging.WARNING)   # spawn's "find free ports" INFO line
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your model will be trained under CPUONLY")
-            dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend, join=True, **options)
-        return 0
+            context = dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend,
+                                 join=False, **options)
+        return context
     finally:
         paddle_log.setLevel(level)
         envlib.restore(old)

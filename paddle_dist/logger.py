@@ -57,17 +57,20 @@ class Progress:
     """
 
     def __init__(self, env, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
-                 batch_size: int, log_every: int, total_steps: Optional[int] = None):
+                 batch_size: int, log_every: int, total_steps: Optional[int] = None,
+                 start_step: int = 0):
         self.env, self.log = env, get()
         self.steps_per_epoch, self.epochs, self.log_every = steps_per_epoch, epochs, log_every
         self.global_batch = batch_size * env.world_size
         self.total_steps = total_steps or steps_per_epoch * epochs
-        self.step_count, self.losses = 0, []
+        self.start_step = start_step          # steps done before this run (resume)
+        self.step_count, self.losses = 0, []  # steps of this run
         self.train_time, self._window, self._t_last = 0.0, [], None
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
 
-    def epoch_begin(self, epoch: int) -> None:
-        self.epoch, self.epoch_step, self._t_last = epoch, 0, time.perf_counter()
+    def epoch_begin(self, epoch: int, done: int = 0) -> None:
+        """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
+        self.epoch, self.epoch_step, self._t_last = epoch, done, time.perf_counter()
 
     def step(self, loss: float, lr: float) -> None:
         now = time.perf_counter()
@@ -95,7 +98,8 @@ class Progress:
         mean = sum(self._window) / len(self._window)
         self._window = []
         speed = self.samples_per_s
-        eta = (self.total_steps - self.step_count) * self.global_batch / speed if speed else 0
+        remaining = self.total_steps - self.start_step - self.step_count
+        eta = remaining * self.global_batch / speed if speed else 0
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
                       f"loss {mean:.4f} lr {lr:.2e} {speed:,.0f} samples/s eta {format_eta(eta)}")
         self.scalar("train/loss", mean)
@@ -115,7 +119,7 @@ class Progress:
     def scalar(self, tag: str, value: float, step: Optional[int] = None) -> None:
         if self.writer is not None:
             self.writer.add_scalar(tag=tag, value=float(value),
-                                   step=self.step_count if step is None else step)
+                                   step=self.start_step + self.step_count if step is None else step)
 
     def close(self) -> None:
         if self.writer is not None:

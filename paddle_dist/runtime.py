@@ -21,6 +21,7 @@ import paddle
 import paddle.distributed as dist
 
 from . import env as envlib
+from . import faults
 from .errors import UserError
 
 _ENV: Optional[envlib.DistEnv] = None
@@ -37,11 +38,19 @@ def setup(cfg) -> envlib.DistEnv:
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).
-            with quiet_paddle():
+            with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg)):
                 dist.init_parallel_env()
         _ENV = env
     seed_everything(cfg.train.seed)
     return _ENV
+
+
+def _lost(env, cfg) -> str:
+    return (f"rank {env.global_rank}: not all {env.world_size} ranks arrived within "
+            f"{cfg.dist.rendezvous_timeout:g} s (master {env.master or '?'}); check that every rank "
+            "was started with the same world size and master address, that the master is "
+            "reachable from here, and that no rank failed at start (dist.rendezvous_timeout "
+            "sets this limit)")
 
 
 def seed_everything(seed: int) -> None:
@@ -90,7 +99,8 @@ def make_run_dir(cfg, env) -> Path:
             chosen = [f"{_FAILED}{exc}"]
     if env.is_distributed:
         # The other ranks wait here for rank 0's choice, or for its error.
-        dist.broadcast_object_list(chosen, src=0)
+        with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg)):
+            dist.broadcast_object_list(chosen, src=0)
     if chosen[0].startswith(_FAILED):
         raise UserError(chosen[0][len(_FAILED):])
     return Path(chosen[0]).resolve()

@@ -6,6 +6,8 @@ Example:
 
 from __future__ import annotations
 
+import sys
+
 from . import config as configlib
 from . import data, models, runtime, trainer
 from .errors import ConfigError
@@ -40,7 +42,7 @@ def build_parts(cfg) -> Parts:
     train_data, eval_data = build_datasets(cfg)
     task = models.task_of(cfg.model.name)
     return Parts(model=models.build(cfg.model.name), train_data=train_data, eval_data=eval_data,
-                 loss=default_loss(task), task=task,
+                 loss=default_loss(task), task=task, name=cfg.model.name,
                  optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay))
 
 
@@ -51,5 +53,11 @@ def main(cfg) -> trainer.Result:
 
 
 def spawn_entry(cfg_dict) -> None:
-    """Target of `paddle.distributed.spawn`: the config arrives as a plain dict."""
-    main(configlib.from_dict(cfg_dict))
+    """Target of `paddle.distributed.spawn`: the config arrives as a plain dict. Exits with
+    paddle_dist's codes (spawn's wrapper would turn every exception into exit 1)."""
+    from .cli import rank_exit_code
+
+    try:
+        main(configlib.from_dict(cfg_dict))
+    except BaseException as exc:  # noqa: BLE001 - every ending becomes an exit code
+        sys.exit(rank_exit_code(exc))

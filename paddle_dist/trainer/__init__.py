@@ -22,11 +22,12 @@ from typing import Callable, Optional, Union
 
 import paddle
 
+from .. import checkpoint, faults, logger, runtime, supervisor
 from .. import config as configlib
-from .. import logger, runtime
+from ..sync import GradSync, PeerFailure
 from . import hapi, loop
-from .common import (EpochEnd, Parts, Result, default_loss, optimizer_factory, steps_per_epoch,
-                     total_steps)
+from .common import (Parts, Position, Result, Session, default_loss, make_optimizer,
+                     optimizer_factory, steps_per_epoch, total_steps)
 
 TRAINERS = {"loop": loop, "hapi": hapi}
 
@@ -49,17 +50,48 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     loss = loss or default_loss(task)
     if optimizer is None:
         optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay)
-    return train(Parts(model, train_data, eval_data, loss, optimizer, task), cfg, env)
+    parts = Parts(model, train_data, eval_data, loss, optimizer, task, type(model).__name__)
+    return train(parts, cfg, env)
 
 
 def train(parts: Parts, cfg: configlib.Config, env) -> Result:
-    """Run one job on this rank; rank 0 writes config.yaml and metrics.json to the run dir."""
+    """Run one job on this rank; rank 0 writes config.yaml and metrics.json to the run dir.
+
+    Raises `PeerFailure` when another rank fails and `Preempted` after a requested stop
+    (the checkpoint is saved by then); every rank records its outcome in <run>/status/.
+    """
     started = time.perf_counter()
     run_dir = runtime.make_run_dir(cfg, env)
     log = logger.setup(run_dir, env)
     if env.is_main:
         # Without its run_dir, the saved config repeats the run into a new directory.
         configlib.dump(configlib.replace_key(cfg, "output.run_dir", ""), run_dir / "config.yaml")
+    monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
+    with monitor.running():
+        try:
+            result = _run(parts, cfg, env, run_dir, monitor, log)
+        except BaseException as exc:
+            state = faults.outcome_of(exc)
+            monitor.finish(state, exc)
+            if state != "preempted":
+                log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "))
+            if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
+                supervisor.explain_from_rank(run_dir)
+            raise
+        monitor.finish("done")
+    result.wall_time_s = time.perf_counter() - started
+    if env.is_main:
+        _write_metrics(run_dir, result, cfg, env)
+        _summary(log, result, run_dir)
+    return result
+
+
+def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
+    optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
+    grad_sync = GradSync(env, monitor.phase, monitor.want_stop)
+    grad_sync.attach(optimizer)
+    digest = checkpoint.config_hash(cfg.to_dict())
+    start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
     per_epoch = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                                 cfg.train.drop_last)
     limit = total_steps(cfg, per_epoch)
@@ -67,20 +99,38 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
              f"backend {env.backend}, api {cfg.train.api}, {len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs, cfg.train.batch_size,
-                               cfg.train.log_every, limit)
-    result = Result(run_dir=run_dir)
-    epoch_end = EpochEnd(parts, cfg, env, run_dir, progress, result)
+                               cfg.train.log_every, limit, start.global_step)
+    session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
+                      limit, digest)
+    session.result.history, session.result.resumed_from = history, resumed
     try:
-        TRAINERS[cfg.train.api].run(parts, cfg, env, progress, epoch_end, limit)
+        if not session.done:
+            TRAINERS[cfg.train.api].run(session)
     finally:
         progress.close()
-    result.losses, result.steps = progress.losses, progress.step_count
+        session.close()
+    result = session.result
+    result.losses, result.steps = progress.losses, session.pos.global_step
     result.samples_per_s = progress.samples_per_s
-    result.wall_time_s = time.perf_counter() - started
-    if env.is_main:
-        _write_metrics(run_dir, result, cfg, env)
-        _summary(log, result, run_dir)
     return result
+
+
+def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
+    """(start position, history so far, checkpoint path) from `checkpoint.resume`."""
+    path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
+    if path is None:
+        return Position(), [], None
+    state = checkpoint.load(path)
+    checkpoint.check_compatible(state, env.world_size, parts.name, parts.model)
+    checkpoint.restore(state, parts.model, optimizer, rng=True)
+    meta = state.meta
+    if meta.get("config_hash") not in (None, digest):
+        log.warning(f"the config differs from the one checkpoint {path} was trained with "
+                    "(beyond epochs, steps, logging and output); resuming anyway")
+    log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
+             f"in it, {meta['global_step']} steps done")
+    start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"])
+    return start, list(meta.get("history", [])), str(path)
 
 
 def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:

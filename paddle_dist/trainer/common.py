@@ -1,7 +1,8 @@
-"""What both trainers share: the job's parts, exact evaluation, optimizer, epoch end.
+"""What both trainers share: the job's parts, the data order, exact evaluation, and the
+per-step / per-epoch bookkeeping (progress, checkpoints, resume, stop requests).
 
 Keeping these in one place is what keeps `hapi` and `loop` from drifting apart in
-seeding, sharding, evaluation and checkpoints.
+seeding, sharding, evaluation, checkpoints and resume.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import paddle
 import paddle.distributed as dist
 
 from .. import checkpoint
-from ..logger import Progress
+from ..faults import Preempted
+from ..sync import collective
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Parts:
     loss: Callable
     optimizer: Union[paddle.optimizer.Optimizer, Callable]
     task: str = "classification"      # classification (accuracy) | regression (loss only)
+    name: str = ""                    # model name recorded in checkpoints
 
 
 @dataclass
@@ -35,15 +38,25 @@ class Result:
     """What `fit` returns on every rank."""
 
     run_dir: Optional[Path]
-    losses: List[float] = field(default_factory=list)      # this rank's loss per step
+    losses: List[float] = field(default_factory=list)      # this rank's loss per step (this run)
     history: List[Dict[str, float]] = field(default_factory=list)  # per epoch, same on all ranks
     samples_per_s: float = 0.0
     wall_time_s: float = 0.0
-    steps: int = 0
+    steps: int = 0                    # optimizer steps in total, including resumed ones
+    resumed_from: Optional[str] = None
 
     @property
     def metrics(self) -> Dict[str, float]:
         return self.history[-1] if self.history else {}
+
+
+@dataclass
+class Position:
+    """Where training stands: the epoch in progress and the steps already done."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
 
 
 def default_loss(task: str):
@@ -69,6 +82,33 @@ def optimizer_factory(name: str, lr: float, weight_decay: float) -> Callable:
     return build
 
 
+# ------------------------------------------------------------------ data order
+class ResumableBatchSampler(paddle.io.DistributedBatchSampler):
+    """Paddle's DistributedBatchSampler (same shards, same epoch-seeded order at both API
+    levels) that can start an epoch part-way through, for exact resume."""
+
+    def __init__(self, dataset, batch_size: int, env, shuffle: bool, drop_last: bool):
+        super().__init__(dataset, batch_size=batch_size, num_replicas=env.world_size,
+                         rank=env.global_rank, shuffle=shuffle, drop_last=drop_last)
+        self.skip = 0
+
+    def start(self, epoch: int, skip: int = 0) -> None:
+        self.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        for i, batch in enumerate(super().__iter__()):
+            if i >= skip:
+                yield batch
+
+
+def train_loader(parts: Parts, cfg, env):
+    sampler = ResumableBatchSampler(parts.train_data, cfg.train.batch_size, env,
+                                    cfg.train.shuffle, cfg.train.drop_last)
+    return paddle.io.DataLoader(parts.train_data, batch_sampler=sampler, num_workers=0), sampler
+
+
 class ExactShardSampler(paddle.io.BatchSampler):
     """Evaluation batches of rank r: samples r, r+W, r+2W, ... No padding, so with the
     counts summed across ranks every sample is counted exactly once (Paddle's
@@ -86,16 +126,18 @@ class ExactShardSampler(paddle.io.BatchSampler):
         return (len(self.indices) + self.batch_size - 1) // self.batch_size
 
 
-def all_reduce_sum(values: List[float], env) -> np.ndarray:
+# ------------------------------------------------------------------ evaluation
+def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
     """Sum a few numbers over all ranks (float64; every rank gets the same result)."""
     tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
     if env.is_distributed:
-        dist.all_reduce(tensor)
+        collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics")
     return tensor.numpy()
 
 
 @paddle.no_grad()
-def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int) -> Dict[str, float]:
+def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int,
+             beat: Callable[[], None] = lambda: None, phase=None) -> Dict[str, float]:
     """Loss (and accuracy for classification) over the whole dataset, identical on all ranks."""
     was_training = net.training
     net.eval()
@@ -109,50 +151,99 @@ def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int) -> Dict[str
         if task == "classification":
             correct += float((out.argmax(axis=-1) == y.reshape([-1])).astype("float64").sum())
         count += n
+        beat()
     if was_training:
         net.train()
-    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], env)
+    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], env, phase)
     metrics = {"loss": loss_sum / max(count, 1), "count": count}
     if task == "classification":
         metrics["accuracy"] = correct / max(count, 1)
     return metrics
 
 
-class EpochEnd:
-    """End-of-epoch work both trainers do: global train loss, exact eval, checkpoint."""
+# ------------------------------------------------------------------ the session
+class Session:
+    """One rank's training run: counters, progress, checkpoints, stop requests.
 
-    def __init__(self, parts: Parts, cfg, env, run_dir: Optional[Path], progress: Progress,
-                 result: Result):
+    Both trainers call `after_step(loss)` after every optimizer step and
+    `end_epoch(epoch)` after every epoch; everything else is shared here.
+    """
+
+    def __init__(self, parts: Parts, cfg, env, run_dir: Optional[Path], progress, monitor,
+                 sync, optimizer, start: Position, limit: int, config_hash: str):
         self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, run_dir
-        self.progress, self.result = progress, result
+        self.progress, self.monitor, self.sync, self.optimizer = progress, monitor, sync, optimizer
+        self.pos, self.limit, self.config_hash = start, limit, config_hash
+        self.saver = checkpoint.AsyncSaver()
+        self.result = Result(run_dir=run_dir)
         self._epoch_losses: List[float] = []
 
-    def __call__(self, epoch: int, net, optimizer) -> Dict[str, float]:
+    @property
+    def done(self) -> bool:
+        return self.pos.global_step >= self.limit
+
+    def begin_epoch(self, epoch: int) -> None:
+        if epoch != self.pos.epoch:
+            self.pos = Position(epoch=epoch, global_step=self.pos.global_step)
+        self._epoch_losses = []
+        self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
+
+    def after_step(self, loss: float) -> bool:
+        """Bookkeeping after an optimizer step; True when the step limit is reached."""
+        self.pos.step_in_epoch += 1
+        self.pos.global_step += 1
+        self._epoch_losses.append(loss)
+        self.progress.step(loss, float(self.optimizer.get_lr()))
+        self.monitor.step(self.pos.global_step, self.pos.epoch)
+        if self.sync.stop_requested:
+            self._stop_for_preemption()
+        every = self.cfg.checkpoint.every_steps
+        if every and self.pos.global_step % every == 0 and not self.done:
+            self.save(self.pos)
+        return self.done
+
+    def end_epoch(self, epoch: int) -> Dict[str, Any]:
+        """Global train loss, exact evaluation, history, epoch-end checkpoint."""
         self.progress.pause()
-        losses = self.progress.losses[len(self._epoch_losses):]
-        self._epoch_losses = list(self.progress.losses)
-        total, n = all_reduce_sum([sum(losses), len(losses)], self.env)
-        metrics = {"epoch": epoch + 1, "train_loss": total / max(n, 1)}
+        total, n = all_reduce_sum([sum(self._epoch_losses), len(self._epoch_losses)], self.env,
+                                  self.monitor.phase)
+        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / max(n, 1)}
         if self.parts.eval_data is not None:
-            found = evaluate(net, self.parts.eval_data, self.parts.loss, self.parts.task,
-                             self.env, self.cfg.train.eval_batch_size)
+            found = evaluate(self.parts.model, self.parts.eval_data, self.parts.loss, self.parts.task,
+                             self.env, self.cfg.train.eval_batch_size, self.monitor.beat,
+                             self.monitor.phase)
             metrics.update({f"eval_{k}": v for k, v in found.items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
-        self._save(epoch, net, optimizer)
+        every = self.cfg.checkpoint.every_epochs
+        if every and (epoch + 1) % every == 0:
+            self.save(Position(epoch=epoch + 1, global_step=self.pos.global_step))
         self.progress.resume()
         return metrics
 
-    def _save(self, epoch: int, net, optimizer) -> None:
-        every = self.cfg.checkpoint.every_epochs
-        if not (self.env.is_main and self.run_dir and every and (epoch + 1) % every == 0):
+    def save(self, at: Position) -> None:
+        """Rank 0 snapshots the state now and writes it in the background: no other rank
+        ever waits inside a collective while the files are written."""
+        if not (self.env.is_main and self.run_dir):
             return
-        path = checkpoint.save(Path(self.run_dir) / "checkpoints", epoch + 1, net, optimizer,
-                               keep_last=self.cfg.checkpoint.keep_last,
-                               meta={"world_size": self.env.world_size, "api": self.cfg.train.api,
-                                     "model": self.cfg.model.name, "step": self.progress.step_count})
-        self.progress.log.info(f"checkpoint saved: {path}")
+        meta = {"global_step": at.global_step, "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
+                "world_size": self.env.world_size, "model": self.parts.name,
+                "api": self.cfg.train.api, "config_hash": self.config_hash,
+                "history": self.result.history}
+        snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta)
+        self.saver.submit(Path(self.run_dir) / "checkpoints", snap, self.cfg.checkpoint.keep_last)
+        self.progress.log.info(f"checkpoint for step {at.global_step} is being written")
+
+    def _stop_for_preemption(self) -> None:
+        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step))
+        self.saver.wait()
+        self.progress.log.info(f"stop requested: checkpoint saved at step {self.pos.global_step}; "
+                               "exiting so the job can be requeued")
+        raise Preempted(f"stopped on request at step {self.pos.global_step}")
+
+    def close(self) -> None:
+        self.saver.close()
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_last: bool) -> int:
@@ -164,10 +255,6 @@ def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_las
 def total_steps(cfg, per_epoch: int) -> int:
     full = per_epoch * cfg.train.epochs
     return min(full, cfg.train.max_steps) if cfg.train.max_steps else full
-
-
-def lr_of(optimizer) -> float:
-    return float(optimizer.get_lr())
 
 
 def to_float(value: Any) -> float:

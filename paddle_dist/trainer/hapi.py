@@ -1,9 +1,10 @@
 """The high-level path: `paddle.Model.prepare` / `fit`, unchanged.
 
-`paddle.Model` wraps the network in `DataParallel` itself and shards a `Dataset` with its
-own `DistributedBatchSampler`, so this path hands it the bare network and the Dataset
-(never a DataLoader, which Model.fit would NOT shard). Progress, exact evaluation and
-checkpoints come from the same code as the loop trainer, through one callback.
+`paddle.Model` wraps the network in `DataParallel` itself (never wrap it twice). It is
+handed a DataLoader over the same resumable distributed sampler as the loop trainer, so
+both API levels see the same shards in the same order and resume mid-epoch alike (a
+plain, unsharded DataLoader would make every rank train on all the data). Progress,
+exact evaluation, checkpoints and stop requests run through one callback.
 """
 
 from __future__ import annotations
@@ -11,36 +12,41 @@ from __future__ import annotations
 import paddle
 
 from ..runtime import quiet_paddle
-from .common import EpochEnd, Parts, lr_of, make_optimizer, to_float
+from ..sync import disable_reducer
+from .common import Session, to_float, train_loader
 
 
 class _Bridge(paddle.callbacks.Callback):
-    def __init__(self, progress, epoch_end: EpochEnd, net, optimizer):
+    def __init__(self, session: Session, sampler):
         super().__init__()
-        self.progress, self.epoch_end = progress, epoch_end
-        self.net, self.optimizer = net, optimizer
+        self.session, self.sampler = session, sampler
+        self.first = session.pos.epoch
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.progress.epoch_begin(epoch)
+        real = self.first + epoch          # hapi counts the epochs of this fit() call
+        self.sampler.start(real, self.session.pos.step_in_epoch if epoch == 0 else 0)
+        self.session.begin_epoch(real)
 
     def on_train_batch_end(self, step, logs=None):
-        self.progress.step(to_float(logs["loss"]), lr_of(self.optimizer))
+        self.session.after_step(to_float(logs["loss"]))
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_end(epoch, self.net, self.optimizer)
+        self.session.end_epoch(self.first + epoch)
 
 
-def run(parts: Parts, cfg, env, progress, epoch_end: EpochEnd, max_steps: int) -> None:
+def run(session: Session) -> None:
     with quiet_paddle():
-        _fit(parts, cfg, progress, epoch_end, max_steps)
+        _fit(session)
 
 
-def _fit(parts: Parts, cfg, progress, epoch_end: EpochEnd, max_steps: int) -> None:
-    net = parts.model
-    model = paddle.Model(net)     # wraps DataParallel itself when world size > 1
-    optimizer = make_optimizer(parts.optimizer, net.parameters())
-    model.prepare(optimizer=optimizer, loss=parts.loss)
-    model.fit(parts.train_data, batch_size=cfg.train.batch_size, epochs=cfg.train.epochs,
-              shuffle=cfg.train.shuffle, drop_last=cfg.train.drop_last, verbose=0,
-              num_workers=0, callbacks=[_Bridge(progress, epoch_end, net, optimizer)],
-              num_iters=max_steps if max_steps < progress.steps_per_epoch * cfg.train.epochs else None)
+def _fit(session: Session) -> None:
+    cfg, env = session.cfg, session.env
+    model = paddle.Model(session.parts.model)
+    if env.is_distributed:
+        disable_reducer(model._adapter.ddp_model)
+    model.prepare(optimizer=session.optimizer, loss=session.parts.loss)
+    loader, sampler = train_loader(session.parts, cfg, env)
+    remaining = session.limit - session.pos.global_step
+    # hapi stops after num_iters steps; it sizes its epoch loop from that number.
+    model.fit(loader, epochs=cfg.train.epochs - session.pos.epoch, verbose=0,
+              callbacks=[_Bridge(session, sampler)], num_iters=remaining)

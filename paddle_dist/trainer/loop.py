@@ -1,36 +1,38 @@
 """The manual data-parallel loop: the "three changes" done once.
 
-`init_parallel_env()` (in the worker), `paddle.DataParallel`, and a
-`DistributedBatchSampler` whose `set_epoch` is called every epoch.
+`init_parallel_env()` (in runtime.setup), `paddle.DataParallel`, and a distributed batch
+sampler whose epoch is set every epoch. The gradients are averaged by `GradSync` when the
+optimizer steps (see sync.py for why not inside backward).
 """
 
 from __future__ import annotations
 
 import paddle
 
-from .common import EpochEnd, Parts, lr_of, make_optimizer
+from ..sync import disable_reducer
+from .common import Session, train_loader
 
 
-def run(parts: Parts, cfg, env, progress, epoch_end: EpochEnd, max_steps: int) -> None:
+def run(session: Session) -> None:
+    parts, cfg, env = session.parts, session.cfg, session.env
     net = parts.model
-    model = paddle.DataParallel(net) if env.is_distributed else net
-    optimizer = make_optimizer(parts.optimizer, net.parameters())
-    sampler = paddle.io.DistributedBatchSampler(
-        parts.train_data, batch_size=cfg.train.batch_size, num_replicas=env.world_size,
-        rank=env.global_rank, shuffle=cfg.train.shuffle, drop_last=cfg.train.drop_last)
-    loader = paddle.io.DataLoader(parts.train_data, batch_sampler=sampler, num_workers=0)
+    model = net
+    if env.is_distributed:
+        model = paddle.DataParallel(net)   # broadcasts rank 0's weights
+        disable_reducer(model)
+    loader, sampler = train_loader(parts, cfg, env)
+    optimizer = session.optimizer
     net.train()
-    for epoch in range(cfg.train.epochs):
-        sampler.set_epoch(epoch)
-        progress.epoch_begin(epoch)
+    for epoch in range(session.pos.epoch, cfg.train.epochs):
+        sampler.start(epoch, session.pos.step_in_epoch if epoch == session.pos.epoch else 0)
+        session.begin_epoch(epoch)
         for x, y in loader:
             loss = parts.loss(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.clear_grad()
-            progress.step(float(loss), lr_of(optimizer))
-            if progress.step_count >= max_steps:
+            if session.after_step(float(loss)):
                 break
-        epoch_end(epoch, net, optimizer)
-        if progress.step_count >= max_steps:
+        session.end_epoch(epoch)
+        if session.done:
             break

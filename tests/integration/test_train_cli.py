@@ -16,7 +16,7 @@ def _outputs_of(run_dir, ranks=2):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert (run_dir / "checkpoints" / "latest").is_file()
     latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
-    assert {p.name for p in latest.iterdir()} == {"model.npz", "optimizer.npz", "meta.json"}
+    assert {p.name for p in latest.iterdir()} == {"model.npz", "optimizer.npz", "rng.npz", "meta.json"}
     assert any((run_dir / "vdl").iterdir()), "no VisualDL log written"
     for rank in range(ranks):
         assert (run_dir / "logs" / f"rank{rank}.log").read_text().strip()

@@ -1,6 +1,9 @@
-"""Unit tests for paddle_dist.checkpoint: npz + JSON checkpoints, atomic, pruned, never unpickled."""
+"""Unit tests for paddle_dist.checkpoint: the full training state in npz + JSON, written
+atomically (also from a background thread), pruned, validated, never unpickled."""
 
 import json
+import random
+import threading
 
 import numpy as np
 import paddle
@@ -8,8 +11,11 @@ import pytest
 from paddle.utils import unique_name
 
 from paddle_dist import checkpoint as ck
+from paddle_dist.errors import UserError
+from tests.integration.procs import run
 
 INPUT = np.linspace(-1.0, 1.0, 12, dtype="float32").reshape(4, 3)
+FILES = ["meta.json", "model.npz", "optimizer.npz", "rng.npz"]
 
 
 def fresh_names():
@@ -19,7 +25,7 @@ def fresh_names():
     return fresh
 
 
-def new_model(seed=0):
+def new_model(seed=0, lr=0.05):
     """A Linear(3, 2) + Adam, named as in a fresh process (linear_0, ..._moment1_0).
 
     Paddle keys optimizer state by parameter name, so a restored optimizer only matches
@@ -29,13 +35,15 @@ def new_model(seed=0):
     with unique_name.guard(names):
         paddle.seed(seed)
         net = paddle.nn.Linear(3, 2)
-        opt = paddle.optimizer.Adam(learning_rate=0.05, parameters=net.parameters())
+        opt = paddle.optimizer.Adam(learning_rate=lr, parameters=net.parameters())
     return net, opt, names
 
 
-def train_step(net, opt, names):
+def train_step(net, opt, names, dropout=0.0):
+    """One Adam step; with dropout > 0 the step also depends on Paddle's RNG."""
     with unique_name.guard(names):
-        loss = ((net(paddle.to_tensor(INPUT)) - 1.0) ** 2).mean()
+        out = paddle.nn.functional.dropout(net(paddle.to_tensor(INPUT)), p=dropout)
+        loss = ((out - 1.0) ** 2).mean()
         loss.backward()
         opt.step()
         opt.clear_grad()
@@ -46,6 +54,10 @@ def trained(steps=1, seed=0):
     for _ in range(steps):
         train_step(net, opt, names)
     return net, opt, names
+
+
+def meta(step=1, **extra):
+    return dict(global_step=step, epoch=0, step_in_epoch=step, world_size=1, model="linear", **extra)
 
 
 def arrays(state):
@@ -66,59 +78,103 @@ def assert_same_state(a, b):
         np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
 
 
+def draws():
+    """One number from each generator a training step may use."""
+    return random.random(), float(np.random.rand()), paddle.rand([3]).numpy().tolist()
+
+
 @pytest.fixture
 def one_step():
     return trained(steps=1)
 
 
+@pytest.fixture
+def saved(tmp_path, one_step):
+    net, opt, _ = one_step
+    return ck.save(tmp_path / "checkpoints", net, opt, meta(1))
+
+
+# ---------------------------------------------------------------- random generators
+def test_apply_rng_replays_python_numpy_and_paddle():
+    arrays_, info = ck.capture_rng()
+    first = draws()
+    ck.apply_rng(arrays_, info)
+    assert draws() == first
+
+
+def test_rng_state_is_arrays_and_json_only():
+    arrays_, info = ck.capture_rng()
+    assert all(isinstance(a, np.ndarray) and a.dtype != object for a in arrays_.values())
+    assert json.loads(json.dumps(info)) == info
+
+
+def test_rng_state_survives_a_checkpoint(tmp_path, one_step):
+    net, opt, _ = one_step
+    ck.save(tmp_path, net, opt, meta(1))
+    first = draws()
+    state = ck.load(tmp_path)
+    ck.restore(state, net, opt)
+    assert draws() == first
+    draws()
+    ck.restore(state, net, opt, rng=False)      # leaves the generators alone
+    assert draws() != first
+
+
 # ---------------------------------------------------------------- layout
 def test_save_writes_the_checkpoint_layout(tmp_path, one_step):
     net, opt, _ = one_step
-    path = ck.save(tmp_path / "checkpoints", epoch=1, model=net, optimizer=opt)
-    assert path == tmp_path / "checkpoints" / "epoch_0001"
-    assert sorted(p.name for p in path.iterdir()) == ["meta.json", "model.npz", "optimizer.npz"]
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch_0001"
+    path = ck.save(tmp_path / "checkpoints", net, opt, meta(7))
+    assert path == tmp_path / "checkpoints" / "ckpt_000000007"
+    assert sorted(p.name for p in path.iterdir()) == FILES
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt_000000007"
     assert ck.latest(tmp_path / "checkpoints") == path
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch_0001", "latest"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt_000000007", "latest"]
 
 
-def test_meta_json_holds_the_epoch_and_the_given_meta(tmp_path, one_step):
+def test_meta_round_trips_exactly(tmp_path, one_step):
     net, opt, _ = one_step
-    path = ck.save(tmp_path, epoch=3, model=net, optimizer=opt,
-                   meta={"step": 120, "eval_acc": 0.75, "config": {"train": {"epochs": 5}}})
-    meta = json.loads((path / "meta.json").read_text())
-    assert meta["epoch"] == 3
-    assert meta["step"] == 120
-    assert meta["eval_acc"] == 0.75
-    assert meta["config"] == {"train": {"epochs": 5}}
-    state = ck.load(path)
-    assert state.meta["epoch"] == 3
-    assert state.meta["step"] == 120
-    assert "optimizer_scalars" not in state.meta
+    given = meta(120, api="loop", config_hash="abc", history=[{"epoch": 1, "eval_acc": 0.75}])
+    path = ck.save(tmp_path, net, opt, given)
+    on_disk = json.loads((path / "meta.json").read_text())
+    assert on_disk["global_step"] == 120 and on_disk["format"] == ck.FORMAT
+    assert ck.load(path).meta == given
 
 
-def test_the_epoch_argument_wins_over_meta(tmp_path, one_step):
+@pytest.mark.parametrize("bad, match", [
+    ({"epoch": 0}, "lacks"),
+    (meta(-1), "global_step"),
+    (meta(1.0), "global_step"),
+    (meta(1, format=3), "reserved"),
+    (meta(1, when=object()), "JSON"),
+])
+def test_bad_meta_fails_on_the_calling_thread(one_step, bad, match):
     net, opt, _ = one_step
-    path = ck.save(tmp_path, epoch=2, model=net, optimizer=opt, meta={"epoch": 99})
-    assert ck.load(path).meta["epoch"] == 2
+    with pytest.raises(ValueError, match=match):
+        ck.snapshot(net, opt, bad)
 
 
-def test_npz_files_hold_plain_arrays_only(tmp_path, one_step):
-    net, opt, _ = one_step
-    path = ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
-    for name in ("model.npz", "optimizer.npz"):
-        with np.load(path / name, allow_pickle=False) as data:
+def test_npz_files_hold_plain_arrays_only(saved, one_step):
+    net, _, _ = one_step
+    for name in ("model.npz", "optimizer.npz", "rng.npz"):
+        with np.load(saved / name, allow_pickle=False) as data:
             assert data.files
-            for key in data.files:
-                assert data[key].dtype != object, (name, key)
-    with np.load(path / "model.npz", allow_pickle=False) as data:
+            assert all(data[key].dtype != object for key in data.files), name
+    with np.load(saved / "model.npz", allow_pickle=False) as data:
         assert sorted(data.files) == sorted(net.state_dict())
+
+
+def test_the_same_state_gives_the_same_bytes(tmp_path, one_step):
+    net, opt, _ = one_step
+    snap = ck.snapshot(net, opt, meta(3))
+    a, b = ck.write(tmp_path / "a", snap), ck.write(tmp_path / "b", snap)
+    for name in FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 # ---------------------------------------------------------------- load + restore
 def test_load_and_restore_give_identical_model_and_optimizer(tmp_path, one_step):
     net, opt, names = one_step
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
+    ck.save(tmp_path, net, opt, meta(1))
 
     fresh_net, fresh_opt, fresh_names = new_model(seed=1)   # different initial weights
     assert not np.array_equal(fresh_net.weight.numpy(), net.weight.numpy())
@@ -134,8 +190,20 @@ def test_load_and_restore_give_identical_model_and_optimizer(tmp_path, one_step)
     assert_same_state(fresh_opt.state_dict(), opt.state_dict())
 
 
+def test_a_random_step_after_restore_matches_going_on_without_a_checkpoint(tmp_path, one_step):
+    net, opt, names = one_step
+    ck.save(tmp_path, net, opt, meta(1))
+    train_step(net, opt, names, dropout=0.5)          # the run that never stopped
+
+    fresh_net, fresh_opt, fresh_names = new_model(seed=1)
+    paddle.seed(12345)                                # a new process: other RNG state
+    ck.restore(ck.load(tmp_path), fresh_net, fresh_opt)
+    train_step(fresh_net, fresh_opt, fresh_names, dropout=0.5)
+    assert_same_state(fresh_net.state_dict(), net.state_dict())
+
+
 def test_a_fresh_optimizer_would_step_differently(one_step):
-    # Control for the test above: without the optimizer state the next step differs.
+    # Control for the tests above: without the optimizer state the next step differs.
     net, opt, names = one_step
     other_net, other_opt, other_names = new_model()
     other_net.set_state_dict(net.state_dict())
@@ -144,30 +212,37 @@ def test_a_fresh_optimizer_would_step_differently(one_step):
     assert not np.array_equal(net.weight.numpy(), other_net.weight.numpy())
 
 
-def test_load_keeps_dtypes_and_shapes(tmp_path, one_step):
-    net, opt, _ = one_step
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
-    state = ck.load(tmp_path)
+def test_load_keeps_dtypes_and_shapes(saved, one_step):
+    net, _, _ = one_step
+    state = ck.load(saved)
     for key, value in net.state_dict().items():
         assert state.model[key].shape == tuple(value.shape)
         assert state.model[key].dtype == np.float32
 
 
-def test_restore_model_only(tmp_path, one_step):
-    net, opt, _ = one_step
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
+def test_restore_model_only(saved, one_step):
+    net, _, _ = one_step
     fresh_net, _, _ = new_model(seed=1)
-    ck.restore(ck.load(tmp_path), fresh_net)
+    ck.restore(ck.load(saved), fresh_net)
     assert_same_state(fresh_net.state_dict(), net.state_dict())
 
 
-def test_load_accepts_the_root_or_an_epoch_directory(tmp_path, one_step):
+def test_restore_refuses_a_model_of_another_shape(saved):
+    with unique_name.guard(fresh_names()):
+        other = paddle.nn.Linear(3, 5)
+    with pytest.raises(ck.CheckpointError, match="weight"):
+        ck.restore(ck.load(saved), other)
+
+
+def test_load_accepts_a_checkpoint_its_root_or_the_run_dir(tmp_path, one_step):
     net, opt, names = one_step
-    first = ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
+    first = ck.save(tmp_path / "checkpoints", net, opt, meta(1))
     train_step(net, opt, names)
-    ck.save(tmp_path, epoch=2, model=net, optimizer=opt)
-    assert ck.load(tmp_path).meta["epoch"] == 2          # root: follows `latest`
-    assert ck.load(first).meta["epoch"] == 1
+    ck.save(tmp_path / "checkpoints", net, opt, meta(2))
+    assert ck.load(tmp_path / "checkpoints").meta["global_step"] == 2   # follows `latest`
+    assert ck.load(tmp_path).meta["global_step"] == 2
+    state = ck.load(first)
+    assert state.meta["global_step"] == 1 and state.path == first
 
 
 def test_learning_rate_scheduler_state_round_trips(tmp_path):
@@ -178,7 +253,7 @@ def test_learning_rate_scheduler_state_round_trips(tmp_path):
                                     parameters=net.parameters())
     train_step(net, opt, names)
     opt._learning_rate.step()
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
+    ck.save(tmp_path, net, opt, meta(1))
 
     with unique_name.guard(fresh_names()):
         fresh = paddle.nn.Linear(3, 2)
@@ -187,59 +262,149 @@ def test_learning_rate_scheduler_state_round_trips(tmp_path):
     ck.restore(ck.load(tmp_path), fresh, fresh_opt)
     assert fresh_opt.get_lr() == pytest.approx(opt.get_lr())
     assert fresh_opt.get_lr() == pytest.approx(0.01)
+    assert_same_state(fresh_opt.state_dict(), opt.state_dict())
 
 
-# ---------------------------------------------------------------- pruning and crashes
+# ---------------------------------------------------------------- snapshot + background writes
+def test_a_snapshot_is_taken_when_made_not_when_written(tmp_path, one_step):
+    net, opt, names = one_step
+    before = net.weight.numpy().copy()
+    snap = ck.snapshot(net, opt, meta(1))
+    train_step(net, opt, names)                       # training goes on before the write
+    ck.write(tmp_path, snap)
+    np.testing.assert_array_equal(ck.load(tmp_path).model["weight"], before)
+
+
+def test_async_saver_writes_the_same_bytes_as_save(tmp_path, one_step):
+    net, opt, _ = one_step
+    by_save = ck.save(tmp_path / "a", net, opt, meta(5), keep_last=2)
+    saver = ck.AsyncSaver()
+    saver.submit(tmp_path / "b", ck.snapshot(net, opt, meta(5)), keep_last=2)
+    by_saver = saver.wait()
+    assert by_saver == tmp_path / "b" / "ckpt_000000005"
+    for name in FILES:
+        assert (by_save / name).read_bytes() == (by_saver / name).read_bytes(), name
+    assert ck.latest(tmp_path / "b") == by_saver
+
+
+def test_async_saver_writes_off_the_calling_thread_one_at_a_time(tmp_path, one_step, monkeypatch):
+    net, opt, _ = one_step
+    release, writers, real_write = threading.Event(), [], ck.write
+
+    def slow_write(root, snap, keep_last):
+        writers.append(threading.current_thread())
+        assert release.wait(timeout=60)
+        return real_write(root, snap, keep_last)
+
+    monkeypatch.setattr(ck, "write", slow_write)
+    saver = ck.AsyncSaver()
+    saver.submit(tmp_path, ck.snapshot(net, opt, meta(1)), keep_last=0)
+    assert ck.latest(tmp_path) is None                # submit returned; the write is blocked
+    release.set()
+    saver.submit(tmp_path, ck.snapshot(net, opt, meta(2)), keep_last=0)   # waits for the 1st
+    saver.close()
+    assert threading.current_thread() not in writers and len(writers) == 2
+    assert [p.name for p in sorted(tmp_path.glob("ckpt_*"))] == ["ckpt_000000001", "ckpt_000000002"]
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000002"
+
+
+def test_async_saver_reraises_a_failed_write_once(tmp_path, one_step):
+    net, opt, _ = one_step
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the checkpoints root should be")
+    saver = ck.AsyncSaver()
+    saver.submit(blocker, ck.snapshot(net, opt, meta(1)))
+    with pytest.raises(OSError):
+        saver.wait()
+    assert saver.wait() is None                       # reported once, then cleared
+    saver.submit(tmp_path / "ok", ck.snapshot(net, opt, meta(1)))
+    assert saver.wait() == tmp_path / "ok" / "ckpt_000000001"
+
+
+# ---------------------------------------------------------------- names, pruning, crashes
 def test_keep_last_two_after_four_saves(tmp_path, one_step):
     net, opt, names = one_step
-    for epoch in range(1, 5):
-        ck.save(tmp_path, epoch=epoch, model=net, optimizer=opt, keep_last=2)
+    for step in (10, 20, 30, 40):
+        ck.save(tmp_path, net, opt, meta(step), keep_last=2)
         train_step(net, opt, names)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0003", "epoch_0004", "latest"]
-    assert ck.latest(tmp_path) == tmp_path / "epoch_0004"
-    assert ck.load(tmp_path).meta["epoch"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000000030", "ckpt_000000040", "latest"]
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000040"
+    assert ck.load(tmp_path).meta["global_step"] == 40
+
+
+def test_names_sort_by_step_beyond_nine_digits(tmp_path, one_step):
+    net, opt, _ = one_step
+    for step in (999_999_999, 1_000_000_000):
+        ck.save(tmp_path, net, opt, meta(step), keep_last=1)
+    assert [p.name for p in tmp_path.glob("ckpt_*")] == ["ckpt_1000000000"]
 
 
 def test_keep_last_zero_keeps_everything(tmp_path, one_step):
     net, opt, _ = one_step
-    for epoch in range(1, 4):
-        ck.save(tmp_path, epoch=epoch, model=net, optimizer=opt, keep_last=0)
-    assert len(list(tmp_path.glob("epoch_*"))) == 3
+    for step in range(1, 4):
+        ck.save(tmp_path, net, opt, meta(step), keep_last=0)
+    assert len(list(tmp_path.glob("ckpt_*"))) == 3
 
 
-def test_saving_an_epoch_again_replaces_it(tmp_path, one_step):
+def test_pruning_never_deletes_the_checkpoint_just_written(tmp_path, one_step):
+    # Resumed from an older checkpoint in the same root: the new one is `latest` and stays.
+    net, opt, _ = one_step
+    for step in (10, 20):
+        ck.save(tmp_path, net, opt, meta(step), keep_last=1)
+    path = ck.save(tmp_path, net, opt, meta(15), keep_last=1)
+    assert ck.latest(tmp_path) == path and path.is_dir()
+
+
+def test_saving_a_step_again_replaces_it(tmp_path, one_step):
     net, opt, names = one_step
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt, meta={"try": 1})
+    ck.save(tmp_path, net, opt, meta(1, attempt=1))
     train_step(net, opt, names)
-    ck.save(tmp_path, epoch=1, model=net, optimizer=opt, meta={"try": 2})
+    ck.save(tmp_path, net, opt, meta(1, attempt=2))
     state = ck.load(tmp_path)
-    assert state.meta["try"] == 2
+    assert state.meta["attempt"] == 2
     np.testing.assert_array_equal(state.model["weight"], net.weight.numpy())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000000001", "latest"]
 
 
 def test_leftover_temp_dir_from_a_crashed_save_is_ignored(tmp_path, one_step):
     net, opt, names = one_step
-    for epoch in range(1, 5):
-        ck.save(tmp_path, epoch=epoch, model=net, optimizer=opt, keep_last=2)
-    # A save of epoch 5 that died mid-write, in another process.
-    crashed = tmp_path / ".epoch_0005.tmp-123"
+    for step in range(1, 5):
+        ck.save(tmp_path, net, opt, meta(step), keep_last=2)
+    # A save of step 5 that died mid-write, in another process.
+    crashed = tmp_path / ".ckpt_000000005.tmp-123-abcd"
     crashed.mkdir()
     (crashed / "model.npz").write_bytes(b"PK\x03\x04 half a zip")
-    assert ck.latest(tmp_path) == tmp_path / "epoch_0004"
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000004"
     state = ck.load(tmp_path)
-    assert state.meta["epoch"] == 4
+    assert state.meta["global_step"] == 4
     np.testing.assert_array_equal(state.model["weight"], net.weight.numpy())
     # The next save and its pruning do not trip over it either.
     train_step(net, opt, names)
-    ck.save(tmp_path, epoch=5, model=net, optimizer=opt, keep_last=2)
-    assert ck.latest(tmp_path) == tmp_path / "epoch_0005"
-    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_0004", "epoch_0005"]
+    ck.save(tmp_path, net, opt, meta(5), keep_last=2)
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000005"
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*")) == ["ckpt_000000004", "ckpt_000000005"]
+    assert crashed.is_dir()               # same step: it might be another save's, keep it
+    ck.save(tmp_path, net, opt, meta(6), keep_last=2)
+    assert not crashed.exists()           # an older step's leftover: swept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000000005", "ckpt_000000006", "latest"]
 
 
 def test_latest_without_checkpoints_is_none(tmp_path):
     assert ck.latest(tmp_path) is None
-    (tmp_path / "latest").write_text("epoch_0009")   # points nowhere
+    assert ck.latest(tmp_path / "missing") is None
+    (tmp_path / "latest").write_text("ckpt_000000009")   # points nowhere
     assert ck.latest(tmp_path) is None
+
+
+def test_latest_falls_back_to_the_newest_when_the_pointer_is_stale(tmp_path, one_step):
+    # A crash between renaming a checkpoint into place and updating `latest`.
+    net, opt, _ = one_step
+    for step in (1, 2):
+        ck.save(tmp_path, net, opt, meta(step))
+    (tmp_path / "latest").write_text("ckpt_000000003")
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000002"
+    (tmp_path / "latest").write_text("../..")            # never leaves the root
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000002"
 
 
 # ---------------------------------------------------------------- loading never unpickles
@@ -258,40 +423,189 @@ class Payload:
         return _record_unpickling, ("payload ran",)
 
 
-@pytest.fixture
-def crafted_checkpoint(tmp_path, one_step):
-    net, opt, _ = one_step
-    path = ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
+def plant_payload(file, key):
     payload = np.empty(1, dtype=object)
     payload[0] = Payload()
-    np.savez(path / "model.npz", weight=payload)   # savez pickles object arrays by default
+    np.savez(file, **{key: payload})   # savez pickles object arrays by default
     UNPICKLED.clear()
-    return path
 
 
-def test_the_crafted_payload_does_run_when_unpickled(crafted_checkpoint):
+def test_the_crafted_payload_does_run_when_unpickled(saved):
     # Control: numpy with allow_pickle=True would run it.
-    with np.load(crafted_checkpoint / "model.npz", allow_pickle=True) as data:
+    plant_payload(saved / "model.npz", "weight")
+    with np.load(saved / "model.npz", allow_pickle=True) as data:
         data["weight"]
     assert UNPICKLED == ["payload ran"]
     UNPICKLED.clear()
 
 
-@pytest.mark.parametrize("target", ["epoch", "root"])
-def test_load_refuses_pickled_objects(crafted_checkpoint, target):
-    path = crafted_checkpoint if target == "epoch" else crafted_checkpoint.parent
-    with pytest.raises(ValueError, match="allow_pickle"):
-        ck.load(path)
+@pytest.mark.parametrize("file, key", [("model.npz", "weight"), ("optimizer.npz", "state"),
+                                       ("rng.npz", "python")])
+@pytest.mark.parametrize("target", ["checkpoint", "root"])
+def test_load_refuses_pickled_objects(saved, file, key, target):
+    plant_payload(saved / file, key)
+    with pytest.raises(ck.CheckpointError, match="refusing to load .*pickled Python objects") as err:
+        ck.load(saved if target == "checkpoint" else saved.parent)
+    assert str(saved / file) in str(err.value)
     assert UNPICKLED == []
 
 
-def test_load_refuses_a_pickled_optimizer_file(tmp_path, one_step):
+# ---------------------------------------------------------------- broken checkpoints
+def one_line(err):
+    message = str(err.value)
+    assert "\n" not in message and isinstance(err.value, UserError)
+    return message
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda p: (p / "meta.json").write_text("{not json"), "cannot read .*meta.json"),
+    (lambda p: (p / "meta.json").write_text("[1, 2]"), "not a JSON object"),
+    (lambda p: (p / "meta.json").write_text('{"format": 1}'), "format 1"),
+    (lambda p: (p / "meta.json").unlink(), "incomplete: meta.json is missing"),
+    (lambda p: (p / "rng.npz").unlink(), "incomplete: rng.npz is missing"),
+    (lambda p: (p / "model.npz").write_bytes(b"PK\x03\x04 half a zip"), "cannot read .*model.npz"),
+    (lambda p: (p / "optimizer.npz").write_bytes(b"garbage"), "not an npz archive"),
+])
+def test_a_broken_checkpoint_is_one_clear_error(saved, damage, match):
+    damage(saved)
+    with pytest.raises(ck.CheckpointError, match=match) as err:
+        ck.load(saved)
+    assert "checkpoint.resume=none" in one_line(err)
+
+
+def test_a_missing_path_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="not found") as err:
+        ck.load(tmp_path / "nowhere")
+    assert str(tmp_path / "nowhere") in one_line(err)
+    with pytest.raises(ck.CheckpointError, match="no checkpoint in"):
+        ck.load(tmp_path)
+
+
+# ---------------------------------------------------------------- resolve_resume
+def test_resolve_resume_none_and_auto(tmp_path, one_step):
     net, opt, _ = one_step
-    path = ck.save(tmp_path, epoch=1, model=net, optimizer=opt)
-    payload = np.empty(1, dtype=object)
-    payload[0] = Payload()
-    np.savez(path / "optimizer.npz", state=payload)   # savez pickles object arrays by default
-    UNPICKLED.clear()
-    with pytest.raises(ValueError, match="allow_pickle"):
-        ck.load(path)
-    assert UNPICKLED == []
+    assert ck.resolve_resume("none", tmp_path) is None
+    assert ck.resolve_resume("auto", tmp_path) is None            # nothing saved yet
+    path = ck.save(tmp_path / "checkpoints", net, opt, meta(4))
+    assert ck.resolve_resume("none", tmp_path) is None
+    assert ck.resolve_resume("auto", tmp_path) == path
+
+
+def test_resolve_resume_paths(tmp_path, one_step):
+    net, opt, _ = one_step
+    first = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(1))
+    second = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(2))
+    other_run = tmp_path / "elsewhere"
+    assert ck.resolve_resume(str(first), other_run) == first
+    assert ck.resolve_resume(str(tmp_path / "run" / "checkpoints"), other_run) == second
+    assert ck.resolve_resume(str(tmp_path / "run"), other_run) == second
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "file"])
+def test_resolve_resume_bad_path(tmp_path, bad):
+    target = tmp_path / bad
+    if bad == "empty":
+        target.mkdir()
+    elif bad == "file":
+        target.write_text("x")
+    with pytest.raises(ck.CheckpointError, match="checkpoint.resume=") as err:
+        ck.resolve_resume(str(target), tmp_path)
+    assert str(target) in one_line(err)
+
+
+# ---------------------------------------------------------------- check_compatible
+def test_check_compatible_accepts_the_same_job(saved, one_step):
+    net, _, _ = one_step
+    ck.check_compatible(ck.load(saved), 1, "linear", net)
+
+
+def test_check_compatible_world_size(saved):
+    with pytest.raises(ck.CheckpointError, match="written by 1 ranks but this job has 3") as err:
+        ck.check_compatible(ck.load(saved), 3, "linear")
+    assert "dist.nprocs=1" in one_line(err) and str(saved) in str(err.value)
+
+
+def test_check_compatible_model_name(saved):
+    with pytest.raises(ck.CheckpointError, match="holds model 'linear' but the config builds 'lenet'"):
+        ck.check_compatible(ck.load(saved), 1, "lenet")
+
+
+def test_check_compatible_parameter_shapes_and_names(saved):
+    with unique_name.guard(fresh_names()):
+        wider = paddle.nn.Linear(3, 4)
+        deeper = paddle.nn.Sequential(paddle.nn.Linear(3, 2), paddle.nn.Linear(2, 2))
+    with pytest.raises(ck.CheckpointError, match=r"weight \(3, 2\) vs \(3, 4\)"):
+        ck.check_compatible(ck.load(saved), 1, "linear", wider)
+    with pytest.raises(ck.CheckpointError, match="missing in the checkpoint: 0.bias") as err:
+        ck.check_compatible(ck.load(saved), 1, "linear", deeper)
+    assert "checkpoint.resume=none" in one_line(err)
+
+
+# ---------------------------------------------------------------- config_hash
+CONFIG = {"data": {"name": "mnist"}, "model": {"name": "lenet"},
+          "train": {"lr": 0.001, "epochs": 5, "max_steps": 0, "log_every": 20, "seed": 2024},
+          "dist": {"nprocs": 2, "max_restarts": 0},
+          "checkpoint": {"every_epochs": 1, "keep_last": 3, "resume": "auto"},
+          "output": {"root": "runs", "run_dir": ""}, "faults": {"inject": ""}}
+
+
+def changed(dotted, value):
+    cfg = json.loads(json.dumps(CONFIG))
+    section, key = dotted.split(".")
+    cfg[section][key] = value
+    return cfg
+
+
+def test_config_hash_is_16_hex_digits_and_stable():
+    digest = ck.config_hash(CONFIG)
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert ck.config_hash(json.loads(json.dumps(CONFIG, sort_keys=True))) == digest
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("train.epochs", 50), ("train.max_steps", 7), ("train.log_every", 1), ("dist.max_restarts", 3),
+    ("checkpoint.resume", "none"), ("checkpoint.keep_last", 9), ("output.run_dir", "/x"),
+    ("faults.inject", "raise:1:5")])
+def test_config_hash_ignores_what_a_resume_may_change(dotted, value):
+    assert ck.config_hash(changed(dotted, value)) == ck.config_hash(CONFIG)
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("train.lr", 0.01), ("train.seed", 1), ("model.name", "mlp"), ("dist.nprocs", 3)])
+def test_config_hash_sees_what_changes_training(dotted, value):
+    assert ck.config_hash(changed(dotted, value)) != ck.config_hash(CONFIG)
+
+
+def test_config_hash_leaves_its_input_alone():
+    cfg = json.loads(json.dumps(CONFIG))
+    ck.config_hash(cfg)
+    assert cfg == CONFIG
+
+
+# ---------------------------------------------------------------- export and command line
+def test_export_gives_weights_plain_paddle_loads(saved, tmp_path, one_step):
+    net, _, _ = one_step
+    out = ck.export_pdparams(saved, tmp_path / "out" / "model.pdparams")
+    loaded = paddle.load(str(out))
+    assert sorted(loaded) == sorted(net.state_dict())
+    for key, value in net.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(loaded[key]), value.numpy(), err_msg=key)
+
+
+def test_cli_show_and_export(saved, tmp_path):
+    shown = run(["-m", "paddle_dist.checkpoint", "show", str(saved.parent)], timeout=180)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == meta(1)
+    out = tmp_path / "exported.pdparams"
+    exported = run(["-m", "paddle_dist.checkpoint", "export", str(saved), str(out)], timeout=180)
+    assert exported.returncode == 0, exported.stderr
+    loaded = paddle.load(str(out))
+    np.testing.assert_array_equal(np.asarray(loaded["weight"]), ck.load(saved).model["weight"])
+
+
+def test_cli_bad_path_is_one_line_and_exit_2(tmp_path):
+    result = run(["-m", "paddle_dist.checkpoint", "show", str(tmp_path / "nowhere")], timeout=180)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not found" in lines[0] and str(tmp_path / "nowhere") in lines[0]
+    assert result.stdout == ""

@@ -49,7 +49,7 @@ def test_two_processes_use_paddle_distributed_launch():
 
 def test_launch_argv_is_exact():
     p = make_plan(["dist.nprocs=2"], script="job.py", script_args=["--flag", "x"])
-    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "WARNING", "job.py", "--flag", "x")
+    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "ERROR", "job.py", "--flag", "x")
 
 
 def test_log_dir_goes_before_the_script(tmp_path):
@@ -210,55 +210,57 @@ def test_plan_env_is_not_shared_between_plans():
 
 
 # ---------------------------------------------------------------- launch() with fakes
-class FakePopen:
+def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch, tmp_path):
     calls = []
-
-    def __init__(self, argv, env=None, **kwargs):
-        FakePopen.calls.append((argv, env))
-
-    def wait(self):
-        return 3
-
-
-def test_launch_runs_the_argv_with_the_plan_env(monkeypatch):
-    monkeypatch.setattr(FakePopen, "calls", [])
-    monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(launcher.supervisor, "supervise_launch",
+                        lambda argv, env, run_dir, stop, log_dir: calls.append(
+                            (argv, env, run_dir, stop, log_dir)) or 3)
     monkeypatch.setenv("PADDLE_DIST_TEST_PARENT", "kept")
-    p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO"])
-    assert launcher.launch(p) == 3
-    [(argv, child_env)] = FakePopen.calls
-    assert argv == list(p.argv)
+    p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO", "dist.stop_timeout=7"],
+                  log_dir=str(tmp_path))
+    assert launcher.launch(p, run_dir=tmp_path) == 3
+    [(argv, child_env, run_dir, stop, log_dir)] = calls
+    assert argv == list(p.argv) and run_dir == tmp_path and stop == 7 and log_dir == tmp_path
     assert child_env["PADDLE_DIST_TEST_PARENT"] == "kept"   # the parent's environment...
     assert child_env["NCCL_DEBUG"] == "INFO"                # ...plus the plan's variables
     assert child_env["OMP_NUM_THREADS"] == "4"
+    assert child_env["PADDLE_DIST_SUPERVISED"] == "1"
     assert "NCCL_DEBUG" not in os.environ or os.environ["NCCL_DEBUG"] != "INFO"
 
 
-def test_launch_spawn_exports_the_plan_env_only_while_spawning(monkeypatch):
+class _Context:
+    processes = []
+
+
+def _run_spawn_plan(monkeypatch, p, fake_spawn):
     import paddle.distributed as dist
 
+    monkeypatch.setattr(dist, "spawn", fake_spawn)
+    monkeypatch.setattr(launcher.supervisor, "supervise_spawn",
+                        lambda start, run_dir, stop: 0 if start() is _Context else 9)
+    return launcher.launch(p, print, ("x",))
+
+
+def test_launch_spawn_exports_the_plan_env_only_while_spawning(monkeypatch):
     seen = {}
 
     def fake_spawn(fn, args=(), nprocs=1, backend=None, join=True, **options):
-        seen.update(fn=fn, args=args, nprocs=nprocs, backend=backend, options=options,
+        seen.update(fn=fn, args=args, nprocs=nprocs, backend=backend, options=options, join=join,
                     debug=os.environ.get("NCCL_DEBUG"))
+        return _Context
 
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
-    monkeypatch.setattr(dist, "spawn", fake_spawn)
     p = make_plan(["dist.nprocs=2", "dist.launcher=spawn", "dist.nccl.debug=INFO"])
-    assert launcher.launch(p, print, ("x",)) == 0
-    assert seen == dict(fn=print, args=("x",), nprocs=2, backend="gloo", options={},
+    assert _run_spawn_plan(monkeypatch, p, fake_spawn) == 0
+    assert seen == dict(fn=print, args=("x",), nprocs=2, backend="gloo", options={}, join=False,
                         debug="INFO")
     assert "NCCL_DEBUG" not in os.environ
 
 
 def test_launch_spawn_passes_gpus_and_picks_nccl(monkeypatch):
-    import paddle.distributed as dist
-
     seen = {}
-    monkeypatch.setattr(dist, "spawn", lambda fn, **kw: seen.update(kw))
     p = make_plan(["dist.gpus=1,2", "dist.launcher=spawn"], info=FOUR_GPUS)
-    launcher.launch(p, print)
+    _run_spawn_plan(monkeypatch, p, lambda fn, **kw: seen.update(kw) or _Context)
     assert (seen["nprocs"], seen["backend"], seen["gpus"]) == (2, "nccl", "1,2")
 
 

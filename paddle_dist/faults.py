@@ -1,0 +1,225 @@
+"""What each rank does so that failures are fast, named and survivable.
+
+- A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
+  failed, stopped, hung, preempted), step, phase, last progress time, and for a failure
+  the exception and its traceback. Launchers read these to name the root cause.
+- A watchdog thread: a rank whose training code makes no progress for
+  `dist.hang_timeout` seconds (outside collectives, where it would only be waiting for
+  someone else) is declared hung, its stack is logged, and it exits with EXIT_HANG.
+- A deadline for the rendezvous: a rank whose peers never arrive exits with
+  EXIT_RENDEZVOUS and a message instead of waiting forever.
+- SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
+  step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
+- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above.
+
+Example:
+    monitor = Monitor(env, run_dir, cfg)
+    with monitor.running():
+        ... monitor.step(global_step) after every optimizer step ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+# Exit codes (documented in docs/faults.md).
+EXIT_FAILED = 1          # a rank raised
+EXIT_USAGE = 2           # bad input
+EXIT_RENDEZVOUS = 3      # peers never arrived
+EXIT_HANG = 4            # a rank made no progress for dist.hang_timeout seconds
+EXIT_PEER = 5            # this rank stopped because another one failed
+EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
+EXIT_INTERRUPTED = 130   # Ctrl+C
+
+FAULT_KINDS = ("raise", "exit", "kill", "hang")
+
+
+class Preempted(Exception):
+    """A stop was requested (SIGTERM/SIGUSR1); raised after the checkpoint is saved."""
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The state a rank ends in when `exc` stops it."""
+    from .sync import PeerFailure
+
+    if isinstance(exc, Preempted):
+        return "preempted"
+    if isinstance(exc, (PeerFailure, KeyboardInterrupt)):
+        return "stopped"
+    return "failed"
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The process exit code for an exception that ends a rank."""
+    from .errors import UserError
+    from .sync import PeerFailure
+
+    for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER),
+                       (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED)):
+        if isinstance(exc, kind):
+            return code
+    return EXIT_FAILED
+
+
+def parse_fault(spec: str):
+    """'raise:1:5' -> ('raise', 1, 5): rank 1 raises after its 5th step. '' -> None."""
+    if not spec:
+        return None
+    kind, rank, step = spec.split(":")
+    return kind, int(rank), int(step)
+
+
+def stop_signals():
+    return (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Monitor:
+    """This rank's status file, watchdog, stop requests and injected faults."""
+
+    def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
+        self.env, self.hang_timeout = env, hang_timeout
+        self.path = Path(run_dir) / "status" / f"rank{env.global_rank}.json" if run_dir else None
+        self.log_path = str(Path(run_dir) / "logs" / f"rank{env.global_rank}.log") if run_dir else ""
+        self.fault = parse_fault(fault)
+        self.step_no, self.epoch, self.phase_name = 0, 0, "setup"
+        self.last_progress = time.monotonic()
+        self.stop_asked = False
+        self._written = 0.0
+        self._done = threading.Event()
+        self._main = threading.main_thread().ident
+
+    # ------------------------------------------------------------ life cycle
+    @contextlib.contextmanager
+    def running(self):
+        """Install signal handlers and the watchdog for the duration of training."""
+        old = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals()}
+        self.phase_name = "train"
+        self._write("running", force=True)
+        watchdog = threading.Thread(target=self._watch, name="paddle_dist-watchdog", daemon=True)
+        watchdog.start()
+        try:
+            yield self
+        finally:
+            self._done.set()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _on_stop_signal(self, signum, frame):
+        self.stop_asked = True
+
+    def want_stop(self) -> bool:
+        return self.stop_asked
+
+    # ------------------------------------------------------------ progress
+    def step(self, step: int, epoch: int) -> None:
+        """Called after every optimizer step: progress for the watchdog, then any injected fault."""
+        self.step_no, self.epoch = step, epoch
+        self.last_progress = time.monotonic()
+        self._write("running")
+        if self.fault and self.fault[1] == self.env.global_rank and self.fault[2] == step:
+            self._inject(self.fault[0])
+
+    def beat(self) -> None:
+        """Progress that is not an optimizer step (an evaluation batch)."""
+        self.last_progress = time.monotonic()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Mark time spent waiting for other ranks ("comm"): the watchdog never blames it."""
+        previous, self.phase_name = self.phase_name, name
+        try:
+            yield
+        finally:
+            self.phase_name = previous
+            self.last_progress = time.monotonic()
+
+    def _inject(self, kind: str) -> None:
+        if kind == "raise":
+            raise RuntimeError(f"injected fault: rank {self.env.global_rank} raises at step {self.step_no}")
+        if kind == "exit":
+            os._exit(EXIT_FAILED)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            threading.Event().wait()   # a stall in user code: no progress, no collective
+
+    # ------------------------------------------------------------ outcomes
+    def finish(self, state: str, error: Optional[BaseException] = None, message: str = "") -> None:
+        """Record how this rank ended: done | failed | stopped | hung | preempted."""
+        info = {}
+        if error is not None:
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            info = {"error_type": type(error).__name__, "error": lines[0] if lines else "",
+                    "exit_code": exit_code_of(error),
+                    "traceback": "".join(traceback.format_exception(error))[-4000:]}
+        if message:
+            info["message"] = message
+        self._write(state, force=True, **info)
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            if not self.hang_timeout or self.phase_name == "comm":
+                continue
+            silent = time.monotonic() - self.last_progress
+            if silent > self.hang_timeout:
+                self._declare_hung(silent)
+
+    def _declare_hung(self, silent: float) -> None:
+        message = (f"rank {self.env.global_rank} silent for {silent:.0f} s at step {self.step_no} "
+                   f"(dist.hang_timeout={self.hang_timeout:g})")
+        frame = sys._current_frames().get(self._main)
+        stack = "".join(traceback.format_stack(frame)) if frame else ""
+        self._write("hung", force=True, message=message, traceback=stack[-4000:])
+        print(f"paddle_dist: {message}; stopping the job\n{stack}", file=sys.stderr, flush=True)
+        os._exit(EXIT_HANG)
+
+    # ------------------------------------------------------------ status file
+    def _write(self, state: str, force: bool = False, **extra: Any) -> None:
+        if self.path is None:
+            return
+        now = time.time()
+        if not force and now - self._written < 1.0:   # progress: at most once a second
+            return
+        self._written = now
+        record: Dict[str, Any] = {"rank": self.env.global_rank, "local_rank": self.env.local_rank,
+                                  "host": socket.gethostname(), "pid": os.getpid(), "state": state,
+                                  "step": self.step_no, "epoch": self.epoch, "phase": self.phase_name,
+                                  "time": now, "log": self.log_path}
+        record.update(extra)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, message: str, code: int = EXIT_RENDEZVOUS):
+    """Exit the process with `code` and `message` if the block is not done in `seconds`.
+
+    Used around the rendezvous, where Paddle would otherwise wait forever for a peer.
+    """
+    if not seconds:
+        yield
+        return
+    done = threading.Event()
+
+    def expire():
+        if not done.wait(seconds):
+            print(f"paddle_dist: {message}", file=sys.stderr, flush=True)
+            os._exit(code)
+
+    threading.Thread(target=expire, name="paddle_dist-deadline", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
