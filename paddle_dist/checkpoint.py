@@ -42,7 +42,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -226,52 +226,73 @@ def save(root: Path, model, optimizer, meta: Dict[str, Any], keep_last: int = 3)
 
 
 class AsyncSaver:
-    """Writes snapshots in a background thread, one at a time, while training goes on.
+    """Writes snapshots in a background thread while training goes on.
 
     Why: rank 0 must never keep the other ranks waiting inside a collective (gloo gives
-    up after a fixed 30 s) while it writes a big checkpoint. Call it from one thread.
+    up after a fixed 30 s) while it writes a big checkpoint. So `submit` never waits: if
+    a write is still running, the new snapshot waits its turn, and a newer one replaces
+    it (at most two snapshots are held). Call it from one thread.
 
     Example:
         saver = AsyncSaver()
         saver.submit(root, snapshot(net, opt, meta), keep_last=3)
         ...                 # train on
-        saver.close()       # waits; re-raises an error of the write
+        saver.close()       # waits for every write; re-raises an error of one
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._pending = None
         self._error: Optional[BaseException] = None
         self._path: Optional[Path] = None
 
-    def submit(self, root: Path, snap: Snapshot, keep_last: int = 3) -> None:
-        """Start writing `snap`. First waits for the previous write; if that one failed,
-        its error is raised here and `snap` is not written."""
-        self.wait()
-        self._path = None
-        # Not a daemon: if training dies, the interpreter still finishes the write on exit.
-        self._thread = threading.Thread(target=self._write, args=(Path(root), snap, keep_last),
-                                        name="paddle_dist-checkpoint")
-        self._thread.start()
+    def submit(self, root: Path, snap: Snapshot, keep_last: int = 3,
+               before_write: Optional[Callable[[], None]] = None) -> None:
+        """Queue `snap` for writing (`before_write` runs first, in the writer thread). If
+        an earlier write failed, its error is raised here and `snap` is not written."""
+        self._raise_error()
+        with self._lock:
+            self._pending = (Path(root), snap, keep_last, before_write)
+            if self._thread is None:
+                # Not a daemon: if training dies, the interpreter still finishes the write.
+                self._thread = threading.Thread(target=self._drain, name="paddle_dist-checkpoint")
+                self._thread.start()
 
     def wait(self) -> Optional[Path]:
-        """Block until the write is done; return its path, or re-raise what it raised."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        """Block until every queued write is done; return the last path, or re-raise."""
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                break
+            thread.join()
+        self._raise_error()
         return self._path
 
     def close(self) -> None:
         """Same as wait(): call it before the process ends."""
         self.wait()
 
-    def _write(self, root: Path, snap: Snapshot, keep_last: int) -> None:
-        try:
-            self._path = write(root, snap, keep_last)
-        except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
-            self._error = exc
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                job, self._pending = self._pending, None
+                if job is None or self._error is not None:
+                    self._thread = None
+                    return
+            root, snap, keep_last, before_write = job
+            try:
+                if before_write is not None:
+                    before_write()
+                self._path = write(root, snap, keep_last)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                self._error = exc
 
 
 def _checked_meta(meta: Dict[str, Any]) -> Dict[str, Any]:

@@ -94,8 +94,9 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
-            # A restart continues from the latest checkpoint, whatever resume said first.
-            cfg.checkpoint.resume = "auto"
+            # A restart continues from the latest checkpoint, whatever resume said first;
+            # an injected fault (testing) fires in the first attempt only.
+            cfg.checkpoint.resume, cfg.faults.inject = "auto", ""
             print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
                   "checkpoint", flush=True)
         _clear_status(run_dir)
@@ -109,7 +110,8 @@ def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[st
     from . import worker
 
     if p.mode == "launch":
-        extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}"]
+        extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
+                 "-o", f"faults.inject={cfg.faults.inject}"]
         p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
         return launcher.launch(p, run_dir=run_dir)

@@ -98,7 +98,7 @@ class OutputConfig:
 
 @dataclass
 class FaultsConfig:
-    inject: str = ""               # testing: KIND:RANK:STEP, KIND = raise | exit | kill | hang
+    inject: str = ""               # testing: KIND:RANK:STEP, KIND = raise|exit|kill|hang|slowsave
 
 
 @dataclass
@@ -311,7 +311,7 @@ def _validate_fault(spec: str) -> None:
     if not spec:
         return
     parts = spec.split(":")
-    kinds = ("raise", "exit", "kill", "hang")
+    kinds = ("raise", "exit", "kill", "hang", "slowsave")
     if len(parts) != 3 or parts[0] not in kinds or not all(p.isdigit() for p in parts[1:]):
         raise ConfigError(f"faults.inject {spec!r} must be KIND:RANK:STEP with KIND one of "
                           f"{', '.join(kinds)}, e.g. raise:1:5")

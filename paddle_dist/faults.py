@@ -6,11 +6,14 @@
 - A watchdog thread: a rank whose training code makes no progress for
   `dist.hang_timeout` seconds (outside collectives, where it would only be waiting for
   someone else) is declared hung, its stack is logged, and it exits with EXIT_HANG.
-- A deadline for the rendezvous: a rank whose peers never arrive exits with
-  EXIT_RENDEZVOUS and a message instead of waiting forever.
+- A deadline for the rendezvous: a rank whose peers never arrive is stopped with a
+  message instead of waiting forever (SIGKILL from a watchdog process; launchers
+  report EXIT_RENDEZVOUS).
 - SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
   step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
-- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above.
+- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above:
+  raise, exit (code 1), kill (SIGKILL), hang (stall in training code), slowsave (the
+  checkpoint of that step takes SLOW_SAVE_S longer to write).
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
@@ -25,12 +28,13 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 # Exit codes (documented in docs/faults.md).
 EXIT_FAILED = 1          # a rank raised
@@ -41,7 +45,8 @@ EXIT_PEER = 5            # this rank stopped because another one failed
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
-FAULT_KINDS = ("raise", "exit", "kill", "hang")
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "slowsave")
+SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
 
 
 class Preempted(Exception):
@@ -126,8 +131,17 @@ class Monitor:
         self.step_no, self.epoch = step, epoch
         self.last_progress = time.monotonic()
         self._write("running")
-        if self.fault and self.fault[1] == self.env.global_rank and self.fault[2] == step:
+        if self._fault_due(step) and self.fault[2] == step:
             self._inject(self.fault[0])
+
+    def _fault_due(self, step: int) -> bool:
+        return bool(self.fault) and self.fault[1] == self.env.global_rank and step >= self.fault[2]
+
+    def save_delay(self, step: int) -> Optional[Callable[[], None]]:
+        """The injected slow save, for the checkpoint of exactly that step."""
+        if self._fault_due(step) and self.fault[0] == "slowsave" and step == self.fault[2]:
+            return lambda: time.sleep(SLOW_SAVE_S)
+        return None
 
     def beat(self) -> None:
         """Progress that is not an optimizer step (an evaluation batch)."""
@@ -152,6 +166,7 @@ class Monitor:
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "hang":
             threading.Event().wait()   # a stall in user code: no progress, no collective
+        # slowsave acts in save_delay()
 
     # ------------------------------------------------------------ outcomes
     def finish(self, state: str, error: Optional[BaseException] = None, message: str = "") -> None:
@@ -203,23 +218,22 @@ class Monitor:
 
 
 @contextlib.contextmanager
-def deadline(seconds: float, message: str, code: int = EXIT_RENDEZVOUS):
-    """Exit the process with `code` and `message` if the block is not done in `seconds`.
+def deadline(seconds: float, message: str, status_file: Optional[Path] = None):
+    """Kill this process with `message` if the block is not done in `seconds`.
 
-    Used around the rendezvous, where Paddle would otherwise wait forever for a peer.
+    Used around the rendezvous, where Paddle would otherwise wait forever for a peer. A
+    separate watchdog process does it (paddle_dist/_deadline.py): Paddle holds the GIL
+    while it waits, so no thread here could. The rank's status file, when given, records
+    the failure (exit code EXIT_RENDEZVOUS) for the launcher's report.
     """
     if not seconds:
         yield
         return
-    done = threading.Event()
-
-    def expire():
-        if not done.wait(seconds):
-            print(f"paddle_dist: {message}", file=sys.stderr, flush=True)
-            os._exit(code)
-
-    threading.Thread(target=expire, name="paddle_dist-deadline", daemon=True).start()
+    script = Path(__file__).with_name("_deadline.py")
+    watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
+                                 str(status_file or "")], stdin=subprocess.PIPE)
     try:
         yield
     finally:
-        done.set()
+        watchdog.stdin.close()            # done in time: the watchdog exits quietly
+        watchdog.wait()

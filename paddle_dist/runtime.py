@@ -38,7 +38,8 @@ def setup(cfg) -> envlib.DistEnv:
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).
-            with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg)):
+            with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg),
+                                                 _status_file(env, cfg)):
                 dist.init_parallel_env()
         _ENV = env
     seed_everything(cfg.train.seed)
@@ -51,6 +52,14 @@ def _lost(env, cfg) -> str:
             "was started with the same world size and master address, that the master is "
             "reachable from here, and that no rank failed at start (dist.rendezvous_timeout "
             "sets this limit)")
+
+
+def _status_file(env, cfg) -> Optional[Path]:
+    """Where this rank's status goes, when the run directory is already known (it is when
+    paddle_dist's launcher started the job)."""
+    if not cfg.output.run_dir:
+        return None
+    return Path(cfg.output.run_dir) / "status" / f"rank{env.global_rank}.json"
 
 
 def seed_everything(seed: int) -> None:
@@ -99,7 +108,7 @@ def make_run_dir(cfg, env) -> Path:
             chosen = [f"{_FAILED}{exc}"]
     if env.is_distributed:
         # The other ranks wait here for rank 0's choice, or for its error.
-        with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg)):
+        with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg), _status_file(env, cfg)):
             dist.broadcast_object_list(chosen, src=0)
     if chosen[0].startswith(_FAILED):
         raise UserError(chosen[0][len(_FAILED):])

@@ -232,7 +232,8 @@ class Session:
                 "api": self.cfg.train.api, "config_hash": self.config_hash,
                 "history": self.result.history}
         snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta)
-        self.saver.submit(Path(self.run_dir) / "checkpoints", snap, self.cfg.checkpoint.keep_last)
+        self.saver.submit(Path(self.run_dir) / "checkpoints", snap, self.cfg.checkpoint.keep_last,
+                          before_write=self.monitor.save_delay(at.global_step))
         self.progress.log.info(f"checkpoint for step {at.global_step} is being written")
 
     def _stop_for_preemption(self) -> None:

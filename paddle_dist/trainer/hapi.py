@@ -28,7 +28,10 @@ class _Bridge(paddle.callbacks.Callback):
         self.session.begin_epoch(real)
 
     def on_train_batch_end(self, step, logs=None):
-        self.session.after_step(to_float(logs["loss"]))
+        if self.session.after_step(to_float(logs["loss"])):
+            # The step limit: hapi leaves its batch loop when num_iters runs out, which it
+            # checks right after this callback.
+            self.model.num_iters = 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.session.end_epoch(self.first + epoch)
@@ -46,7 +49,5 @@ def _fit(session: Session) -> None:
         disable_reducer(model._adapter.ddp_model)
     model.prepare(optimizer=session.optimizer, loss=session.parts.loss)
     loader, sampler = train_loader(session.parts, cfg, env)
-    remaining = session.limit - session.pos.global_step
-    # hapi stops after num_iters steps; it sizes its epoch loop from that number.
     model.fit(loader, epochs=cfg.train.epochs - session.pos.epoch, verbose=0,
-              callbacks=[_Bridge(session, sampler)], num_iters=remaining)
+              callbacks=[_Bridge(session, sampler)])

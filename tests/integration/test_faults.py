@@ -1,0 +1,230 @@
+"""Failures with real processes: a rank raises, is killed, stalls, never arrives; the
+launcher is stopped; a job resumes exactly and restarts by itself.
+
+Every job runs in its own session (tests/integration/procs.py) and the test fails if any
+process of it is left. Faults are injected with `-o faults.inject=KIND:RANK:STEP`.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from .procs import PY, ROOT, check, run, session_members
+
+# 4,000 MNIST images, 2 ranks x 32 = 63 steps an epoch; the MLP keeps steps cheap.
+JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32"]
+TWO_RANKS = {"launch": ["train.py", "-o", "dist.nprocs=2"],
+             "spawn": ["tools/spawn_train.py", "--nprocs", "2"]}
+
+
+def _status(run_dir, rank):
+    return json.loads((run_dir / "status" / f"rank{rank}.json").read_text())
+
+
+def _final_weights(run_dir):
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+# ------------------------------------------------------------------ a rank fails
+@pytest.mark.parametrize("launcher", ["launch", "spawn"])
+def test_rank_raises_at_step_5(launcher, tmp_path):
+    result = run(TWO_RANKS[launcher] + JOB + ["-o", "faults.inject=raise:1:5",
+                                              "-o", f"output.run_dir={tmp_path}"], timeout=120)
+    ended = time.time()
+    assert result.returncode == 1, result.stderr
+    assert "Root cause: rank 1 raised RuntimeError: injected fault: rank 1 raises at step 5" in result.stderr
+    assert "stopped as a consequence: rank 0" in result.stderr
+    assert str(tmp_path / "logs" / "rank1.log") in result.stderr
+    failed = _status(tmp_path, 1)
+    assert failed["state"] == "failed" and failed["step"] == 5
+    assert _status(tmp_path, 0)["state"] == "stopped"        # a PeerFailure it could handle
+    assert ended - failed["time"] < 10, "the job took too long to stop after the failure"
+
+
+@pytest.mark.parametrize("launcher", ["launch", "spawn"])
+def test_rank_killed_mid_epoch(launcher, tmp_path):
+    result = run(TWO_RANKS[launcher] + JOB + ["-o", "faults.inject=kill:1:20",
+                                              "-o", f"output.run_dir={tmp_path}"], timeout=120)
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    assert "Root cause: rank 1 killed by SIGKILL" in result.stderr
+    assert "stopped as a consequence: rank 0" in result.stderr
+
+
+def test_bare_paddle_launch_names_the_failed_rank(tmp_path):
+    result = run(["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+                  str(tmp_path / "log"), "train.py"] + JOB +
+                 ["-o", "faults.inject=raise:1:5", "-o", f"output.run_dir={tmp_path / 'run'}"],
+                 timeout=120)
+    assert result.returncode != 0
+    # Paddle's launcher shows rank 0's output, where the survivor explains the failure.
+    assert "Root cause: rank 1 raised RuntimeError" in result.stdout + result.stderr
+    assert _status(tmp_path / "run", 0)["state"] == "stopped"
+
+
+def test_rank_stalls_inside_the_training_loop(tmp_path):
+    result = run(TWO_RANKS["launch"] + JOB + ["-o", "faults.inject=hang:1:5", "-o", "dist.hang_timeout=3",
+                                              "-o", f"output.run_dir={tmp_path}"], timeout=120)
+    assert result.returncode == 4, result.stderr
+    assert "Root cause: rank 1 silent for" in result.stderr and "at step 5" in result.stderr
+    hung = _status(tmp_path, 1)
+    assert hung["state"] == "hung" and "_inject" in hung["traceback"]   # where it was stuck
+
+
+# ------------------------------------------------------------------ a peer never arrives
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_peer_never_arrives(rank, tmp_path):
+    """One rank of a 2-rank job started by hand, alone: rank 0 waits for a worker, rank 1
+    for a master. Paddle would wait forever; the rank's watchdog stops it (SIGKILL: Paddle
+    holds the GIL while it waits) with a message."""
+    ports = [_free_port(), _free_port()]
+    endpoints = [f"127.0.0.1:{p}" for p in ports]
+    env = {"PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": "2",
+           "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+           "PADDLE_MASTER": endpoints[0], "PADDLE_LOCAL_RANK": "0", "PADDLE_NNODES": "2"}
+    started = time.monotonic()
+    result = run(["train.py"] + JOB + ["-o", "dist.rendezvous_timeout=5",
+                                       "-o", f"output.run_dir={tmp_path}"], env=env, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert f"rank {rank}: not all 2 ranks arrived within 5 s" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+
+# ------------------------------------------------------------------ stopping the launcher
+def _start_and_wait_for_training(args):
+    proc = subprocess.Popen([PY] + args, cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killer = threading.Timer(120, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    killer.start()
+    lines = []
+    for line in proc.stdout:            # a progress line means every rank is training
+        lines.append(line)
+        if line.startswith("epoch 1/"):
+            break
+    return proc, killer, lines
+
+
+def _finish(proc, killer, lines):
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        killer.cancel()
+        left = session_members(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    return "".join(lines) + out, err
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_75(tmp_path):
+    proc, killer, lines = _start_and_wait_for_training(
+        TWO_RANKS["launch"] + JOB + ["-o", "train.epochs=50", "-o", "train.log_every=1",
+                                     "-o", f"output.run_dir={tmp_path}"])
+    proc.send_signal(signal.SIGTERM)
+    out, err = _finish(proc, killer, lines)
+    assert proc.returncode == 75, err
+    assert "stopped on request after saving a checkpoint" in err
+    meta = json.loads((tmp_path / "checkpoints" / (tmp_path / "checkpoints" / "latest")
+                       .read_text().strip() / "meta.json").read_text())
+    assert meta["global_step"] >= 1
+    assert {_status(tmp_path, r)["state"] for r in (0, 1)} == {"preempted"}
+
+
+@pytest.mark.parametrize("launcher", ["launch", "spawn"])
+def test_ctrl_c_stops_every_rank(launcher, tmp_path):
+    proc, killer, lines = _start_and_wait_for_training(
+        TWO_RANKS[launcher] + JOB + ["-o", "train.epochs=50", "-o", "train.log_every=1",
+                                     "-o", f"output.run_dir={tmp_path}"])
+    proc.send_signal(signal.SIGINT)
+    out, err = _finish(proc, killer, lines)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+
+
+# ------------------------------------------------------------------ resume and restart
+RESUME = JOB + ["-o", "train.epochs=2", "-o", "train.max_steps=90", "-o", "checkpoint.every_steps=20"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Final weights and accuracy of clean runs, per API level."""
+    found = {}
+    for api in ("loop", "hapi"):
+        run_dir = tmp_path_factory.mktemp(f"clean-{api}")
+        check(run(TWO_RANKS["launch"] + RESUME + ["-o", f"train.api={api}",
+                                                  "-o", f"output.run_dir={run_dir}"]))
+        found[api] = (_final_weights(run_dir), json.loads((run_dir / "metrics.json").read_text()))
+    return found
+
+
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_killed_run_resumes_to_the_same_weights(api, uninterrupted, tmp_path):
+    args = TWO_RANKS["launch"] + RESUME + ["-o", f"train.api={api}", "-o", f"output.run_dir={tmp_path}"]
+    killed = run(args + ["-o", "faults.inject=kill:1:50"], timeout=120)
+    assert killed.returncode == 137, killed.stderr
+    resumed = check(run(args + ["-o", "checkpoint.resume=auto"]))
+    assert "resuming from" in resumed.stdout and "ckpt_000000040" in resumed.stdout
+    assert _max_diff(_final_weights(tmp_path), uninterrupted[api][0]) <= 1e-6
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 90 and len(metrics["history"]) == 2
+
+
+def test_max_restarts_recovers_from_a_failure(uninterrupted, tmp_path):
+    result = check(run(TWO_RANKS["launch"] + RESUME + ["-o", "dist.max_restarts=1",
+                                                      "-o", "faults.inject=raise:1:30",
+                                                      "-o", f"output.run_dir={tmp_path}"]))
+    assert "Root cause: rank 1 raised RuntimeError" in result.stderr
+    assert "restart 1/1 from the latest checkpoint" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["test_accuracy"] == uninterrupted["loop"][1]["test_accuracy"]
+    assert _max_diff(_final_weights(tmp_path), uninterrupted["loop"][0]) <= 1e-6
+
+
+def test_resume_with_another_world_size_says_how_to_proceed(tmp_path):
+    clean = tmp_path / "ckpt"
+    check(run(TWO_RANKS["launch"] + JOB + ["-o", "train.max_steps=3", "-o", f"output.run_dir={clean}"]))
+    result = run(["train.py"] + JOB + ["-o", f"checkpoint.resume={clean}",
+                                       "-o", f"output.run_dir={tmp_path / 'again'}"])
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "2 ranks" in lines[0] and "checkpoint.resume=none" in lines[0]
+
+
+def test_a_checkpoint_that_would_unpickle_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    check(run(["train.py"] + JOB + ["-o", "train.max_steps=2", "-o", f"output.run_dir={run_dir}"]))
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    np.savez(ckpt / "model.npz", payload=np.array([object()], dtype=object))
+    result = run(["train.py"] + JOB + ["-o", f"checkpoint.resume={ckpt}",
+                                       "-o", f"output.run_dir={tmp_path / 'again'}"])
+    assert result.returncode == 2
+    assert "refusing to load" in result.stderr and "pickled" in result.stderr
+
+
+def test_a_slow_checkpoint_never_stalls_the_other_ranks(tmp_path):
+    """Rank 0 writes every checkpoint 35 s slower than usual, longer than gloo's fixed 30 s
+    collective timeout: training must go on meanwhile and the job must succeed."""
+    check(run(TWO_RANKS["launch"] + JOB + ["-o", "train.max_steps=40", "-o", "checkpoint.every_steps=10",
+                                           "-o", "faults.inject=slowsave:0:10",
+                                           "-o", f"output.run_dir={tmp_path}"], timeout=240))
+    assert _status(tmp_path, 1)["state"] == "done"
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 40
