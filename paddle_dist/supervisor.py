@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import faults
 
@@ -176,9 +176,9 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
 
 
 # ------------------------------------------------------------------ processes
-def children_of(pid: int) -> List[int]:
-    """Direct children of `pid`, from /proc (nothing matched by name)."""
-    kids = []
+def process_table() -> Iterator[Tuple[int, str, int, int]]:
+    """(pid, state, parent pid, session id) of every process, from /proc: processes are
+    found by their relations, never matched by name."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -186,9 +186,12 @@ def children_of(pid: int) -> List[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            kids.append(int(entry.name))
-    return kids
+        yield int(entry.name), fields[0], int(fields[1]), int(fields[3])
+
+
+def children_of(pid: int) -> List[int]:
+    """Direct children of `pid`."""
+    return [child for child, _, parent, _ in process_table() if parent == pid]
 
 
 def _signal_all(pids: List[int], sig: int) -> None:

@@ -13,23 +13,15 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from paddle_dist.supervisor import process_table
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
 
 def session_members(sid: int) -> List[int]:
-    """PIDs whose session id is `sid` (read from /proc, so nothing is matched by name)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
+    """Live PIDs whose session id is `sid`."""
+    return [pid for pid, state, _, session in process_table() if session == sid and state != "Z"]
 
 
 def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import List, Optional, Set, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pytest
