@@ -12,13 +12,23 @@ SHELL := /bin/bash
 # paddlepaddle and paddlepaddle-gpu both provide `paddle`: remove the other one first.
 OTHER_PADDLE := $(if $(findstring gpu,$(PADDLE)),paddlepaddle,paddlepaddle-gpu)
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup system-deps clean
 
 demo: $(STAMP)
 	$(PY) train.py -o dist.nprocs=2
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
+
+# OpenMPI (mpirun tests) and iproute2 (two-host tests in network namespaces): installed
+# when we may (root with apt-get); otherwise the tests that need them skip, saying why.
+system-deps:
+	@if ! command -v mpirun >/dev/null || ! command -v ip >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing openmpi-bin and iproute2"; \
+			apt-get update -qq && apt-get install -y -qq openmpi-bin iproute2 >/dev/null; \
+		else echo "note: mpirun or ip missing and not root: their tests will be skipped"; fi; \
+	fi
 
 setup: $(STAMP)
 

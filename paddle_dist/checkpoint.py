@@ -556,6 +556,20 @@ def _few(items, limit: int = 4) -> str:
     return ", ".join(items[:limit]) + more
 
 
+def weights_digest(model) -> str:
+    """sha256 of a model's parameters and buffers, in name order: equal on every rank of a
+    data-parallel job.
+
+    Example:
+        weights_digest(net)  # '3f2a...'
+    """
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value.numpy()).tobytes())
+    return digest.hexdigest()
+
+
 def config_hash(cfg_dict: Dict[str, Any]) -> str:
     """sha256 (16 hex digits) of the config without the keys a resume may change
     (VOLATILE_KEYS: output, checkpoint, faults, epochs, max_steps, log_every, max_restarts).

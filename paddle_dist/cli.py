@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+import shlex
+import socket
 import traceback
 
 from . import config as configlib
 from . import env as envlib
-from . import faults, launcher
+from . import faults, launcher, netcheck
 from .errors import UserError
 
 
@@ -59,8 +61,15 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
     parser = _Parser(prog="train.py", description=__doc__.splitlines()[0])
     _common(parser)
+    hand = parser.add_argument_group("a rank started by hand, one process per command (tcp:// style)")
+    hand.add_argument("--master", help="rank 0's host:port, the same for every rank")
+    hand.add_argument("--world-size", type=int, help="number of ranks in the job")
+    hand.add_argument("--rank", type=int, help="this process's rank, 0 .. world size - 1")
     argv = sys.argv[1:] if argv is None else argv
-    cfg = _load(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    cfg = _load(args)
+    if args.master or args.world_size is not None or args.rank is not None:
+        envlib.export(envlib.hand_started(args.master, args.world_size, args.rank))
     return _run_job(cfg, script=os.path.abspath(sys.argv[0]), script_args=argv)
 
 
@@ -88,9 +97,19 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         return 0
     worker.check_pairing(cfg)
     worker.build_datasets(cfg)        # bad data fails here, once, before any rank starts
+    if cfg.dist.master and (cfg.dist.nnodes > 1 or cfg.dist.hostfile):
+        netcheck.check(cfg.dist.master, cfg.dist.nccl.socket_ifname)
+        if cfg.dist.nnodes > 1 and not cfg.dist.host:
+            cfg.dist.host = netcheck.route_to(cfg.dist.master.rpartition(":")[0])[0]
+            p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
+    if p.mode == "mpirun" and not cfg.dist.master:
+        first = launcher.hostfile_first_host(cfg.dist.hostfile) if cfg.dist.hostfile else "127.0.0.1"
+        cfg.dist.master = f"{first}:{_free_port()}"
+        p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
     run_dir = runtime.create_run_dir(cfg).resolve()
     cfg.output.run_dir = str(run_dir)
     print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
+    _tell_other_nodes(cfg, script, script_args)
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
@@ -99,7 +118,8 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
             cfg.checkpoint.resume, cfg.faults.inject = "auto", ""
             print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
                   "checkpoint", flush=True)
-        _clear_status(run_dir)
+        if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
+            _clear_status(run_dir)
         code = _start(p, cfg, here, facts, run_dir, script, script_args)
         if code in (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
             break
@@ -109,13 +129,30 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
 def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[str]) -> int:
     from . import worker
 
-    if p.mode == "launch":
+    if p.mode in ("launch", "mpirun"):
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
-                 "-o", f"faults.inject={cfg.faults.inject}"]
+                 "-o", f"faults.inject={cfg.faults.inject}", "-o", f"dist.master={cfg.dist.master}"]
         p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
         return launcher.launch(p, run_dir=run_dir)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
+
+
+def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
+    """On node 0 of a multi-node launch, print the exact command for every other node."""
+    if cfg.dist.nnodes == 1 or cfg.dist.node_rank != 0:
+        return
+    print("paddle_dist: run this on the other machines (same code, config and data paths):")
+    for node in range(1, cfg.dist.nnodes):
+        args = [a for a in script_args] + ["-o", f"dist.node_rank={node}"]
+        print("  " + " ".join(shlex.quote(a) for a in ["python", os.path.relpath(script)] + args),
+              flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def _clear_status(run_dir: Path) -> None:

@@ -71,7 +71,13 @@ class NcclConfig:
 class DistConfig:
     nprocs: Optional[int] = None   # processes on this machine (default: one per dist.gpus id, else 1);
                                    # > 1 makes train.py launch them
-    launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn
+    launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn | mpirun
+    nnodes: int = 1                # machines in the job (launch mode: each runs train.py once)
+    node_rank: int = 0             # this machine's index, 0 .. nnodes-1
+    master: str = ""               # host:port of node 0's rendezvous; needed when nnodes > 1
+    host: str = ""                 # this machine's address as the others see it; "" = the
+                                   # local address of the route to the master
+    hostfile: str = ""             # mpirun: OpenMPI hostfile ("HOST slots=N" lines)
     gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
@@ -120,12 +126,13 @@ CHOICES = {
     "model.name": ("lenet", "mlp", "linear"),
     "train.api": ("loop", "hapi"),
     "train.optimizer": ("adam", "sgd", "momentum"),
-    "dist.launcher": ("launch", "spawn"),
+    "dist.launcher": ("launch", "spawn", "mpirun"),
     "dist.backend": ("auto", "gloo", "nccl"),
 }
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
-NON_NEGATIVE = ("train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
+POSITIVE += ("dist.nnodes",)
+NON_NEGATIVE = ("dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts")
 
@@ -302,9 +309,29 @@ def validate(cfg: Config) -> None:
     if not (math.isfinite(cfg.train.lr) and cfg.train.lr > 0):
         raise ConfigError(f"train.lr must be a finite number > 0 (got {cfg.train.lr!r})")
     _validate_fault(cfg.faults.inject)
+    _validate_nodes(cfg.dist)
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
+
+
+def _validate_nodes(d: DistConfig) -> None:
+    if d.node_rank >= d.nnodes:
+        raise ConfigError(f"dist.node_rank must be below dist.nnodes ({d.node_rank} >= {d.nnodes}); "
+                          "number the machines 0 .. nnodes-1")
+    if d.nnodes > 1 and d.launcher != "launch":
+        raise ConfigError(f"dist.nnodes={d.nnodes} needs dist.launcher=launch (spawn runs on one "
+                          "machine; mpirun takes its machines from dist.hostfile)")
+    if d.master:
+        host, sep, port = d.master.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"dist.master {d.master!r} must be host:port, e.g. 10.0.0.1:6170")
+    elif d.nnodes > 1:
+        raise ConfigError("dist.nnodes > 1 needs dist.master=host:port (node 0's address and a free "
+                          "port), the same on every machine")
+    if d.hostfile and not Path(d.hostfile).is_file():
+        raise ConfigError(f"dist.hostfile {d.hostfile!r} not found; give an OpenMPI hostfile "
+                          "with lines like 'node1 slots=8'")
 
 
 def _validate_fault(spec: str) -> None:

@@ -18,10 +18,11 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
-from .errors import DeviceError
+from .errors import DeviceError, UserError
 
 CPU = "cpu"
 SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's launcher starts
@@ -37,7 +38,7 @@ class DistEnv:
     `local_rank` is unique on this machine (Paddle's `ParallelEnv().local_rank` is NOT:
     it is the global rank)."""
 
-    launcher: str = "standalone"   # standalone | paddle_launch | spawn
+    launcher: str = "standalone"   # standalone | paddle_launch | spawn | openmpi | slurm | torchrun
     global_rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -75,6 +76,7 @@ class ClusterEnvironment:
     """One way processes get started. `detect(environ)` says whether it started this one."""
 
     name = "standalone"
+    external = False   # started by an engine other than Paddle: see paddle_variables()
 
     def __init__(self, environ: Mapping[str, str]):
         self.env = environ
@@ -129,13 +131,265 @@ class PaddleSpawn(ClusterEnvironment):
                     local_world_size=world, master=_first_endpoint(self.env))
 
 
-# Most specific first: a launched process carries the spawn variables too, and
-# everything else is a standalone process.
-CLUSTER_ENVIRONMENTS = (PaddleLaunch, PaddleSpawn, ClusterEnvironment)
-
-
 def _first_endpoint(environ: Mapping[str, str]) -> str:
     return environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+
+
+# ---------------------------------------------------------------- other engines
+RANK_FIELDS = ("global_rank", "local_rank", "world_size", "local_world_size", "node_rank",
+               "nnodes", "master")
+
+
+class ExternalEngine(ClusterEnvironment):
+    """A process that mpirun, srun or torchrun started. Subclasses give one property per
+    concept and `ranks()` assembles them; `paddle_variables()` then translates them for
+    Paddle, whose process group reads only its own variables."""
+
+    external = True
+    master_hint = "set MASTER_ADDR and MASTER_PORT on every rank"   # the fix when master is ""
+
+    @property
+    def node_rank(self) -> int:
+        # Every engine here fills one machine before the next by default, so a node holds
+        # consecutive ranks.
+        return self.global_rank // max(self.local_world_size, 1)
+
+    @property
+    def nnodes(self) -> int:
+        return -(-self.world_size // max(self.local_world_size, 1))   # ceil
+
+    def ranks(self):
+        return {field: getattr(self, field) for field in RANK_FIELDS}
+
+
+def _master_pair(environ: Mapping[str, str]) -> str:
+    """'MASTER_ADDR:MASTER_PORT' when both are set, else ''."""
+    addr, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+    return f"{addr}:{port}" if addr and port else ""
+
+
+class OpenMPI(ExternalEngine):
+    """`mpirun -n N` (`-H host:slots`, `--hostfile`): the OMPI_COMM_WORLD_* variables."""
+
+    name = "openmpi"
+    master_hint = ("set MASTER_ADDR and MASTER_PORT, e.g. mpirun -x MASTER_ADDR=host0 "
+                   "-x MASTER_PORT=29500 ... (or -x PADDLE_MASTER=host0:29500)")
+
+    @staticmethod
+    def detect(environ):
+        return "OMPI_COMM_WORLD_RANK" in environ
+
+    @property
+    def global_rank(self):
+        return self._int("OMPI_COMM_WORLD_RANK")
+
+    @property
+    def world_size(self):
+        return self._int("OMPI_COMM_WORLD_SIZE", 1)
+
+    @property
+    def local_rank(self):
+        return self._int("OMPI_COMM_WORLD_LOCAL_RANK")
+
+    @property
+    def local_world_size(self):
+        return self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+
+    # node_rank is NOT OMPI_COMM_WORLD_NODE_RANK: Open MPI defines that as this process's
+    # rank among the processes of ALL jobs on this node (a local rank), not the node's
+    # index; the inherited global // local size holds for mpirun's default mappings
+    # (by slot, core or package), not for --map-by node.
+
+    @property
+    def master(self):
+        # mpirun names no rendezvous address itself: MASTER_ADDR/MASTER_PORT (passed with
+        # -x), else PADDLE_MASTER, else "" and paddle_variables() refuses. A guessed
+        # address would only hang.
+        return _master_pair(self.env) or self.env.get("PADDLE_MASTER", "")
+
+
+# Slurm numbers ordinary job steps 0, 1, ... and keeps the values from 0xfffffff0
+# (SLURM_MAX_NORMAL_STEP_ID) up for special steps: interactive 0xfffffffa, batch
+# 0xfffffffb, extern 0xfffffffc (before Slurm 20.11: batch 0xfffffffe, extern 0xffffffff).
+# slurmstepd writes SLURM_STEP_ID only when the id, read as a signed int, is >= 0, so a
+# batch script - which does get SLURM_PROCID=0 and SLURM_NTASKS - has no SLURM_STEP_ID,
+# while srun writes the unsigned value ("4294967290" for salloc's interactive step).
+# Only a number below the limit is a task that srun started.
+SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0
+
+
+def _srun_step(step_id: str) -> bool:
+    return step_id.isdigit() and int(step_id) < SLURM_MAX_NORMAL_STEP_ID
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list ('' for an empty one).
+
+    Example:
+        first_host("node[01-03,07],gpu5")   # 'node01'
+        first_host("rack[1-2]-n[3-4]")      # 'rack1-n3'
+    """
+    depth, end = 0, len(nodelist)
+    for i, char in enumerate(nodelist):   # the first entry ends at a comma outside brackets
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            end = i
+            break
+    # Each bracket holds ranges and ids, "01-03,07": the first host takes the first of each.
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split("[,-]", m.group(1))[0],
+                  nodelist[:end].strip())
+
+
+def tasks_per_node(spec: str) -> List[int]:
+    """Expand Slurm's compressed per-node counts; unreadable parts are skipped.
+
+    Example:
+        tasks_per_node("2(x3),1")   # [2, 2, 2, 1]
+    """
+    counts = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match:
+            counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+class Slurm(ExternalEngine):
+    """Tasks that `srun` started: SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID and the step's sizes.
+
+    The SLURM_STEP_* variables describe this step exactly; the plain ones can describe the
+    whole allocation (`srun --preserve-env`, or SLURM_NTASKS_PER_NODE inherited from
+    `sbatch --ntasks-per-node` by a smaller step), so they are only the fallback."""
+
+    name = "slurm"
+    master_hint = ('set MASTER_ADDR and MASTER_PORT before srun, e.g. export MASTER_ADDR='
+                   '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500')
+
+    @staticmethod
+    def detect(environ):
+        return ("SLURM_PROCID" in environ and "SLURM_NTASKS" in environ
+                and _srun_step(environ.get("SLURM_STEP_ID", "")))
+
+    @property
+    def global_rank(self):
+        return self._int("SLURM_PROCID")
+
+    @property
+    def world_size(self):
+        return self._int("SLURM_STEP_NUM_TASKS", self._int("SLURM_NTASKS", 1))
+
+    @property
+    def local_rank(self):
+        return self._int("SLURM_LOCALID")
+
+    @property
+    def node_rank(self):
+        return self._int("SLURM_NODEID")
+
+    @property
+    def nnodes(self):
+        return self._int("SLURM_STEP_NUM_NODES", self._int("SLURM_NNODES", 1))
+
+    @property
+    def local_world_size(self):
+        counts = tasks_per_node(self.env.get("SLURM_STEP_TASKS_PER_NODE")
+                                or self.env.get("SLURM_NTASKS_PER_NODE", ""))
+        if counts:   # "4" or "4(x2)" name every node; "3,2" (srun -n 5 -N 2) each one
+            return counts[min(self.node_rank, len(counts) - 1)]
+        return max(self.world_size // max(self.nnodes, 1), 1)
+
+    @property
+    def master(self):
+        """MASTER_ADDR/MASTER_PORT when set; else the step's first node, where Slurm puts
+        task 0 (its name must resolve on every node), and a port derived from the job id."""
+        host = self.env.get("MASTER_ADDR") or first_host(
+            self.env.get("SLURM_STEP_NODELIST") or self.env.get("SLURM_JOB_NODELIST", ""))
+        if not host:
+            return ""
+        # Every task of the job computes the same port without talking to the others; jobs
+        # sharing a node get different ports (unless their ids differ by a multiple of
+        # 20000), and 12000-31999 stays below Linux's ephemeral range (32768-60999), where
+        # outgoing connections take their ports. Two concurrent steps of one job on the
+        # same first node collide: give each its own MASTER_PORT.
+        port = self.env.get("MASTER_PORT") or str(12000 + self._int("SLURM_JOB_ID") % 20000)
+        return f"{host}:{port}"
+
+
+class TorchrunStyle(ExternalEngine):
+    """Ranks started with torch's variables: RANK, WORLD_SIZE, MASTER_ADDR[, MASTER_PORT,
+    LOCAL_RANK, LOCAL_WORLD_SIZE] - by hand, by a script, or by torchrun."""
+
+    name = "torchrun"
+    master_hint = ("set MASTER_ADDR and MASTER_PORT on every rank, e.g. MASTER_ADDR=host0 "
+                   "MASTER_PORT=29500")
+
+    @staticmethod
+    def detect(environ):
+        return all(key in environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+    @property
+    def global_rank(self):
+        return self._int("RANK")
+
+    @property
+    def world_size(self):
+        return self._int("WORLD_SIZE", 1)
+
+    @property
+    def local_rank(self):
+        return self._int("LOCAL_RANK")
+
+    @property
+    def local_world_size(self):
+        return self._int("LOCAL_WORLD_SIZE", 1)
+
+    @property
+    def node_rank(self):   # torchrun's GROUP_RANK is the node's index
+        return self._int("GROUP_RANK") if "GROUP_RANK" in self.env else super().node_rank
+
+    @property
+    def nnodes(self):
+        return self._int("GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in self.env else super().nnodes
+
+    @property
+    def master(self):
+        host = self.env.get("MASTER_ADDR", "")
+        if not host:
+            return ""
+        port = int(self.env.get("MASTER_PORT") or 29500)   # torch's default
+        # With TORCHELASTIC_USE_AGENT_STORE=True, torchrun's agent on node 0 already serves
+        # its own TCP store at MASTER_PORT (torch workers join it as clients), so Paddle's
+        # store - which rank 0 binds there - takes the next port, the same on every rank.
+        if self.env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            port += 1
+        return f"{host}:{port}"
+
+
+class Torchrun(TorchrunStyle):
+    """Workers of torchrun itself, which also sets TORCHELASTIC_RUN_ID."""
+
+    @staticmethod
+    def detect(environ):
+        return TorchrunStyle.detect(environ) and "TORCHELASTIC_RUN_ID" in environ
+
+
+# The first class whose detect() holds describes this process. Rule: the launcher that
+# started THIS process comes first; the variables of engines around it are inherited and
+# describe something else.
+# - PaddleLaunch, PaddleSpawn: Paddle's own variables are the most specific. A process that
+#   Paddle launched may sit inside an srun/mpirun allocation, and Paddle's values are the
+#   ones its process group will use. A launched process carries the spawn variables too.
+# - Torchrun (TORCHELASTIC_RUN_ID set): in `srun torchrun ...` every worker inherits its
+#   agent's SLURM_PROCID, which numbers nodes, not workers. Nothing launches inside torchrun.
+# - OpenMPI: mpirun inside a Slurm allocation starts its daemons with srun, so every rank
+#   carries the SLURM_* of that daemon step; OMPI_* describe the actual ranks.
+# - Slurm: srun tasks (not a batch script: see SLURM_MAX_NORMAL_STEP_ID).
+# - TorchrunStyle: RANK/WORLD_SIZE/MASTER_ADDR set by hand. After Slurm, because a batch
+#   script may export them job-wide - the same RANK in every srun task.
+# - ClusterEnvironment: everything else is a standalone process.
+CLUSTER_ENVIRONMENTS = (PaddleLaunch, PaddleSpawn, Torchrun, OpenMPI, Slurm, TorchrunStyle,
+                        ClusterEnvironment)
+EXTERNAL_ENGINES = {c.name: c for c in CLUSTER_ENVIRONMENTS if c.external}
 
 
 def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = None,
@@ -219,6 +473,11 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
     if not visible:
         return CPU
     selected = environ.get("FLAGS_selected_gpus", "").split(",")[0].strip()
+    if launcher in EXTERNAL_ENGINES:
+        # Only Paddle's launchers set FLAGS_selected_gpus; under another engine it can only
+        # be inherited (srun passes the submitting shell's environment to every task), and
+        # would put every rank on one GPU. The local rank decides, as below.
+        selected = ""
     if selected:
         # paddle.distributed.launch passes a position in the visible list, spawn the
         # physical id itself (spawn.py, "use absolute gpu card id").
@@ -299,11 +558,34 @@ def host_facts():
     return dict(os.environ), probe_gpus(), os.cpu_count() or 1
 
 
-def export(variables: Mapping[str, str]) -> Dict[str, Optional[str]]:
-    """Set variables in this process (for Paddle, which reads them itself); return the old values."""
+def export(variables: Mapping[str, str], keep_existing: bool = False) -> Dict[str, Optional[str]]:
+    """Set variables in this process (for Paddle, which reads them itself); return the old
+    values. `keep_existing`: leave a variable the user already set alone."""
+    if keep_existing:
+        variables = {k: v for k, v in variables.items() if k not in os.environ}
     old = {k: os.environ.get(k) for k in variables}
     os.environ.update({k: str(v) for k, v in variables.items()})
     return old
+
+
+def hand_started(master: Optional[str], world_size: Optional[int], rank: Optional[int]) -> Dict[str, str]:
+    """The torchrun-style variables for a rank started by hand (`train.py --master H:P
+    --world-size N --rank R`, the `tcp://` recipe): one process per command.
+
+    Example:
+        hand_started("10.0.0.1:6170", 2, 1)
+        # {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.1', 'MASTER_PORT': '6170', ...}
+    """
+    if master is None or world_size is None or rank is None:
+        raise UserError("a rank started by hand needs all of --master HOST:PORT, --world-size N "
+                        "and --rank R")
+    host, sep, port = master.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--master {master!r} must be host:port, e.g. 10.0.0.1:6170")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UserError(f"--rank {rank} must be in 0 .. {world_size - 1} for --world-size {world_size}")
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": host,
+            "MASTER_PORT": port, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
 
 
 def restore(old: Mapping[str, Optional[str]]) -> None:
@@ -314,10 +596,72 @@ def restore(old: Mapping[str, Optional[str]]) -> None:
             os.environ[key] = value
 
 
+def _master_host_port(env: DistEnv) -> Tuple[str, int]:
+    """Split `env.master`; a missing or malformed one is a UserError naming the engine."""
+    hint = EXTERNAL_ENGINES[env.launcher].master_hint
+    if not env.master:
+        raise UserError(f"{env.launcher} started {env.world_size} ranks but no rendezvous "
+                        f"address is known for Paddle's process group; {hint}")
+    host, _, port = env.master.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"the rendezvous address {env.master!r} ({env.launcher}) is not "
+                        f"host:port with a port 1-65535; {hint}")
+    return host, int(port)
+
+
+def paddle_variables(env: DistEnv) -> Dict[str, str]:
+    """The variables `paddle.distributed.init_parallel_env()` reads, for ranks that another
+    engine (mpirun, srun, torchrun) started. Empty for Paddle's own launchers, which set
+    them, for a standalone process and for a single rank (no process group).
+
+    Example:
+        # rank 1 of `mpirun -n 2 -x MASTER_ADDR=h0 -x MASTER_PORT=29500 python train.py`:
+        paddle_variables(detect())
+        # {'PADDLE_TRAINER_ID': '1', 'PADDLE_TRAINERS_NUM': '2', 'PADDLE_MASTER': 'h0:29500', ...}
+    """
+    if env.launcher not in EXTERNAL_ENGINES or env.world_size < 2:
+        return {}
+    host, port = _master_host_port(env)
+    # What Paddle 3.3 reads (distributed/parallel.py):
+    # - init_parallel_env requires PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM and
+    #   PADDLE_CURRENT_ENDPOINT to exist (and FLAGS_selected_gpus on CUDA, which
+    #   prepare_process_group sets from env.device).
+    # - Its process-group path takes the rendezvous from MASTER_ADDR + MASTER_PORT first,
+    #   then PADDLE_MASTER, then the first PADDLE_TRAINER_ENDPOINTS entry: rank 0 serves a
+    #   TCP store there. All of them get our master, so whichever Paddle reads agrees
+    #   (torchrun's MASTER_PORT, for one, is taken by its agent: see TorchrunStyle.master).
+    # - PADDLE_CURRENT_ENDPOINT is only checked for existence there; nothing binds it, so a
+    #   well-formed label serves: the master host, master port + 1 + global rank (wrapped
+    #   into 1..65535).
+    # - PADDLE_TRAINER_ENDPOINTS: every rank's endpoint cannot be known without talking.
+    #   Only ParallelEnv().trainer_endpoints reads it, and on this path only
+    #   paddle.utils.download uses it: one rank per host in the list downloads and the
+    #   others wait for the file, so a made-up list naming wrong hosts could make a rank wait
+    #   forever, while this rank's own endpoint alone just lets each rank download itself.
+    # - The local rank and sizes are what Paddle's launcher sets too (fleet's role maker
+    #   reads PADDLE_RANK_IN_NODE), so a later detect() in this process sees the same ranks.
+    current = f"{host}:{(port + env.global_rank) % 65535 + 1}"
+    return {
+        "PADDLE_TRAINER_ID": str(env.global_rank),
+        "PADDLE_TRAINERS_NUM": str(env.world_size),
+        "PADDLE_MASTER": f"{host}:{port}",
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        "PADDLE_CURRENT_ENDPOINT": current,
+        "PADDLE_TRAINER_ENDPOINTS": current,
+        "PADDLE_RANK_IN_NODE": str(env.local_rank),
+        "PADDLE_LOCAL_RANK": str(env.local_rank),
+        "PADDLE_LOCAL_SIZE": str(env.local_world_size),
+        "PADDLE_NNODES": str(env.nnodes),
+    }
+
+
 def prepare_process_group(env: DistEnv, cfg) -> None:
     """Export what Paddle reads before `init_parallel_env`: backend, NCCL settings, the
-    device flag. Done in the worker too, so a bare `paddle.distributed.launch` gets them."""
+    device flag, and the ranks of a process another engine started (`paddle_variables`).
+    Done in the worker too, so a bare `paddle.distributed.launch` gets them."""
     variables = nccl_variables(cfg.dist.nccl)
+    variables.update(paddle_variables(env))   # may refuse: nothing is exported then
     if env.backend != "none":
         variables["PADDLE_DISTRI_BACKEND"] = env.backend
     if env.device.startswith("gpu"):

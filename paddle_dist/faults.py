@@ -169,12 +169,13 @@ class Monitor:
         # slowsave acts in save_delay()
 
     # ------------------------------------------------------------ outcomes
-    def finish(self, state: str, error: Optional[BaseException] = None, message: str = "") -> None:
+    def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
+               **extra: Any) -> None:
         """Record how this rank ended: done | failed | stopped | hung | preempted."""
-        info = {}
+        info = dict(extra)
         if error is not None:
             lines = [line for line in str(error).splitlines() if line.strip()]
-            info = {"error_type": type(error).__name__, "error": lines[0] if lines else "",
+            info |= {"error_type": type(error).__name__, "error": lines[0] if lines else "",
                     "exit_code": exit_code_of(error),
                     "traceback": "".join(traceback.format_exception(error))[-4000:]}
         if message:

@@ -4,7 +4,9 @@ Modes:
 - `none`: run in this process: one rank, or processes already started outside
   (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
 - `launch`: `python -m paddle.distributed.launch --nproc_per_node N [--devices ids] script args`;
-- `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`.
+- `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`;
+- `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
+  then find themselves through OpenMPI's variables.
 
 Example:
     p = plan(cfg, env, script="train.py", script_args=sys.argv[1:])
@@ -81,24 +83,41 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     visible = envlib.visible_gpus(info, environ)
     nprocs, gpus = resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
     envlib.select_backend(cfg.dist.backend, "gpu" if gpus else envlib.CPU, nprocs)  # checks it
-    if env.launcher != "standalone" or (nprocs == 1 and not always):  # one process: run right here
+    mode = cfg.dist.launcher
+    if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
+        nprocs = hostfile_slots(cfg.dist.hostfile)
+    alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
+    if env.launcher != "standalone" or (alone and not always):  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
     variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))
-    mode = cfg.dist.launcher
     argv: Tuple[str, ...] = ()
     if mode == "launch":
-        argv = launch_argv(nprocs, gpus, script, script_args, log_dir)
+        argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg))
+    elif mode == "mpirun":
+        variables.update(mpirun_master(cfg))
+        argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args)
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout)
 
 
+def nodes_of(cfg) -> Tuple[str, ...]:
+    """paddle.distributed.launch's multi-node options for `dist.nnodes` > 1."""
+    d = cfg.dist
+    if d.nnodes == 1:
+        return ()
+    # --host: Paddle's launcher guesses this machine's address from its hostname, and
+    # when the guess is not the address the master is on, no node starts the master.
+    host = ("--host", d.host) if d.host else ()
+    return ("--master", d.master, "--nnodes", str(d.nnodes), "--rank", str(d.node_rank), *host)
+
+
 def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequence[str],
-                log_dir: str = "") -> Tuple[str, ...]:
+                log_dir: str = "", nodes: Sequence[str] = ()) -> Tuple[str, ...]:
     # ERROR: Paddle's launcher then records each failed rank's exit code, which the
     # supervisor reads from its stderr file to report the real code or signal.
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
-            "--log_level", "ERROR"]
+            "--log_level", "ERROR", *nodes]
     if gpus:
         argv += ["--devices", ",".join(gpus)]
     if log_dir:
@@ -106,11 +125,51 @@ def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequ
     return tuple(argv + [script, *script_args])
 
 
+def hostfile_slots(path: str) -> int:
+    """Total slots of an OpenMPI hostfile ("node1 slots=8" lines; a bare host is 1 slot)."""
+    total = 0
+    for line in open(path).read().splitlines():
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
+        total += int(slots[0]) if slots and slots[0].isdigit() else 1
+    return max(total, 1)
+
+
+def hostfile_first_host(path: str) -> str:
+    for line in open(path).read().splitlines():
+        words = line.split("#")[0].split()
+        if words:
+            return words[0]
+    return "127.0.0.1"
+
+
+def mpirun_master(cfg) -> Dict[str, str]:
+    """MASTER_ADDR/MASTER_PORT for mpirun ranks: `dist.master` (the CLI fills in a free
+    port on the hostfile's first host when it is not given)."""
+    host, _, port = cfg.dist.master.rpartition(":")
+    return {"MASTER_ADDR": host, "MASTER_PORT": port}
+
+
+def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: str,
+                script_args: Sequence[str]) -> Tuple[str, ...]:
+    # --allow-run-as-root: containers often run as root, where mpirun refuses to start
+    # otherwise; for other users the option changes nothing.
+    argv = ["mpirun", "-n", str(nprocs), "--allow-run-as-root"]
+    if hostfile:
+        argv += ["--hostfile", hostfile]
+    for name in sorted(variables):
+        argv += ["-x", name]                 # mpirun passes only the variables it is told to
+    return tuple(argv + [sys.executable, script, *script_args])
+
+
+
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
            run_dir: Optional[Path] = None) -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files."""
-    if p.mode == "launch":
+    if p.mode in ("launch", "mpirun"):
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
                                            p.stop_timeout, Path(p.log_dir or "log"))
     if p.mode == "spawn":

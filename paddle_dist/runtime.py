@@ -21,7 +21,7 @@ import paddle
 import paddle.distributed as dist
 
 from . import env as envlib
-from . import faults
+from . import faults, netcheck, supervisor
 from .errors import UserError
 
 _ENV: Optional[envlib.DistEnv] = None
@@ -33,7 +33,10 @@ def setup(cfg) -> envlib.DistEnv:
     global _ENV
     if _ENV is None:
         env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+        if env.launcher in ("paddle_launch", "spawn") or env.supervised:
+            supervisor.die_with_parent()   # a rank never outlives the launcher that started it
         envlib.prepare_process_group(env, cfg)
+        _check_network(env, cfg)
         paddle.set_device(env.device)
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
@@ -44,6 +47,16 @@ def setup(cfg) -> envlib.DistEnv:
         _ENV = env
     seed_everything(cfg.train.seed)
     return _ENV
+
+
+def _check_network(env, cfg) -> None:
+    """For a master on another machine: fail now, clearly, if the configured interface is
+    wrong or the master unreachable; and make gloo use the interface that reaches it."""
+    host = env.master.rpartition(":")[0]
+    if not env.is_distributed or not host or host in ("localhost",) or host.startswith("127."):
+        return
+    interface = netcheck.check(env.master, cfg.dist.nccl.socket_ifname)
+    envlib.export({"GLOO_SOCKET_IFNAME": interface}, keep_existing=True)
 
 
 def _lost(env, cfg) -> str:
@@ -116,8 +129,12 @@ def make_run_dir(cfg, env) -> Path:
 
 
 def create_run_dir(cfg) -> Path:
-    if cfg.output.run_dir:
-        path = Path(cfg.output.run_dir)
+    named = cfg.output.run_dir
+    if not named and cfg.dist.nnodes > 1:
+        # Every machine must agree on the name without talking: derive it from the master.
+        named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
+    if named:
+        path = Path(named)
         if path.exists() and not path.is_dir():
             raise UserError(f"output.run_dir {path} is a file; give a directory")
         if (path / "metrics.json").exists():

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing.connection
 import os
@@ -28,6 +29,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import faults
 
+PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # how long survivors get to notice a failure before SIGKILL
 POLL_S = 0.2
 
@@ -194,6 +196,15 @@ def children_of(pid: int) -> List[int]:
     return [child for child, _, parent, _ in process_table() if parent == pid]
 
 
+def die_with_parent() -> None:
+    """In a child, before exec: the kernel kills it if its parent dies (Linux), so a job's
+    processes never outlive a launcher that was itself killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def _signal_all(pids: List[int], sig: int) -> None:
     for pid in pids:
         try:
@@ -268,17 +279,23 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     log_dir.mkdir(parents=True, exist_ok=True)
     err_path = log_dir / "launcher.err"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err)
+        proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
+                                preexec_fn=die_with_parent)
+    ranks = set()   # Paddle's launcher puts every rank in a session of its own
+
+    def finished():
+        ranks.update(children_of(proc.pid))
+        return proc.poll() is not None
 
     def everyone(sig):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        for group in [proc.pid] + sorted(ranks):
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     try:
-        request = _wait_loop(lambda: proc.poll() is not None, lambda: children_of(proc.pid),
-                             everyone, stop_timeout)
+        request = _wait_loop(finished, lambda: sorted(ranks), everyone, stop_timeout)
     finally:
         everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
     logs = {r: str(log_dir / f"workerlog.{r}") for r in range(64) if (log_dir / f"workerlog.{r}").exists()}

@@ -78,7 +78,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
             if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
                 supervisor.explain_from_rank(run_dir)
             raise
-        monitor.finish("done")
+        # The digest lets anyone check that every rank ended with the same weights.
+        monitor.finish("done", weights_sha256=checkpoint.weights_digest(parts.model))
     result.wall_time_s = time.perf_counter() - started
     if env.is_main:
         _write_metrics(run_dir, result, cfg, env)

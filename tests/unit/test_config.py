@@ -199,7 +199,7 @@ def test_wrong_type_in_the_yaml_file_names_the_key(tmp_path):
 @pytest.mark.parametrize("item, key", [
     ("train.api=foo", "train.api"),
     ("train.optimizer=lbfgs", "train.optimizer"),
-    ("dist.launcher=mpirun", "dist.launcher"),
+    ("dist.launcher=torchrun", "dist.launcher"),
     ("dist.backend=mpi", "dist.backend"),
     ("model.name=resnet", "model.name"),
     ("data.name=cifar", "data.name"),

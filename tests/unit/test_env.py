@@ -11,8 +11,9 @@ import pytest
 
 from paddle_dist import env as envlib
 from paddle_dist.config import NcclConfig, load
-from paddle_dist.env import DistEnv, GpuInfo, check_gpus, detect, parse_gpus
-from paddle_dist.errors import DeviceError
+from paddle_dist.env import (DistEnv, GpuInfo, check_gpus, detect, first_host, paddle_variables,
+                             parse_gpus, tasks_per_node)
+from paddle_dist.errors import DeviceError, UserError
 
 from tests.conftest import environ_diff
 
@@ -39,11 +40,92 @@ SPAWN_RANK1 = {
     "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:6171",
 }
 
-# Everything detect() reads, so a test using the real os.environ starts from a standalone process.
+# `mpirun -n 4 -H 10.0.0.1:2,10.0.0.2:2 -x MASTER_ADDR=10.0.0.1 -x MASTER_PORT=29500`: the
+# last rank. OMPI_COMM_WORLD_NODE_RANK is a rank among ALL jobs' processes on the node.
+MPIRUN_2x2_RANK3 = {
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "OMPI_UNIVERSE_SIZE": "4",
+    "PMIX_RANK": "3",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+}
+
+# `srun -N2 --ntasks-per-node=2` in job 123456 on gpu07 and gpu08: the last task.
+SRUN_2x2_RANK3 = {
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOBID": "123456",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_NPROCS": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_NODELIST": "gpu[07-08]",
+    "SLURMD_NODENAME": "gpu08",
+    "SLURM_GTIDS": "2,3",
+}
+SRUN_MASTER = f"gpu07:{12000 + 123456 % 20000}"   # gpu07:15456
+
+# The batch script of `sbatch -N2 --ntasks-per-node=2`: Slurm sets task variables for the
+# batch step too, but no SLURM_STEP_ID.
+SBATCH_SCRIPT = {
+    "SLURM_JOB_ID": "123456",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+}
+
+# `torchrun --nnodes 2 --nproc_per_node 2 --master_addr 10.0.0.1 --master_port 29500 --node_rank 1`:
+# the last worker. Its agent on node 0 serves a TCP store at MASTER_PORT.
+TORCHRUN_2x2_RANK3 = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "GROUP_RANK": "1",
+    "ROLE_RANK": "3",
+    "ROLE_NAME": "default",
+    "LOCAL_WORLD_SIZE": "2",
+    "WORLD_SIZE": "4",
+    "GROUP_WORLD_SIZE": "2",
+    "ROLE_WORLD_SIZE": "4",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_MAX_RESTARTS": "0",
+    "TORCHELASTIC_RUN_ID": "none",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+# `RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python train.py`
+BY_HAND_RANK1 = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+# Everything detect() reads, so a test using the real os.environ starts from a standalone
+# process (even when pytest itself runs under srun, mpirun or torchrun).
 DETECTED_VARIABLES = ("PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK", "PADDLE_TRAINERS_NUM",
                       "PADDLE_LOCAL_SIZE", "PADDLE_NNODES", "PADDLE_MASTER",
                       "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
-                      "FLAGS_selected_gpus", "CUDA_VISIBLE_DEVICES")
+                      "FLAGS_selected_gpus", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD_RANK",
+                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "RANK", "WORLD_SIZE",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 def launch_child(local_rank, nprocs=2, **extra):
@@ -366,7 +448,11 @@ def test_export_and_restore_round_trip(monkeypatch):
 
 
 PROCESS_GROUP_VARIABLES = ("PADDLE_DISTRI_BACKEND", "FLAGS_selected_gpus", "NCCL_SOCKET_IFNAME",
-                           "NCCL_IB_DISABLE", "NCCL_ALGO")
+                           "NCCL_IB_DISABLE", "NCCL_ALGO", "PADDLE_TRAINER_ID",
+                           "PADDLE_TRAINERS_NUM", "PADDLE_MASTER", "MASTER_ADDR", "MASTER_PORT",
+                           "PADDLE_CURRENT_ENDPOINT", "PADDLE_TRAINER_ENDPOINTS",
+                           "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_RANK", "PADDLE_LOCAL_SIZE",
+                           "PADDLE_NNODES")
 
 
 @pytest.fixture
@@ -403,6 +489,389 @@ def test_prepare_process_group_standalone_sets_nothing(process_group_variables):
     before = dict(os.environ)
     envlib.prepare_process_group(DistEnv(), load())
     assert environ_diff(before, os.environ) == []
+
+
+# ---------------------------------------------------------------- other engines
+def ranks_of(env):
+    return (env.global_rank, env.local_rank, env.world_size, env.local_world_size,
+            env.node_rank, env.nnodes)
+
+
+def test_mpirun_two_hosts_of_two_slots():
+    env = detect(gpu_info=CPU_BUILD, environ=MPIRUN_2x2_RANK3)
+    assert env.launcher == "openmpi"
+    assert ranks_of(env) == (3, 1, 4, 2, 1, 2)
+    assert env.master == "10.0.0.1:29500"
+    assert (env.device, env.backend) == ("cpu", "gloo")
+    assert not env.is_main and not env.is_local_main
+
+
+@pytest.mark.parametrize("rank, local_rank, node_rank", [("0", "0", 0), ("1", "1", 0),
+                                                         ("2", "0", 1)])
+def test_mpirun_node_rank_is_not_ompis_node_rank(rank, local_rank, node_rank):
+    # OMPI_COMM_WORLD_NODE_RANK equals the local rank in a single job: not a node index.
+    environ = dict(MPIRUN_2x2_RANK3, OMPI_COMM_WORLD_RANK=rank,
+                   OMPI_COMM_WORLD_LOCAL_RANK=local_rank, OMPI_COMM_WORLD_NODE_RANK=local_rank)
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert (env.global_rank, env.local_rank) == (int(rank), int(local_rank))
+    assert env.node_rank == node_rank
+
+
+def test_mpirun_nnodes_rounds_up():
+    environ = dict(MPIRUN_2x2_RANK3, OMPI_COMM_WORLD_SIZE="5")   # -n 5 on hosts of 2 slots
+    assert detect(gpu_info=CPU_BUILD, environ=environ).nnodes == 3
+
+
+def test_mpirun_master_falls_back_to_paddle_master_then_nothing():
+    no_master = {k: v for k, v in MPIRUN_2x2_RANK3.items() if not k.startswith("MASTER_")}
+    with_paddle = dict(no_master, PADDLE_MASTER="10.0.0.9:7000")
+    assert detect(gpu_info=CPU_BUILD, environ=with_paddle).master == "10.0.0.9:7000"
+    assert detect(gpu_info=CPU_BUILD, environ=no_master).master == ""
+    half = dict(no_master, MASTER_ADDR="10.0.0.1")   # no port: no address is invented
+    assert detect(gpu_info=CPU_BUILD, environ=half).master == ""
+
+
+def test_srun_two_nodes_of_two_tasks():
+    env = detect(gpu_info=CPU_BUILD, environ=SRUN_2x2_RANK3)
+    assert env.launcher == "slurm"
+    assert ranks_of(env) == (3, 1, 4, 2, 1, 2)
+    assert env.master == SRUN_MASTER == "gpu07:15456"
+    assert (env.device, env.backend) == ("cpu", "gloo")
+
+
+def test_srun_master_variables_win_over_the_node_list():
+    environ = dict(SRUN_2x2_RANK3, MASTER_ADDR="10.0.0.7", MASTER_PORT="29400")
+    assert detect(gpu_info=CPU_BUILD, environ=environ).master == "10.0.0.7:29400"
+    only_port = dict(SRUN_2x2_RANK3, MASTER_PORT="29400")
+    assert detect(gpu_info=CPU_BUILD, environ=only_port).master == "gpu07:29400"
+    only_addr = dict(SRUN_2x2_RANK3, MASTER_ADDR="10.0.0.7")
+    assert detect(gpu_info=CPU_BUILD, environ=only_addr).master == "10.0.0.7:15456"
+
+
+def test_srun_master_from_the_job_node_list_or_nothing():
+    environ = {k: v for k, v in SRUN_2x2_RANK3.items() if k != "SLURM_STEP_NODELIST"}
+    environ["SLURM_JOB_NODELIST"] = "cn-a[3-4],cn-b1"
+    assert detect(gpu_info=CPU_BUILD, environ=environ).master == "cn-a3:15456"
+    no_list = {k: v for k, v in environ.items() if "NODELIST" not in k}
+    assert detect(gpu_info=CPU_BUILD, environ=no_list).master == ""
+
+
+def test_srun_uneven_tasks_per_node():
+    # srun -n 5 -N 2: three tasks on the first node, two on the second.
+    environ = dict(SRUN_2x2_RANK3, SLURM_PROCID="4", SLURM_NTASKS="5", SLURM_STEP_NUM_TASKS="5",
+                   SLURM_STEP_TASKS_PER_NODE="3,2", SLURM_TASKS_PER_NODE="3,2")
+    del environ["SLURM_NTASKS_PER_NODE"]
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert (env.world_size, env.local_world_size, env.node_rank) == (5, 2, 1)
+    assert detect(gpu_info=CPU_BUILD, environ=dict(environ, SLURM_NODEID="0")).local_world_size == 3
+
+
+def test_srun_step_sizes_win_over_the_allocation():
+    # `srun --preserve-env -n 2 -N 1` inside `sbatch -N2 --ntasks-per-node=2`: SLURM_NTASKS,
+    # SLURM_NNODES and SLURM_NTASKS_PER_NODE still describe the allocation.
+    environ = dict(SRUN_2x2_RANK3, SLURM_PROCID="1", SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2",
+                   SLURM_STEP_NUM_NODES="1", SLURM_STEP_TASKS_PER_NODE="2",
+                   SLURM_STEP_NODELIST="gpu07")
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert ranks_of(env) == (1, 1, 2, 2, 0, 1)
+
+
+def test_srun_without_step_variables_uses_the_plain_ones():
+    environ = {k: v for k, v in SRUN_2x2_RANK3.items() if not k.startswith("SLURM_STEP_")}
+    environ["SLURM_STEP_ID"] = "3"
+    assert ranks_of(detect(gpu_info=CPU_BUILD, environ=environ)) == (3, 1, 4, 2, 1, 2)
+    del environ["SLURM_NTASKS_PER_NODE"], environ["SLURM_TASKS_PER_NODE"]
+    assert detect(gpu_info=CPU_BUILD, environ=environ).local_world_size == 2   # 4 // 2 nodes
+
+
+@pytest.mark.parametrize("environ, master", [
+    (TORCHRUN_2x2_RANK3, "10.0.0.1:29501"),   # the agent serves its own store at 29500
+    (dict(TORCHRUN_2x2_RANK3, TORCHELASTIC_USE_AGENT_STORE="False"), "10.0.0.1:29500"),
+])
+def test_torchrun_two_nodes_of_two(environ, master):
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert env.launcher == "torchrun"
+    assert ranks_of(env) == (3, 1, 4, 2, 1, 2)
+    assert env.master == master
+
+
+def test_ranks_started_by_hand():
+    env = detect(gpu_info=CPU_BUILD, environ=BY_HAND_RANK1)
+    assert env.launcher == "torchrun"
+    assert ranks_of(env) == (1, 0, 2, 1, 1, 2)
+    assert env.master == "127.0.0.1:29500"
+    assert (env.is_main, env.is_local_main, env.backend) == (False, True, "gloo")
+    no_port = {k: v for k, v in BY_HAND_RANK1.items() if k != "MASTER_PORT"}
+    # torch's default port
+    assert detect(gpu_info=CPU_BUILD, environ=no_port).master == "127.0.0.1:29500"
+
+
+def test_ranks_by_hand_with_local_sizes():
+    environ = dict(BY_HAND_RANK1, RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    assert ranks_of(detect(gpu_info=CPU_BUILD, environ=environ)) == (3, 1, 4, 2, 1, 2)
+
+
+@pytest.mark.parametrize("missing", ["RANK", "WORLD_SIZE", "MASTER_ADDR"])
+def test_torch_variables_need_rank_world_size_and_master(missing):
+    environ = {k: v for k, v in BY_HAND_RANK1.items() if k != missing}
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "standalone"
+
+
+# ---------------------------------------------------------------- which engine wins
+def test_paddle_launch_inside_srun_is_paddle_launch():
+    env = detect(gpu_info=CPU_BUILD, environ=dict(SRUN_2x2_RANK3, **LAUNCH_2x2_RANK3))
+    assert env.launcher == "paddle_launch"
+    assert env.master == "10.0.0.1:8090"
+
+
+def test_paddle_spawn_inside_mpirun_is_spawn():
+    environ = dict(MPIRUN_2x2_RANK3, **SPAWN_RANK1)
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "spawn"
+
+
+def test_mpirun_inside_slurm_is_openmpi():
+    # mpirun starts its daemons with srun, one task per node: the ranks inherit that step.
+    daemon_step = dict(SRUN_2x2_RANK3, SLURM_STEP_ID="1", SLURM_PROCID="1", SLURM_LOCALID="0",
+                       SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
+                       SLURM_STEP_TASKS_PER_NODE="1(x2)")
+    env = detect(gpu_info=CPU_BUILD, environ=dict(daemon_step, **MPIRUN_2x2_RANK3))
+    assert env.launcher == "openmpi"
+    assert ranks_of(env) == (3, 1, 4, 2, 1, 2)
+
+
+def test_torchrun_inside_srun_is_torchrun():
+    # `srun --ntasks-per-node=1 torchrun ...`: SLURM_PROCID numbers the agents (nodes).
+    agent_task = dict(SRUN_2x2_RANK3, SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NTASKS="2",
+                      SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="1(x2)")
+    env = detect(gpu_info=CPU_BUILD, environ=dict(agent_task, **TORCHRUN_2x2_RANK3))
+    assert env.launcher == "torchrun"
+    assert ranks_of(env) == (3, 1, 4, 2, 1, 2)
+
+
+def test_srun_with_torch_variables_exported_job_wide_is_slurm():
+    # A batch script's `export RANK=0 WORLD_SIZE=4 MASTER_ADDR=...` reaches every task alike.
+    environ = dict(SRUN_2x2_RANK3, RANK="0", WORLD_SIZE="4", MASTER_ADDR="gpu07",
+                   MASTER_PORT="29500")
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert (env.launcher, env.global_rank, env.master) == ("slurm", 3, "gpu07:29500")
+
+
+def test_mpirun_with_torch_variables_is_openmpi():
+    environ = dict(MPIRUN_2x2_RANK3, RANK="0", WORLD_SIZE="4")
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "openmpi"
+
+
+def test_sbatch_batch_script_alone_is_standalone():
+    env = detect(gpu_info=CPU_BUILD, environ=SBATCH_SCRIPT)
+    assert env == DistEnv()
+
+
+@pytest.mark.parametrize("step_id", ["4294967290", "4294967291", "4294967292", "4294967294",
+                                     "4294967295", "4294967280", "batch", "extern", "-5", ""])
+def test_special_slurm_steps_are_not_srun_tasks(step_id):
+    # interactive, batch, extern, the pre-20.11 batch and extern ids, the first reserved id,
+    # sacct's names, a signed print, and an empty value.
+    environ = dict(SBATCH_SCRIPT, SLURM_STEP_ID=step_id)
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "standalone"
+
+
+def test_highest_normal_slurm_step_is_an_srun_task():
+    environ = dict(SRUN_2x2_RANK3, SLURM_STEP_ID=str(0xFFFFFFF0 - 1))
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "slurm"
+
+
+@pytest.mark.parametrize("missing", ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID"])
+def test_slurm_needs_procid_ntasks_and_a_step(missing):
+    environ = {k: v for k, v in SRUN_2x2_RANK3.items() if k != missing}
+    assert detect(gpu_info=CPU_BUILD, environ=environ).launcher == "standalone"
+
+
+def test_engine_order():
+    names = [c.name for c in envlib.CLUSTER_ENVIRONMENTS]
+    assert names == ["paddle_launch", "spawn", "torchrun", "openmpi", "slurm", "torchrun",
+                     "standalone"]
+    assert set(envlib.EXTERNAL_ENGINES) == {"openmpi", "slurm", "torchrun"}
+
+
+# ---------------------------------------------------------------- Slurm lists
+@pytest.mark.parametrize("nodelist, host", [
+    ("node01", "node01"),
+    ("node[01-03,07]", "node01"),
+    ("node[07,01-03]", "node07"),
+    ("gpu-a[1-2],gpu-b3", "gpu-a1"),
+    ("host1,host2", "host1"),
+    ("rack[1-2]-node[01-04]", "rack1-node01"),
+    ("node[5]", "node5"),
+    ("10.0.0.1", "10.0.0.1"),
+    ("", ""),
+])
+def test_first_host(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize("spec, counts", [
+    ("4", [4]),
+    ("4(x2)", [4, 4]),
+    ("2(x3),1", [2, 2, 2, 1]),
+    ("3,2", [3, 2]),
+    ("", []),
+    ("two", []),
+])
+def test_tasks_per_node(spec, counts):
+    assert tasks_per_node(spec) == counts
+
+
+# ---------------------------------------------------------------- devices under other engines
+@pytest.mark.parametrize("environ", [MPIRUN_2x2_RANK3, SRUN_2x2_RANK3, TORCHRUN_2x2_RANK3])
+def test_other_engines_pick_the_gpu_by_local_rank(environ):
+    env = detect(gpu_info=GpuInfo(True, 2), environ=environ)
+    assert (env.local_rank, env.device, env.backend) == (1, "gpu:1", "nccl")
+
+
+def test_local_rank_counts_positions_in_cuda_visible_devices():
+    environ = dict(MPIRUN_2x2_RANK3, CUDA_VISIBLE_DEVICES="3,5")
+    assert detect(gpu_info=GpuInfo(True, 2), environ=environ).device == "gpu:1"
+
+
+def test_requested_gpus_are_shared_out_by_local_rank_under_mpirun():
+    environ = dict(MPIRUN_2x2_RANK3, CUDA_VISIBLE_DEVICES="2,3,4")
+    assert detect(gpus="3,4", gpu_info=FOUR_GPUS, environ=environ).device == "gpu:2"
+
+
+def test_inherited_flags_selected_gpus_is_ignored_under_other_engines():
+    # srun hands the submitting shell's FLAGS_selected_gpus to every task alike.
+    for environ in (MPIRUN_2x2_RANK3, SRUN_2x2_RANK3, TORCHRUN_2x2_RANK3):
+        env = detect(gpu_info=FOUR_GPUS, environ=dict(environ, FLAGS_selected_gpus="0"))
+        assert env.device == "gpu:1"
+
+
+def test_srun_gpus_per_task_sees_one_gpu():
+    # `srun --gpus-per-task=1`: each task sees only its own GPU, whatever its local rank.
+    environ = dict(SRUN_2x2_RANK3, CUDA_VISIBLE_DEVICES="1")
+    assert detect(gpu_info=GpuInfo(True, 1), environ=environ).device == "gpu:0"
+
+
+# ---------------------------------------------------------------- paddle_variables
+def test_paddle_variables_for_mpirun():
+    env = detect(gpu_info=CPU_BUILD, environ=MPIRUN_2x2_RANK3)
+    assert paddle_variables(env) == {
+        "PADDLE_TRAINER_ID": "3",
+        "PADDLE_TRAINERS_NUM": "4",
+        "PADDLE_MASTER": "10.0.0.1:29500",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "PADDLE_CURRENT_ENDPOINT": "10.0.0.1:29504",
+        "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:29504",
+        "PADDLE_RANK_IN_NODE": "1",
+        "PADDLE_LOCAL_RANK": "1",
+        "PADDLE_LOCAL_SIZE": "2",
+        "PADDLE_NNODES": "2",
+    }
+
+
+def test_paddle_variables_for_srun():
+    out = paddle_variables(detect(gpu_info=CPU_BUILD, environ=SRUN_2x2_RANK3))
+    assert out["PADDLE_MASTER"] == SRUN_MASTER
+    assert (out["MASTER_ADDR"], out["MASTER_PORT"]) == ("gpu07", "15456")
+    assert (out["PADDLE_TRAINER_ID"], out["PADDLE_TRAINERS_NUM"]) == ("3", "4")
+    assert out["PADDLE_CURRENT_ENDPOINT"] == out["PADDLE_TRAINER_ENDPOINTS"] == "gpu07:15460"
+
+
+def test_paddle_variables_for_torchrun_move_off_the_agents_port():
+    out = paddle_variables(detect(gpu_info=CPU_BUILD, environ=TORCHRUN_2x2_RANK3))
+    # Paddle reads MASTER_ADDR/MASTER_PORT before PADDLE_MASTER: both must name the new port.
+    assert (out["MASTER_ADDR"], out["MASTER_PORT"], out["PADDLE_MASTER"]) == (
+        "10.0.0.1", "29501", "10.0.0.1:29501")
+    assert (out["PADDLE_TRAINER_ID"], out["PADDLE_LOCAL_RANK"]) == ("3", "1")
+    assert out["PADDLE_NNODES"] == "2"
+
+
+def test_paddle_variables_for_ranks_started_by_hand():
+    out = paddle_variables(detect(gpu_info=CPU_BUILD, environ=BY_HAND_RANK1))
+    assert out["PADDLE_MASTER"] == "127.0.0.1:29500"
+    assert out["PADDLE_CURRENT_ENDPOINT"] == "127.0.0.1:29502"
+    assert (out["PADDLE_TRAINER_ID"], out["PADDLE_TRAINERS_NUM"], out["PADDLE_LOCAL_SIZE"]) == (
+        "1", "2", "1")
+
+
+def test_paddle_variables_give_every_rank_its_own_well_formed_endpoint():
+    endpoints = set()
+    for rank in range(4):
+        env = DistEnv(launcher="openmpi", global_rank=rank, world_size=4, master="h0:65534")
+        endpoint = paddle_variables(env)["PADDLE_CURRENT_ENDPOINT"]
+        host, port = endpoint.split(":")
+        assert host == "h0" and 0 < int(port) < 65536
+        endpoints.add(endpoint)
+    assert endpoints == {"h0:65535", "h0:1", "h0:2", "h0:3"}
+
+
+@pytest.mark.parametrize("environ", [LAUNCH_2x2_RANK3, SPAWN_RANK1, {}, SBATCH_SCRIPT])
+def test_paddle_variables_are_empty_for_paddle_launchers_and_standalone(environ):
+    assert paddle_variables(detect(gpu_info=CPU_BUILD, environ=environ)) == {}
+
+
+def test_paddle_variables_are_empty_for_one_rank_without_a_master():
+    environ = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}   # mpirun -n 1
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    assert (env.launcher, env.master, paddle_variables(env)) == ("openmpi", "", {})
+
+
+def test_detect_again_after_the_translation_sees_the_same_ranks():
+    # prepare_process_group exports the variables into this process; a later detect() then
+    # finds Paddle's variables, and must describe the same ranks.
+    for environ in (MPIRUN_2x2_RANK3, SRUN_2x2_RANK3, TORCHRUN_2x2_RANK3, BY_HAND_RANK1):
+        env = detect(gpu_info=CPU_BUILD, environ=environ)
+        again = detect(gpu_info=CPU_BUILD, environ=dict(environ, **paddle_variables(env)))
+        assert again == dataclasses.replace(env, launcher="paddle_launch")
+
+
+def test_mpirun_without_master_is_a_user_error_that_says_how_to_fix_it():
+    environ = {k: v for k, v in MPIRUN_2x2_RANK3.items() if not k.startswith("MASTER_")}
+    with pytest.raises(UserError) as err:
+        paddle_variables(detect(gpu_info=CPU_BUILD, environ=environ))
+    message = str(err.value)
+    assert "openmpi started 4 ranks" in message
+    assert "mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500" in message
+
+
+def test_srun_without_master_or_node_list_is_a_user_error():
+    environ = {k: v for k, v in SRUN_2x2_RANK3.items() if "NODELIST" not in k}
+    with pytest.raises(UserError, match="slurm started 4 ranks.*MASTER_ADDR"):
+        paddle_variables(detect(gpu_info=CPU_BUILD, environ=environ))
+
+
+@pytest.mark.parametrize("master", ["10.0.0.1", "10.0.0.1:", ":29500", "h:port", "h:70000", "h:0"])
+def test_malformed_master_is_a_user_error(master):
+    env = DistEnv(launcher="openmpi", global_rank=1, world_size=2, master=master)
+    with pytest.raises(UserError, match="is not host:port"):
+        paddle_variables(env)
+
+
+def test_prepare_process_group_exports_the_translation(process_group_variables):
+    env = detect(gpu_info=FOUR_GPUS, environ=MPIRUN_2x2_RANK3)
+    envlib.prepare_process_group(env, load())
+    assert os.environ["PADDLE_TRAINER_ID"] == "3"
+    assert os.environ["PADDLE_TRAINERS_NUM"] == "4"
+    assert os.environ["PADDLE_MASTER"] == "10.0.0.1:29500"
+    assert os.environ["PADDLE_CURRENT_ENDPOINT"] == "10.0.0.1:29504"
+    assert os.environ["PADDLE_DISTRI_BACKEND"] == "nccl"
+    assert os.environ["FLAGS_selected_gpus"] == "1"
+
+
+def test_prepare_process_group_exports_nothing_when_the_master_is_missing(process_group_variables):
+    environ = {k: v for k, v in MPIRUN_2x2_RANK3.items() if not k.startswith("MASTER_")}
+    env = detect(gpu_info=CPU_BUILD, environ=environ)
+    before = dict(os.environ)
+    with pytest.raises(UserError, match="MASTER_ADDR"):
+        envlib.prepare_process_group(env, load())
+    assert environ_diff(before, os.environ) == []
+
+
+def test_prepare_process_group_under_paddle_launch_adds_no_ranks(process_group_variables):
+    env = detect(gpu_info=CPU_BUILD, environ=LAUNCH_2x2_RANK3)
+    envlib.prepare_process_group(env, load())
+    assert "PADDLE_TRAINER_ID" not in os.environ
+    assert os.environ["PADDLE_DISTRI_BACKEND"] == "gloo"
 
 
 # ---------------------------------------------------------------- this machine

@@ -1,0 +1,110 @@
+"""Several machines: two hosts in network namespaces (198.18.0.1 and 198.18.0.2, joined by
+a veth pair), OpenMPI's mpirun, and ranks started by hand.
+
+Every rank records a sha256 of its final weights in <run>/status/rank<N>.json: equal
+digests prove the ranks ended in sync. Each job's processes run in their own session and
+are checked for leftovers (procs.run).
+"""
+
+import json
+import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from .netns import two_hosts  # noqa: F401  (fixture)
+from .procs import PY, check, run
+
+JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32", "-o", "train.max_steps=20",
+       "-o", "checkpoint.every_epochs=0", "-o", "dist.rendezvous_timeout=60"]
+
+
+def _digests(run_dir, ranks=2):
+    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in range(ranks)]
+    assert [r["state"] for r in records] == ["done"] * ranks, records
+    return {r["weights_sha256"] for r in records}
+
+
+def _both(hosts, commands, timeout=180):
+    """Run one command per namespace at the same time (each bounded and checked for
+    leftover processes by procs.run); both must succeed."""
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        futures = [pool.submit(run, hosts.cmd(ns, [PY] + argv), timeout) for ns, argv in commands]
+        results = [f.result() for f in futures]
+    for result in results:
+        check(result)
+    return results
+
+
+def test_paddle_multinode_launch_across_two_hosts(two_hosts, tmp_path):
+    master = f"{two_hosts.ip_a}:6170"
+    nodes = ["train.py"] + JOB + ["-o", "dist.nnodes=2", "-o", f"dist.master={master}",
+                                  "-o", f"output.run_dir={tmp_path}"]
+    results = _both(two_hosts, [(two_hosts.a, nodes + ["-o", "dist.node_rank=0"]),
+                                (two_hosts.b, nodes + ["-o", "dist.node_rank=1"])])
+    assert "-o dist.node_rank=1" in results[0].stdout    # node 0 told us the other command
+    assert len(_digests(tmp_path)) == 1
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["test_samples"] == 1000
+
+
+def test_hand_started_ranks_across_two_hosts(two_hosts, tmp_path):
+    master = f"{two_hosts.ip_a}:6171"
+    rank = ["train.py"] + JOB + ["--master", master, "--world-size", "2",
+                                 "-o", f"output.run_dir={tmp_path}"]
+    _both(two_hosts, [(two_hosts.a, rank + ["--rank", "0"]), (two_hosts.b, rank + ["--rank", "1"])])
+    assert len(_digests(tmp_path)) == 1
+
+
+def test_master_nobody_serves_fails_within_the_timeout(two_hosts, tmp_path):
+    argv = two_hosts.cmd(two_hosts.b, [PY, "train.py"] + JOB + [
+        "--master", f"{two_hosts.ip_a}:6172", "--world-size", "2", "--rank", "1",
+        "-o", "dist.rendezvous_timeout=5", "-o", f"output.run_dir={tmp_path}"])
+    result = run(argv, timeout=120)
+    assert result.returncode != 0
+    assert "not all 2 ranks arrived within 5 s" in result.stderr
+
+
+def test_missing_interface_is_named_with_the_fix(two_hosts, tmp_path):
+    argv = two_hosts.cmd(two_hosts.b, [PY, "train.py"] + JOB + [
+        "--master", f"{two_hosts.ip_a}:6173", "--world-size", "2", "--rank", "1",
+        "-o", "dist.nccl.socket_ifname=ens9", "-o", f"output.run_dir={tmp_path}"])
+    result = run(argv, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "ens9" in lines[0]
+    assert f"socket_ifname={two_hosts.iface_b}" in lines[0]
+
+
+# ------------------------------------------------------------------ OpenMPI
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="needs OpenMPI's mpirun (apt-get install openmpi-bin; "
+                                         "make test installs it when run as root)")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_mpirun
+def test_mpirun_runs_train_py(tmp_path):
+    port = _free_port()
+    check(run(["mpirun", "-n", "2", "--allow-run-as-root", "-x", "MASTER_ADDR=127.0.0.1",
+               "-x", f"MASTER_PORT={port}", PY, "train.py"] + JOB + ["-o", f"output.run_dir={tmp_path}"],
+              timeout=180))
+    assert len(_digests(tmp_path)) == 1
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["test_samples"] == 1000   # exact evaluation
+
+
+@needs_mpirun
+def test_mpirun_mode_with_a_hostfile(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    result = check(run(["train.py"] + JOB + ["-o", "dist.launcher=mpirun", "-o", f"dist.hostfile={hostfile}",
+                                             "-o", f"output.run_dir={tmp_path / 'run'}"], timeout=180))
+    assert "starting 2 ranks with mpirun" in result.stdout
+    assert len(_digests(tmp_path / "run")) == 1
