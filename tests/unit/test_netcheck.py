@@ -136,7 +136,7 @@ def test_remote_master_through_other_interface(fake_host):
 
 @pytest.mark.parametrize("spec", ["^eth", "^=eth0", "^docker,eth0"])
 def test_remote_master_excluded(fake_host, spec):
-    with pytest.raises(NetworkError, match=f"excludes eth0, but the master 198.18.0.2 is reached "
+    with pytest.raises(NetworkError, match="excludes eth0, but the master 198.18.0.2 is reached "
                                            "through eth0: set dist.nccl.socket_ifname=eth0"):
         check("198.18.0.2:6170", socket_ifname=spec)
 
