@@ -143,8 +143,15 @@ def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
     if cfg.dist.nnodes == 1 or cfg.dist.node_rank != 0:
         return
     print("paddle_dist: run this on the other machines (same code, config and data paths):")
+    kept: List[str] = []
+    for arg in script_args:          # drop this node's own -o dist.node_rank=...
+        if arg.startswith("dist.node_rank="):
+            if kept and kept[-1] in ("-o", "--override"):
+                kept.pop()
+            continue
+        kept.append(arg)
     for node in range(1, cfg.dist.nnodes):
-        args = [a for a in script_args] + ["-o", f"dist.node_rank={node}"]
+        args = kept + ["-o", f"dist.node_rank={node}"]
         print("  " + " ".join(shlex.quote(a) for a in ["python", os.path.relpath(script)] + args),
               flush=True)
 
