@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -22,6 +23,18 @@ PY = sys.executable
 def session_members(sid: int) -> List[int]:
     """Live PIDs whose session id is `sid`."""
     return [pid for pid, state, _, session in process_table() if session == sid and state != "Z"]
+
+
+def settled_session(sid: int, grace_s: float = 10.0) -> List[int]:
+    """Members of session `sid` still alive after `grace_s` seconds. A helper process that
+    is exiting at the moment its parent ended (multiprocessing's resource tracker, say) is
+    given that long to go; one that stays is an orphan."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = session_members(sid)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,
@@ -41,7 +54,7 @@ def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = N
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
     finally:
-        left = session_members(proc.pid)
+        left = settled_session(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind by {' '.join(args)}: {left}"

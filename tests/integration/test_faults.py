@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from .procs import PY, ROOT, check, run, session_members
+from .procs import PY, ROOT, check, run, settled_session
 
 # 4,000 MNIST images, 2 ranks x 32 = 63 steps an epoch; the MLP keeps steps cheap.
 JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32"]
@@ -128,7 +128,7 @@ def _finish(proc, killer, lines):
         out, err = proc.communicate(timeout=120)
     finally:
         killer.cancel()
-        left = session_members(proc.pid)
+        left = settled_session(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
