@@ -3,7 +3,7 @@
 Why a separate process: while a rank waits in Paddle's rendezvous, the C++ code holds
 Python's GIL, so no thread of the rank itself can run to notice the time.
 
-Usage: python _deadline.py PID SECONDS MESSAGE [STATUS_FILE]
+Usage: python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
 Exits quietly when its stdin closes (the rank finished in time, or died); otherwise, after
 SECONDS, prints MESSAGE, records it in STATUS_FILE (a paddle_dist rank status) and
 SIGKILLs PID.
@@ -20,14 +20,14 @@ import time
 EXIT_RENDEZVOUS = 3
 
 
-def main(pid: int, seconds: float, message: str, status_file: str = "") -> int:
+def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0") -> int:
     ready, _, _ = select.select([sys.stdin], [], [], seconds)
     if ready:
         return 0
     sys.stderr.write(f"paddle_dist: {message}\n")
     sys.stderr.flush()
     if status_file:
-        record = {"rank": int(os.environ.get("PADDLE_TRAINER_ID", "0")), "pid": pid,
+        record = {"rank": int(rank), "pid": pid,
                   "host": socket.gethostname(), "state": "failed", "step": 0, "time": time.time(),
                   "error_type": "RendezvousTimeout", "error": message,
                   "exit_code": EXIT_RENDEZVOUS}
@@ -41,4 +41,4 @@ def main(pid: int, seconds: float, message: str, status_file: str = "") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:5]))
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:6]))

@@ -219,7 +219,7 @@ class Monitor:
 
 
 @contextlib.contextmanager
-def deadline(seconds: float, message: str, status_file: Optional[Path] = None):
+def deadline(seconds: float, message: str, status_file: Optional[Path] = None, rank: int = 0):
     """Kill this process with `message` if the block is not done in `seconds`.
 
     Used around the rendezvous, where Paddle would otherwise wait forever for a peer. A
@@ -232,7 +232,7 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None):
         return
     script = Path(__file__).with_name("_deadline.py")
     watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
-                                 str(status_file or "")], stdin=subprocess.PIPE)
+                                 str(status_file or ""), str(rank)], stdin=subprocess.PIPE)
     try:
         yield
     finally:

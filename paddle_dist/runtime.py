@@ -42,7 +42,7 @@ def setup(cfg) -> envlib.DistEnv:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).
             with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg),
-                                                 _status_file(env, cfg)):
+                                                 _status_file(env, cfg), env.global_rank):
                 dist.init_parallel_env()
         _ENV = env
     seed_everything(cfg.train.seed)
@@ -121,7 +121,8 @@ def make_run_dir(cfg, env) -> Path:
             chosen = [f"{_FAILED}{exc}"]
     if env.is_distributed:
         # The other ranks wait here for rank 0's choice, or for its error.
-        with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg), _status_file(env, cfg)):
+        with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg), _status_file(env, cfg),
+                             env.global_rank):
             dist.broadcast_object_list(chosen, src=0)
     if chosen[0].startswith(_FAILED):
         raise UserError(chosen[0][len(_FAILED):])
