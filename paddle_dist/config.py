@@ -337,11 +337,12 @@ def _validate_nodes(d: DistConfig) -> None:
 def _validate_fault(spec: str) -> None:
     if not spec:
         return
+    from .faults import FAULT_KINDS
+
     parts = spec.split(":")
-    kinds = ("raise", "exit", "kill", "hang", "slowsave")
-    if len(parts) != 3 or parts[0] not in kinds or not all(p.isdigit() for p in parts[1:]):
+    if len(parts) != 3 or parts[0] not in FAULT_KINDS or not all(p.isdigit() for p in parts[1:]):
         raise ConfigError(f"faults.inject {spec!r} must be KIND:RANK:STEP with KIND one of "
-                          f"{', '.join(kinds)}, e.g. raise:1:5")
+                          f"{', '.join(FAULT_KINDS)}, e.g. raise:1:5")
 
 
 def get_key(cfg: Config, dotted: str) -> Any:

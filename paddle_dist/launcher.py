@@ -125,24 +125,25 @@ def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequ
     return tuple(argv + [script, *script_args])
 
 
+def _hostfile_entries(path: str):
+    """The word lists of an OpenMPI hostfile's lines, comments and blank lines left out."""
+    for line in open(path).read().splitlines():
+        words = line.split("#")[0].split()
+        if words:
+            yield words
+
+
 def hostfile_slots(path: str) -> int:
     """Total slots of an OpenMPI hostfile ("node1 slots=8" lines; a bare host is 1 slot)."""
     total = 0
-    for line in open(path).read().splitlines():
-        words = line.split("#")[0].split()
-        if not words:
-            continue
+    for words in _hostfile_entries(path):
         slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
         total += int(slots[0]) if slots and slots[0].isdigit() else 1
     return max(total, 1)
 
 
 def hostfile_first_host(path: str) -> str:
-    for line in open(path).read().splitlines():
-        words = line.split("#")[0].split()
-        if words:
-            return words[0]
-    return "127.0.0.1"
+    return next((words[0] for words in _hostfile_entries(path)), "127.0.0.1")
 
 
 def mpirun_master(cfg) -> Dict[str, str]:

@@ -148,8 +148,7 @@ def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
     else:   # no traceback recorded (killed, or not a paddle_dist rank): its last output
         output = logs.get(rank) or cause.get("log")
         lines += [f"  | {line}" for line in _tail(output, 6)] if output else []
-    others = sorted(set(status) | set(exit_codes) - {rank})
-    others = [r for r in others if r != rank]
+    others = sorted((set(status) | set(exit_codes)) - {rank})
     if others:
         lines.append("  stopped as a consequence: " + ", ".join(f"rank {r}" for r in others))
     return Report(code, lines)

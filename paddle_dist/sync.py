@@ -87,12 +87,7 @@ class GradSync(ClipGradBase):
         return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(group, pieces)}
 
     def _all_reduce(self, tensor) -> None:
-        guard = self.phase("comm") if self.phase else contextlib.nullcontext()
-        with guard:
-            try:
-                dist.all_reduce(tensor)
-            except RuntimeError as exc:
-                raise PeerFailure(f"gradient all-reduce failed: {_first_line(exc)}") from exc
+        collective(dist.all_reduce, tensor, phase=self.phase, what="gradient all-reduce")
 
 
 def _first_line(exc: BaseException) -> str:
