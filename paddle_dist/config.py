@@ -33,6 +33,8 @@ class DataConfig:
     num_samples: int = 4096        # synthetic / linear: training samples
     num_eval_samples: int = 1024   # synthetic / linear: evaluation samples
     seed: int = 0                  # synthetic / linear: data generator seed
+    batched: bool = True           # in-memory datasets: gather each batch with one indexing op
+                                   # (false: paddle.io.DataLoader, per-sample __getitem__ + collate)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class TrainConfig:
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw
     max_steps: int = 0             # stop after this many steps in total; 0 = run all epochs
+    accumulate_steps: int = 1      # micro-batches of batch_size per optimizer step (loop api);
+                                   # gradients are communicated once per optimizer step
     log_every: int = 20            # steps between progress lines
 
 
@@ -88,6 +92,15 @@ class DistConfig:
 
 
 @dataclass
+class SyncConfig:
+    mode: str = "fused"            # fused: flat buffers all-reduced once per optimizer step |
+                                   # dataparallel: paddle.DataParallel's reducer inside backward()
+    bucket_mb: float = 0.0         # fused: cap each buffer at this many MB; 0 = one buffer
+    compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
+                                   # (half the bytes; approximate, opt-in)
+
+
+@dataclass
 class CheckpointConfig:
     every_epochs: int = 1          # 0 = never
     every_steps: int = 0           # also every N optimizer steps (mid-epoch); 0 = never
@@ -113,6 +126,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
@@ -128,13 +142,15 @@ CHOICES = {
     "train.optimizer": ("adam", "sgd", "momentum"),
     "dist.launcher": ("launch", "spawn", "mpirun"),
     "dist.backend": ("auto", "gloo", "nccl"),
+    "sync.mode": ("fused", "dataparallel"),
+    "sync.compress": ("none", "bf16", "fp16"),
 }
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
-POSITIVE += ("dist.nnodes",)
+POSITIVE += ("dist.nnodes", "train.accumulate_steps")
 NON_NEGATIVE = ("dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
-                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts")
+                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
 
 
 def resolve_path(name_or_path: str) -> Path:
@@ -310,6 +326,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr must be a finite number > 0 (got {cfg.train.lr!r})")
     _validate_fault(cfg.faults.inject)
     _validate_nodes(cfg.dist)
+    _validate_sync(cfg)
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
@@ -332,6 +349,15 @@ def _validate_nodes(d: DistConfig) -> None:
     if d.hostfile and not Path(d.hostfile).is_file():
         raise ConfigError(f"dist.hostfile {d.hostfile!r} not found; give an OpenMPI hostfile "
                           "with lines like 'node1 slots=8'")
+
+
+def _validate_sync(cfg: Config) -> None:
+    s = cfg.sync
+    if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb):
+        raise ConfigError("sync.compress and sync.bucket_mb apply to sync.mode=fused; "
+                          "paddle.DataParallel's reducer has its own buckets and no compression")
+    if cfg.train.accumulate_steps > 1 and cfg.train.api != "loop":
+        raise ConfigError("train.accumulate_steps > 1 needs train.api=loop")
 
 
 def _validate_fault(spec: str) -> None:

@@ -1,4 +1,4 @@
-"""Gradient averaging as one explicit, fused all-reduce per optimizer step.
+"""Gradient averaging as explicit, fused all-reduces once per optimizer step.
 
 `paddle.DataParallel` all-reduces gradients from hooks inside `backward()`. When a peer
 dies there, gloo's exception is thrown through C++ and the surviving rank is killed by
@@ -6,15 +6,21 @@ SIGABRT: it can neither log nor save. Here the gradients are averaged by a plain
 call just before the optimizer update (Paddle applies `optimizer._grad_clip` to the
 gradients at exactly that point, in `step()` and `minimize()` alike, which serves the
 `loop` and the `hapi` path without touching either). A peer failure then surfaces as a
-`PeerFailure` exception. One fused buffer is also faster than DataParallel's buckets on
-CPU (PADDLE_NOTES.md: 1.24x for an MLP).
+`PeerFailure` exception, and gradient accumulation communicates once per optimizer step
+by construction. Few large all-reduces are also faster than DataParallel's many
+(docs/benchmarks.md).
 
-The same all-reduce carries one extra number, the count of ranks asking to stop
+The first buffer carries one extra number, the count of ranks asking to stop
 (preemption), so every rank learns of a stop request at the same step at no extra cost.
 
+Options (config `sync:`): `bucket_mb` caps the buffers' size; `compress: bf16|fp16` sends
+16-bit gradients (approximate); `mode: dataparallel` leaves the averaging to Paddle's
+reducer instead.
+
 Example:
-    sync = GradSync(env, heartbeat)
+    sync = GradSync.from_config(env, cfg.sync, monitor.phase)
     sync.attach(optimizer)          # before the first step
+    model = wrap(net, env, sync)    # DataParallel with its reducer off (mode fused)
     ...; optimizer.step(); if sync.stop_requested: ...
 """
 
@@ -27,20 +33,43 @@ import paddle
 import paddle.distributed as dist
 from paddle.nn.clip import ClipGradBase
 
+from .errors import ConfigError
+
 
 class PeerFailure(RuntimeError):
     """A collective failed: another rank died, hung, or the connection broke."""
 
 
+STOP_CHECK_EVERY = 16   # sync.mode=dataparallel: steps between the (separate) stop-flag all-reduces
+HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
+
+
 class GradSync(ClipGradBase):
-    """Averages gradients over all ranks, then applies the optimizer's own clipping."""
+    """Averages gradients over all ranks, then applies the optimizer's own clipping.
+
+    mode "fused": the gradients go out in flat buffers (one per dtype, or capped at
+    `bucket_mb` MiB each), optionally cast to 16 bits (`compress`), once per optimizer
+    step. mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
+    backward(); only the stop flag is exchanged, every STOP_CHECK_EVERY steps.
+    """
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
-                 want_stop: Callable[[], bool] = lambda: False):
+                 want_stop: Callable[[], bool] = lambda: False, mode: str = "fused",
+                 bucket_mb: float = 0.0, compress: str = "none"):
         super().__init__()
+        if compress == "fp16" and env.backend == "gloo":
+            raise ConfigError("sync.compress=fp16 does not work with gloo (Paddle's gloo all-reduce "
+                              "of float16 returns inf); use sync.compress=bf16")
         self.env, self.phase, self.want_stop = env, phase, want_stop
+        self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
         self.inner = None
         self.stop_requested = False
+        self.steps = 0          # optimizer steps seen
+        self.calls = 0          # all-reduce calls issued (gradient buffers and stop flags)
+
+    @classmethod
+    def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":
+        return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress)
 
     def attach(self, optimizer) -> None:
         """Install on `optimizer` (keeping a clip it already has, applied after averaging)."""
@@ -54,40 +83,69 @@ class GradSync(ClipGradBase):
         return self.inner(params_grads) if self.inner is not None else params_grads
 
     def average(self, params_grads):
-        present = [(p, g) for p, g in params_grads if g is not None]
-        stop = 1.0 if self.want_stop() else 0.0
+        self.steps += 1
+        flag = paddle.to_tensor([1.0 if self.want_stop() else 0.0], dtype="float32")
         if not self.env.is_distributed:
-            self.stop_requested = bool(stop)
+            self.stop_requested = bool(flag.numpy()[0])
             return params_grads
-        by_dtype = {}
-        for p, g in present:
-            by_dtype.setdefault(g.dtype, []).append((p, g))
+        if self.mode == "dataparallel":
+            if self.steps % STOP_CHECK_EVERY == 0:
+                self._all_reduce(flag, "stop-flag all-reduce")
+                self.stop_requested = float(flag.numpy()[0]) > 0
+            return params_grads
+        buckets = self.buckets([(p, g) for p, g in params_grads if g is not None])
         averaged = {}
-        flag = paddle.to_tensor([stop], dtype="float32")
-        for dtype, group in by_dtype.items():
-            averaged.update(self._reduce(group, flag if dtype == paddle.float32 else None))
-        if paddle.float32 not in by_dtype:
-            self._all_reduce(flag)
+        for i, bucket in enumerate(buckets):
+            averaged.update(self._reduce(bucket, flag if i == 0 else None))
+        if not buckets:
+            self._all_reduce(flag, "stop-flag all-reduce")
         self.stop_requested = float(flag.numpy()[0]) > 0
         return [(p, averaged.get(id(p), g)) for p, g in params_grads]
 
-    def _reduce(self, group, flag):
+    def buckets(self, present) -> List[list]:
+        """Group (param, grad) pairs by dtype, in order, each group at most bucket_bytes
+        (a gradient larger than the cap gets a bucket of its own)."""
+        by_dtype = {}
+        for p, g in present:
+            by_dtype.setdefault(g.dtype, []).append((p, g))
+        out = []
+        for group in by_dtype.values():
+            current, size = [], 0
+            for p, g in group:
+                nbytes = int(g.size) * g.element_size()
+                if current and self.bucket_bytes and size + nbytes > self.bucket_bytes:
+                    out.append(current)
+                    current, size = [], 0
+                current.append((p, g))
+                size += nbytes
+            out.append(current)
+        return out
+
+    def _reduce(self, bucket, flag):
         """All-reduce one flat buffer (plus the stop flag); return {id(param): mean grad}."""
-        parts: List[paddle.Tensor] = [g.reshape([-1]) for _, g in group]
+        dtype = bucket[0][1].dtype
+        parts: List[paddle.Tensor] = [g.reshape([-1]) for _, g in bucket]
         if flag is not None:
-            parts.append(flag)
+            parts.append(flag.astype(dtype))
         flat = paddle.concat(parts)
-        self._all_reduce(flat)
+        wire = HALF.get(self.compress)
+        if wire is not None and dtype == paddle.float32:
+            sent = flat.astype(wire)
+            self._all_reduce(sent, "gradient all-reduce")
+            flat = sent.astype(dtype)
+        else:
+            self._all_reduce(flat, "gradient all-reduce")
         if flag is not None:
-            flag.set_value(flat[-1:])
+            flag.set_value(flat[-1:].astype("float32"))
             flat = flat[:-1]
         flat = flat / self.env.world_size
-        sizes = [int(g.size) for _, g in group]
+        sizes = [int(g.size) for _, g in bucket]
         pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
-        return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(group, pieces)}
+        return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(bucket, pieces)}
 
-    def _all_reduce(self, tensor) -> None:
-        collective(dist.all_reduce, tensor, phase=self.phase, what="gradient all-reduce")
+    def _all_reduce(self, tensor, what: str) -> None:
+        self.calls += 1
+        collective(dist.all_reduce, tensor, phase=self.phase, what=what)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -103,6 +161,17 @@ def collective(fn, *args, phase=None, what: str = "collective"):
             return fn(*args)
         except RuntimeError as exc:
             raise PeerFailure(f"{what} failed: {_first_line(exc)}") from exc
+
+
+def wrap(net, env, sync: GradSync):
+    """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
+    reducer switched off unless sync.mode=dataparallel; `net` itself on a single process."""
+    if not env.is_distributed:
+        return net
+    model = paddle.DataParallel(net)
+    if sync.mode != "dataparallel":
+        disable_reducer(model)
+    return model
 
 
 def disable_reducer(data_parallel) -> None:

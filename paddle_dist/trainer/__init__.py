@@ -89,17 +89,19 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
 
 def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
-    grad_sync = GradSync(env, monitor.phase, monitor.want_stop)
+    grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop)
     grad_sync.attach(optimizer)
     digest = checkpoint.config_hash(cfg.to_dict())
     start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
-    per_epoch = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
-                                cfg.train.drop_last)
+    micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
+                            cfg.train.drop_last)
+    per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
     limit = total_steps(cfg, per_epoch)
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
-    progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs, cfg.train.batch_size,
+    progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs,
+                               cfg.train.batch_size * cfg.train.accumulate_steps,
                                cfg.train.log_every, limit, start.global_step)
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
                       limit, digest)
@@ -113,6 +115,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     result = session.result
     result.losses, result.steps = progress.losses, session.pos.global_step
     result.samples_per_s = progress.samples_per_s
+    result.comm_calls = grad_sync.calls
     return result
 
 

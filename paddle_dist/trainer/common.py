@@ -7,6 +7,7 @@ seeding, sharding, evaluation, checkpoints and resume.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -41,8 +42,10 @@ class Result:
     losses: List[float] = field(default_factory=list)      # this rank's loss per step (this run)
     history: List[Dict[str, float]] = field(default_factory=list)  # per epoch, same on all ranks
     samples_per_s: float = 0.0
+    step_times: List[float] = field(default_factory=list)  # perf_counter() after each step (this run)
     wall_time_s: float = 0.0
     steps: int = 0                    # optimizer steps in total, including resumed ones
+    comm_calls: int = 0               # all-reduces issued by the gradient sync (this run)
     resumed_from: Optional[str] = None
 
     @property
@@ -103,10 +106,34 @@ class ResumableBatchSampler(paddle.io.DistributedBatchSampler):
                 yield batch
 
 
+class BatchLoader:
+    """Batches of an in-memory dataset, each gathered by one `dataset.batch(indices)` call
+    (one fancy-indexing op per array) instead of a `__getitem__` per sample and a collate.
+    Any dataset offering `batch(indices) -> (x, y)` of numpy arrays can use it."""
+
+    def __init__(self, dataset, batch_sampler):
+        self.dataset, self.batch_sampler = dataset, batch_sampler
+
+    def __iter__(self):
+        for indices in self.batch_sampler:
+            x, y = self.dataset.batch(indices)
+            yield paddle.to_tensor(x), paddle.to_tensor(y)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+
+def loader_for(dataset, batch_sampler, batched: bool = True):
+    """BatchLoader when the dataset can gather batches (and `batched`), else a DataLoader."""
+    if batched and callable(getattr(dataset, "batch", None)):
+        return BatchLoader(dataset, batch_sampler)
+    return paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=0)
+
+
 def train_loader(parts: Parts, cfg, env):
     sampler = ResumableBatchSampler(parts.train_data, cfg.train.batch_size, env,
                                     cfg.train.shuffle, cfg.train.drop_last)
-    return paddle.io.DataLoader(parts.train_data, batch_sampler=sampler, num_workers=0), sampler
+    return loader_for(parts.train_data, sampler, cfg.data.batched), sampler
 
 
 class ExactShardSampler(paddle.io.BatchSampler):
@@ -137,12 +164,13 @@ def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
 
 @paddle.no_grad()
 def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int,
-             beat: Callable[[], None] = lambda: None, phase=None) -> Dict[str, float]:
+             beat: Callable[[], None] = lambda: None, phase=None,
+             batched: bool = True) -> Dict[str, float]:
     """Loss (and accuracy for classification) over the whole dataset, identical on all ranks."""
     was_training = net.training
     net.eval()
     sampler = ExactShardSampler(len(dataset), batch_size, env.global_rank, env.world_size)
-    loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
+    loader = loader_for(dataset, sampler, batched)
     loss_sum = correct = count = 0.0
     for x, y in loader:
         out = net(x)
@@ -193,6 +221,7 @@ class Session:
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self._epoch_losses.append(loss)
+        self.result.step_times.append(time.perf_counter())
         self.progress.step(loss, float(self.optimizer.get_lr()))
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         if self.sync.stop_requested:
@@ -211,7 +240,7 @@ class Session:
         if self.parts.eval_data is not None:
             found = evaluate(self.parts.model, self.parts.eval_data, self.parts.loss, self.parts.task,
                              self.env, self.cfg.train.eval_batch_size, self.monitor.beat,
-                             self.monitor.phase)
+                             self.monitor.phase, self.cfg.data.batched)
             metrics.update({f"eval_{k}": v for k, v in found.items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],

@@ -45,7 +45,7 @@ def run(session: Session) -> None:
 def _fit(session: Session) -> None:
     cfg, env = session.cfg, session.env
     model = paddle.Model(session.parts.model)
-    if env.is_distributed:
+    if env.is_distributed and session.sync.mode != "dataparallel":
         disable_reducer(model._adapter.ddp_model)
     model.prepare(optimizer=session.optimizer, loss=session.parts.loss)
     loader, sampler = train_loader(session.parts, cfg, env)

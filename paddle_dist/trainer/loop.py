@@ -2,37 +2,66 @@
 
 `init_parallel_env()` (in runtime.setup), `paddle.DataParallel`, and a distributed batch
 sampler whose epoch is set every epoch. The gradients are averaged by `GradSync` when the
-optimizer steps (see sync.py for why not inside backward).
+optimizer steps (see sync.py for why not inside backward), so `train.accumulate_steps`
+micro-batches cost one communication; with sync.mode=dataparallel the micro-batches but
+the last run under `no_sync()` for the same effect.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import paddle
 
-from ..sync import disable_reducer
+from ..sync import wrap
 from .common import Session, train_loader
 
 
 def run(session: Session) -> None:
     parts, cfg, env = session.parts, session.cfg, session.env
     net = parts.model
-    model = net
-    if env.is_distributed:
-        model = paddle.DataParallel(net)   # broadcasts rank 0's weights
-        disable_reducer(model)
+    model = wrap(net, env, session.sync)
+    reducer_on = isinstance(model, paddle.DataParallel) and session.sync.mode == "dataparallel"
     loader, sampler = train_loader(parts, cfg, env)
-    optimizer = session.optimizer
+    k = cfg.train.accumulate_steps
     net.train()
     for epoch in range(session.pos.epoch, cfg.train.epochs):
-        sampler.start(epoch, session.pos.step_in_epoch if epoch == session.pos.epoch else 0)
+        done = session.pos.step_in_epoch if epoch == session.pos.epoch else 0
+        sampler.start(epoch, done * k)
         session.begin_epoch(epoch)
-        for x, y in loader:
-            loss = parts.loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.clear_grad()
-            if session.after_step(float(loss)):
+        for group in groups(loader, k):
+            loss = step(model, parts.loss, group, session.optimizer, reducer_on)
+            if session.after_step(loss):
                 break
         session.end_epoch(epoch)
         if session.done:
             break
+
+
+def groups(batches, k: int):
+    """Consecutive lists of k batches (the epoch's last list may be shorter)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == k:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def step(model, loss_fn, group, optimizer, reducer_on: bool) -> float:
+    """One optimizer step over the micro-batches in `group`; returns their mean loss.
+
+    Each micro-batch's mean loss is divided by the group's size, so the summed gradient
+    is that of the mean loss over all the group's samples (equal micro-batch sizes)."""
+    total = 0.0
+    for i, (x, y) in enumerate(group):
+        quiet = reducer_on and i < len(group) - 1
+        with model.no_sync() if quiet else contextlib.nullcontext():
+            loss = loss_fn(model(x), y)
+            (loss / len(group) if len(group) > 1 else loss).backward()
+        total += float(loss)
+    optimizer.step()
+    optimizer.clear_grad()
+    return total / len(group)

@@ -1,0 +1,134 @@
+"""Each gradient-sync option against Paddle's own DataParallel, on 2 real ranks.
+
+This file is also the script: one `paddle.distributed.launch` of 2 ranks trains the same
+network (same seed, same data order) once per variant in one process group, and each rank
+writes every variant's final weights and sync counts to <out>/rank<N>.npz / .json.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+STEPS = 20
+BATCH = 16             # per rank
+SAMPLES = 640          # 20 steps of 2 x 16 per epoch
+# name -> config overrides; "dataparallel" (Paddle's reducer inside backward) is the reference.
+VARIANTS = {
+    "dataparallel": ["sync.mode=dataparallel"],
+    "fused": [],
+    "buckets": ["sync.bucket_mb=0.001"],     # W1 | b1 | W2 b2: 3 buffers
+    "bf16": ["sync.compress=bf16"],
+    "accumulate": [f"train.batch_size={BATCH // 2}", "train.accumulate_steps=2"],
+    "accumulate_dataparallel": ["sync.mode=dataparallel", f"train.batch_size={BATCH // 2}",
+                                "train.accumulate_steps=2"],
+    "hapi_fused": ["train.api=hapi"],
+}
+
+
+# ----------------------------------------------------------------- the script
+def make_net(paddle):
+    paddle.seed(7)
+    return paddle.nn.Sequential(paddle.nn.Linear(784, 24), paddle.nn.ReLU(), paddle.nn.Linear(24, 10))
+
+
+def train_all(out: Path) -> None:
+    import paddle
+
+    import paddle_dist
+    from paddle_dist.data import mnist_dataset
+
+    train_data = mnist_dataset("", "train", flatten=True)
+    train_data.x, train_data.y = train_data.x[:SAMPLES], train_data.y[:SAMPLES]
+    rank, weights, info = None, {}, {}
+    for key, value in make_net(paddle).state_dict().items():
+        weights[f"initial/{key}"] = value.numpy()
+    for name, overrides in VARIANTS.items():
+        cfg = paddle_dist.load_config(overrides=[
+            f"train.batch_size={BATCH}", f"train.max_steps={STEPS}", "train.epochs=1",
+            "checkpoint.every_epochs=0", "train.log_every=100", f"output.run_dir={out}/{name}",
+            *overrides])
+        env = paddle_dist.setup(cfg)
+        rank = env.global_rank
+        net = make_net(paddle)
+        result = paddle_dist.fit(net, train_data, config=cfg,
+                                 optimizer=lambda ps: paddle.optimizer.SGD(0.05, parameters=ps))
+        for key, value in net.state_dict().items():
+            weights[f"{name}/{key}"] = value.numpy()
+        info[name] = {"steps": result.steps, "comm_calls": result.comm_calls,
+                      "world_size": env.world_size}
+    np.savez(out / f"rank{rank}.npz", **weights)
+    (out / f"rank{rank}.json").write_text(json.dumps(info))
+
+
+# ----------------------------------------------------------------- the tests
+if __package__:
+    from .procs import check, run
+
+SCRIPT = str(Path(__file__).resolve())
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sync")
+    check(run(["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+               str(out / "log"), SCRIPT, "--out", str(out)], timeout=300))
+    return [(dict(np.load(out / f"rank{r}.npz")), json.loads((out / f"rank{r}.json").read_text()))
+            for r in (0, 1)]
+
+
+def variant(weights, name):
+    return {k.split("/", 1)[1]: v for k, v in weights.items() if k.startswith(name + "/")}
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys() and a
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def test_every_variant_ran_on_two_ranks_and_the_ranks_agree_bit_for_bit(ranks):
+    (w0, info0), (w1, info1) = ranks
+    for name in VARIANTS:
+        assert info0[name]["world_size"] == 2 and info0[name]["steps"] == STEPS, name
+        assert max_diff(variant(w0, name), variant(w1, name)) == 0.0, name
+
+
+@pytest.mark.parametrize("name", ["fused", "buckets", "accumulate", "accumulate_dataparallel",
+                                  "hapi_fused"])
+def test_exact_options_equal_paddle_dataparallel(ranks, name):
+    weights = ranks[0][0]
+    reference = variant(weights, "dataparallel")
+    assert max_diff(variant(weights, name), reference) <= 1e-6
+    # ...and training moved the weights far more than that: the comparison means something.
+    assert max_diff(variant(weights, name), variant(weights, "initial")) > 1e-2
+
+
+def test_bf16_compression_is_close_but_approximate(ranks):
+    weights = ranks[0][0]
+    diff = max_diff(variant(weights, "bf16"), variant(weights, "dataparallel"))
+    assert 0 < diff <= 5e-3        # 8 mantissa bits: documented as approximate
+
+
+def test_communication_counts(ranks):
+    info = ranks[0][1]
+    assert info["fused"]["comm_calls"] == STEPS             # one buffer, stop flag included
+    assert info["buckets"]["comm_calls"] == 3 * STEPS
+    assert info["accumulate"]["comm_calls"] == STEPS        # 2 micro-batches, one all-reduce
+    assert info["dataparallel"]["comm_calls"] == STEPS // 16   # only the periodic stop flag
+
+
+def test_fp16_compression_on_gloo_is_refused_with_a_clear_error(tmp_path):
+    proc = run(["train.py", "-c", "configs/linear.yaml", "-o", "dist.nprocs=2",
+                "-o", "sync.compress=fp16", "-o", f"output.run_dir={tmp_path}/run"], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "sync.compress=fp16" in proc.stderr and "bf16" in proc.stderr
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    train_all(Path(parser.parse_args().out))
