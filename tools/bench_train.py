@@ -1,0 +1,344 @@
+"""Training throughput: paddle_dist against a raw-Paddle DataParallel loop (and PyTorch DDP
+when torch is installed), at 1 rank and at N ranks, on synthetic MNIST-shaped data.
+
+Usage:
+    python tools/bench_train.py --model lenet --nprocs 2 [--reps 3] [--json out.json]
+    python tools/bench_train.py --model mlp --nprocs 2 --variants paddle_dist,paddle_dist_hapi
+    python tools/bench_train.py --model mlp --variant bf16=sync.compress=bf16
+
+What is measured: samples/s over `--steps` optimizer steps after `--warmup` steps, timed
+inside rank 0 (start-up, data generation and evaluation excluded). Every process runs one
+OpenMP thread. The variants run interleaved (rep 1 of each, then rep 2, ...) so that drift
+of the machine spreads over all of them; the table shows medians.
+
+- efficiency = samples/s at N ranks / (N x samples/s of the same variant on 1 process)
+- vs ref = samples/s at N ranks / that of paddle_dataparallel at N ranks
+
+Variants (--variants, comma-separated):
+- paddle_dist: the loop trainer as configured by default (fused gradient sync, batched data)
+- paddle_dist_hapi: the same job through paddle.Model.fit (train.api=hapi)
+- paddle_dist_dpsync: the loop trainer with Paddle's own DataParallel reducer and a
+  paddle.io.DataLoader, the reference's sync and data path: its gap to the reference is
+  paddle_dist's own overhead
+- paddle_dataparallel: the raw recipe, written below: init_parallel_env, DataParallel,
+  DistributedBatchSampler + DataLoader, Adam
+- torch_ddp: the same model and loop in PyTorch with DistributedDataParallel (gloo)
+- NAME=key=value,key=value (--variant, repeatable): paddle_dist with these config overrides
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROG = "bench_train"
+PADDLE_DIST_VARIANTS = {
+    "paddle_dist": [],
+    "paddle_dist_hapi": ["train.api=hapi"],
+    "paddle_dist_dpsync": ["sync.mode=dataparallel", "data.batched=false"],
+}
+OTHER_VARIANTS = ("paddle_dataparallel", "torch_ddp")
+REFERENCE = "paddle_dataparallel"
+DEFAULT_STEPS = {"lenet": 300, "mlp": 1000}
+LR = 0.001
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        sys.stderr.write(f"{PROG}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("lenet", "mlp"), default="lenet")
+    p.add_argument("--nprocs", type=_positive, default=2, help="ranks of the parallel runs (2)")
+    p.add_argument("--batch", type=_positive, default=64, help="samples per rank per step (64)")
+    p.add_argument("--steps", type=_positive, help="timed steps (lenet 300, mlp 1000)")
+    p.add_argument("--warmup", type=_positive, default=30, help="untimed steps first (30)")
+    p.add_argument("--reps", type=_positive, default=3, help="repetitions of each run (3)")
+    p.add_argument("--variants", default="",
+                   help="comma-separated (default: paddle_dist,paddle_dataparallel and "
+                        "torch_ddp when torch is installed)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                   help="an extra paddle_dist variant with config overrides (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--timeout", type=_positive, default=600, help="seconds per run (600)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--overrides", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.steps = args.steps or DEFAULT_STEPS[args.model]
+    args.custom = dict(_custom_variant(text) for text in args.variant)
+    args.names = _variant_names(args)
+    return args
+
+
+def _custom_variant(text: str):
+    name, sep, overrides = text.partition("=")
+    if not sep or not name or "=" not in overrides:
+        raise SystemExit(f"{PROG}: error: --variant {text!r} must look like NAME=key=value[,key=value]")
+    return name, overrides.split(",")
+
+
+def _variant_names(args) -> List[str]:
+    known = list(PADDLE_DIST_VARIANTS) + list(OTHER_VARIANTS) + list(args.custom)
+    if args.variants:
+        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    else:
+        names = ["paddle_dist", REFERENCE] + (["torch_ddp"] if _have_torch() else [])
+    names += [n for n in args.custom if n not in names]
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"{PROG}: error: unknown variant {name!r}; choose from {', '.join(known)}")
+    if "torch_ddp" in names and not _have_torch():
+        raise SystemExit(f"{PROG}: error: torch_ddp needs PyTorch (pip install torch), which is "
+                         "not installed here")
+    return names
+
+
+def _have_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+# ---------------------------------------------------------------- the driver
+def run_once(args, name: str, world: int, workdir: Path) -> float:
+    """Start one run of `name` on `world` ranks; return its samples/s."""
+    out = workdir / f"{name}-{world}-{time.monotonic_ns()}.json"
+    kind = name if name in OTHER_VARIANTS else "paddle_dist"
+    overrides = PADDLE_DIST_VARIANTS.get(name, args.custom.get(name, []))
+    worker = [str(Path(__file__).resolve()), "--worker", kind, "--model", args.model,
+              "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--out", str(out), "--overrides", ",".join(overrides)]
+    if world == 1:
+        cmd = [sys.executable] + worker
+    elif kind == "torch_ddp":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+               "--master_port", str(_free_port())] + worker
+    else:
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(world),
+               "--log_dir", str(workdir / "logs"), "--log_level", "ERROR"] + worker
+    env = dict(os.environ, **THREADS)
+    proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+    if proc.returncode != 0 or not out.is_file():
+        tail = "\n".join(proc.stdout.splitlines()[-15:])
+        raise RuntimeError(f"{name} on {world} rank(s) failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(out.read_text())["samples_per_s"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(args) -> Dict[str, Dict[int, List[float]]]:
+    runs = {name: {1: [], args.nprocs: []} for name in args.names}
+    worlds = sorted({1, args.nprocs})
+    with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
+        for rep in range(args.reps):
+            for world in worlds:
+                for name in args.names:
+                    value = run_once(args, name, world, Path(tmp))
+                    runs[name][world].append(value)
+                    print(f"rep {rep + 1}/{args.reps}  {name:<22} {world} rank(s)  "
+                          f"{value:>10,.0f} samples/s", flush=True)
+    return runs
+
+
+def summarise(args, runs) -> dict:
+    n = args.nprocs
+    out = {}
+    for name, by_world in runs.items():
+        one, many = statistics.median(by_world[1]), statistics.median(by_world[n])
+        out[name] = {"samples_per_s": many, "samples_per_s_1rank": one,
+                     "efficiency": many / (n * one), "runs": {str(k): v for k, v in by_world.items()}}
+    if REFERENCE in out:
+        for entry in out.values():
+            entry["vs_reference"] = entry["samples_per_s"] / out[REFERENCE]["samples_per_s"]
+    return out
+
+
+def table(args, variants: dict) -> str:
+    n = args.nprocs
+    lines = [f"| variant | 1 rank (samples/s) | {n} ranks (samples/s) | efficiency | vs ref |",
+             "|---|---:|---:|---:|---:|"]
+    for name, v in variants.items():
+        ref = f"{v['vs_reference']:.2f}x" if "vs_reference" in v else "-"
+        lines.append(f"| {name} | {v['samples_per_s_1rank']:,.0f} | {v['samples_per_s']:,.0f} | "
+                     f"{v['efficiency']:.2f} | {ref} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    import platform
+
+    import paddle
+
+    info = {"python": platform.python_version(), "paddle": paddle.__version__,
+            "cpus": os.cpu_count(), "threads_per_rank": 1}
+    if _have_torch():
+        import torch
+
+        info["torch"] = torch.__version__
+    return info
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    print(f"{PROG}: {args.model}, batch {args.batch}/rank, {args.warmup} + {args.steps} steps, "
+          f"1 and {args.nprocs} ranks, {args.reps} reps: {', '.join(args.names)}", flush=True)
+    try:
+        variants = summarise(args, measure(args))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print(table(args, variants))
+    if args.json:
+        result = {"model": args.model, "nprocs": args.nprocs, "batch_per_rank": args.batch,
+                  "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
+                  "machine": machine(), "variants": variants}
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+# ---------------------------------------------------------------- the workers (one per rank)
+def worker_main(args) -> int:
+    total = args.warmup + args.steps
+    times = {"paddle_dist": _paddle_dist_worker, "paddle_dataparallel": _reference_worker,
+             "torch_ddp": _torch_worker}[args.worker](args, total)
+    rank, world = int(os.environ.get("PADDLE_TRAINER_ID", os.environ.get("RANK", "0"))), _world()
+    if rank == 0:
+        elapsed = times[total - 1] - times[args.warmup - 1]
+        Path(args.out).write_text(json.dumps(
+            {"samples_per_s": args.batch * world * args.steps / elapsed, "world": world}))
+    return 0
+
+
+def _world() -> int:
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", os.environ.get("WORLD_SIZE", "1")))
+
+
+def _num_samples(args, total: int) -> int:
+    return args.batch * _world() * total
+
+
+def _paddle_dist_worker(args, total: int) -> List[float]:
+    from paddle_dist import config, worker
+
+    overrides = [f"model.name={args.model}", "data.name=synthetic",
+                 f"data.num_samples={_num_samples(args, total)}", "data.num_eval_samples=64",
+                 "train.epochs=1", f"train.batch_size={args.batch}", f"train.lr={LR}",
+                 "train.drop_last=true", "train.log_every=1000000", "checkpoint.every_epochs=0",
+                 f"output.run_dir={Path(args.out).with_suffix('')}"]
+    overrides += [o for o in args.overrides.split(",") if o]
+    return worker.main(config.load(overrides=overrides)).step_times
+
+
+def _reference_worker(args, total: int) -> List[float]:
+    """The raw Paddle recipe, as its documentation writes it."""
+    import paddle
+    import paddle.distributed as dist
+
+    from paddle_dist import data, models
+
+    world = _world()
+    if world > 1:
+        dist.init_parallel_env()
+    paddle.seed(2024)
+    net = models.build(args.model)
+    model = paddle.DataParallel(net) if world > 1 else net
+    dataset = data.synthetic_classification(_num_samples(args, total))
+    sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=args.batch, shuffle=True,
+                                                drop_last=True)
+    loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
+    optimizer = paddle.optimizer.Adam(learning_rate=LR, parameters=model.parameters())
+    loss_fn = paddle.nn.CrossEntropyLoss()
+    times = []
+    for step, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        if step % 20 == 0:
+            float(loss)
+        times.append(time.perf_counter())
+    return times
+
+
+def _torch_worker(args, total: int) -> List[float]:
+    import torch
+    import torch.distributed as tdist
+    from torch import nn
+
+    from paddle_dist import data
+
+    torch.set_num_threads(1)
+    world = _world()
+    if world > 1:
+        tdist.init_process_group("gloo")
+    torch.manual_seed(2024)
+    if args.model == "mlp":
+        net = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
+    else:
+        net = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                            nn.Linear(84, 10))
+    model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    ds = data.synthetic_classification(_num_samples(args, total))
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(ds.x), torch.from_numpy(ds.y[:, 0]))
+    sampler = (torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True, drop_last=True)
+               if world > 1 else torch.utils.data.RandomSampler(dataset))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, sampler=sampler,
+                                         drop_last=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for step, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0:
+            float(loss)
+        times.append(time.perf_counter())
+    if world > 1:
+        tdist.destroy_process_group()
+    return times
+
+
+if __name__ == "__main__":
+    sys.exit(main())
