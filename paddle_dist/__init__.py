@@ -14,8 +14,18 @@ warnings.filterwarnings("ignore", message="No ccache found")
 
 from .env import DistEnv, detect  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as load_config  # noqa: E402
-from .runtime import seed_everything, setup  # noqa: E402
-from .trainer import fit  # noqa: E402
 
 __all__ = ["Config", "DistEnv", "detect", "fit", "load_config", "seed_everything", "setup"]
+# These import paddle (about a second), which a launcher that only starts ranks never needs.
+_LAZY = {"fit": "trainer", "setup": "runtime", "seed_everything": "runtime"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import traceback
 
 from . import config as configlib
 from . import env as envlib
-from . import faults, launcher, netcheck
+from . import doctor, faults, idx, launcher, netcheck, rundir
 from .errors import UserError
 
 
@@ -85,18 +85,23 @@ def spawn_main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = ()) -> int:
-    from . import runtime, worker
-
     environ, gpu_info, cores = envlib.host_facts()
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
                          environ=environ)
     facts = dict(environ=environ, gpu_info=gpu_info, cpu_count=cores)
     p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
     if p.mode == "none":
+        from . import worker
+
         worker.main(cfg)
         return 0
-    worker.check_pairing(cfg)
-    worker.build_datasets(cfg)        # bad data fails here, once, before any rank starts
+    configlib.check_pairing(cfg)
+    configlib.check_compress(cfg.sync.compress, envlib.select_backend(
+        cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
+    doctor.check(cfg, environ, gpu_info, warn=lambda text: print(text, file=sys.stderr))
+    if cfg.data.name == "mnist":      # bad data fails here, once, before any rank starts
+        for split in ("train", "test"):
+            idx.load_mnist(cfg.data.root, split)
     if cfg.dist.master and (cfg.dist.nnodes > 1 or cfg.dist.hostfile):
         netcheck.check(cfg.dist.master, cfg.dist.nccl.socket_ifname)
         if cfg.dist.nnodes > 1 and not cfg.dist.host:
@@ -106,7 +111,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         first = launcher.hostfile_first_host(cfg.dist.hostfile) if cfg.dist.hostfile else "127.0.0.1"
         cfg.dist.master = f"{first}:{_free_port()}"
         p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
-    run_dir = runtime.create_run_dir(cfg).resolve()
+    run_dir = rundir.create(cfg).resolve()
     cfg.output.run_dir = str(run_dir)
     print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
     _tell_other_nodes(cfg, script, script_args)
@@ -127,14 +132,14 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
 
 
 def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[str]) -> int:
-    from . import worker
-
     if p.mode in ("launch", "mpirun"):
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
                  "-o", f"faults.inject={cfg.faults.inject}", "-o", f"dist.master={cfg.dist.master}"]
         p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
         return launcher.launch(p, run_dir=run_dir)
+    from . import worker     # imports paddle, which spawn needs here anyway
+
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
 
 

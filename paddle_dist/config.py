@@ -145,6 +145,9 @@ CHOICES = {
     "sync.mode": ("fused", "dataparallel"),
     "sync.compress": ("none", "bf16", "fp16"),
 }
+# What each built-in model and dataset is for (the model picks its loss and metric).
+MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification"}
+DATA_TASKS = {"linear": "regression", "mnist": "classification", "synthetic": "classification"}
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
 POSITIVE += ("dist.nnodes", "train.accumulate_steps")
@@ -349,6 +352,23 @@ def _validate_nodes(d: DistConfig) -> None:
     if d.hostfile and not Path(d.hostfile).is_file():
         raise ConfigError(f"dist.hostfile {d.hostfile!r} not found; give an OpenMPI hostfile "
                           "with lines like 'node1 slots=8'")
+
+
+def check_pairing(cfg: Config) -> None:
+    """The built-in job's model and data must be for the same task (not needed by `fit`,
+    which takes the user's own model and data)."""
+    task, data_task = MODEL_TASKS[cfg.model.name], DATA_TASKS[cfg.data.name]
+    if task != data_task:
+        raise ConfigError(f"model.name={cfg.model.name} ({task}) does not fit data.name="
+                          f"{cfg.data.name} ({data_task}); use model.name=linear with data.name=linear, "
+                          "lenet or mlp with mnist or synthetic")
+
+
+def check_compress(compress: str, backend: str) -> None:
+    """sync.compress against the process group's backend, once that is known."""
+    if compress == "fp16" and backend == "gloo":
+        raise ConfigError("sync.compress=fp16 does not work with gloo (Paddle's gloo all-reduce "
+                          "of float16 returns inf); use sync.compress=bf16")
 
 
 def _validate_sync(cfg: Config) -> None:

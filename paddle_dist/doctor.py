@@ -301,14 +301,21 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
-def check(cfg) -> None:
-    """Raise a PreflightError (a UserError) naming the first pre-flight error on this machine.
+def check(cfg, environ: Optional[Mapping[str, str]] = None,
+          gpu_info: Optional[envlib.GpuInfo] = None, warn: Callable[[str], None] = print) -> None:
+    """Raise a PreflightError (a UserError) naming the first pre-flight error on this
+    machine; pass each warning to `warn`. Launchers call it before starting ranks.
 
     Example:
         check(cfg)   # PreflightError: port 6170 of dist.master ... (and 1 more; run ...)
     """
-    environ, gpu_info, _ = envlib.host_facts()
-    errors = [p for p in preflight(cfg, environ, gpu_info) if p.severity == ERROR]
+    if environ is None or gpu_info is None:
+        environ, gpu_info, _ = envlib.host_facts()
+    problems = preflight(cfg, environ, gpu_info)
+    for problem in problems:
+        if problem.severity != ERROR:
+            warn(f"paddle_dist: {problem}")
+    errors = [p for p in problems if p.severity == ERROR]
     if errors:
         more = f" (and {len(errors) - 1} more; {CHECK_HINT})" if len(errors) > 1 else ""
         raise PreflightError(errors[0].message + more)

@@ -17,8 +17,11 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .clusters import CLUSTER_ENVIRONMENTS, EXTERNAL_ENGINES
@@ -91,11 +94,30 @@ def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = 
 
 
 def probe_gpus() -> GpuInfo:
+    """The GPUs Paddle can use. A CPU build is recognised from its version file, without
+    `import paddle` (about a second): a launcher that starts ranks need not import it."""
+    if _build_is_cpu_only():
+        return GpuInfo(False, 0)
     import paddle
 
     if not paddle.is_compiled_with_cuda():
         return GpuInfo(False, 0)
     return GpuInfo(True, paddle.device.cuda.device_count())
+
+
+def _build_is_cpu_only() -> bool:
+    """True when paddle/version/__init__.py says the build has neither CUDA nor ROCm
+    (`cuda_version = 'False'`, `hip_version = 'False'`); False when unsure."""
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = Path(list(spec.submodule_search_locations)[0]) / "version" / "__init__.py"
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    found = dict(re.findall(r"^(cuda_version|hip_version)\s*=\s*'([^']*)'", text, re.M))
+    return found.get("cuda_version") == "False" and found.get("hip_version", "False") == "False"
 
 
 # ---------------------------------------------------------------- devices
@@ -335,6 +357,19 @@ def paddle_variables(env: DistEnv) -> Dict[str, str]:
         "PADDLE_LOCAL_SIZE": str(env.local_world_size),
         "PADDLE_NNODES": str(env.nnodes),
     }
+
+
+def store_endpoint() -> Tuple[str, int]:
+    """Where `init_parallel_env` finds rank 0's TCP store, in Paddle 3.3's order
+    (distributed/parallel.py): MASTER_ADDR + MASTER_PORT, PADDLE_MASTER, then the first
+    PADDLE_TRAINER_ENDPOINTS entry. ("", 0) when none is set."""
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    else:
+        endpoint = (os.environ.get("PADDLE_MASTER")
+                    or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0])
+    host, _, port = endpoint.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else ("", 0)
 
 
 def prepare_process_group(env: DistEnv, cfg) -> None:

@@ -11,6 +11,7 @@ from typing import Dict
 import paddle
 from paddle import nn
 
+from .config import MODEL_TASKS
 from .errors import ConfigError
 
 
@@ -57,23 +58,19 @@ class LeNet(nn.Layer):
         return self.classifier(paddle.flatten(self.features(x), start_axis=1))
 
 
-# name -> (constructor, task); the task picks the loss and the evaluation metric.
-REGISTRY: Dict[str, tuple] = {
-    "linear": (LinearNet, "regression"),
-    "mlp": (MLP, "classification"),
-    "lenet": (LeNet, "classification"),
-}
+# name -> constructor; config.MODEL_TASKS says what each is for (its loss and metric).
+REGISTRY: Dict[str, type] = {"linear": LinearNet, "mlp": MLP, "lenet": LeNet}
 
 
 def build(name: str) -> nn.Layer:
-    return _entry(name)[0]()
+    return REGISTRY[_known(name)]()
 
 
 def task_of(name: str) -> str:
-    return _entry(name)[1]
+    return MODEL_TASKS[_known(name)]
 
 
-def _entry(name: str):
+def _known(name: str) -> str:
     if name not in REGISTRY:
         raise ConfigError(f"model.name {name!r} is unknown; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import socket
 import sys
 import time
 import warnings
@@ -21,7 +22,7 @@ import paddle
 import paddle.distributed as dist
 
 from . import env as envlib
-from . import faults, netcheck, supervisor
+from . import faults, netcheck, rundir, supervisor
 from .errors import UserError
 
 _ENV: Optional[envlib.DistEnv] = None
@@ -43,10 +44,25 @@ def setup(cfg) -> envlib.DistEnv:
             # second call returns the existing default group (parallel.py).
             with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg),
                                                  _status_file(env, cfg), env.global_rank):
+                if env.global_rank != 0:
+                    wait_for_store(*envlib.store_endpoint())
                 dist.init_parallel_env()
         _ENV = env
     seed_everything(cfg.train.seed)
     return _ENV
+
+
+def wait_for_store(host: str, port: int) -> None:
+    """Return once rank 0's TCP store accepts connections. Paddle's store client sleeps 3 s
+    after a refused connection, so a rank that starts before rank 0 listens would lose 3 s
+    (half of all 2-rank start-ups here); polling first costs one extra connection. The
+    rendezvous deadline around this bounds the wait."""
+    while host:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.01)
 
 
 def _check_network(env, cfg) -> None:
@@ -116,7 +132,7 @@ def make_run_dir(cfg, env) -> Path:
     chosen = [""]
     if env.is_main:
         try:
-            chosen = [str(create_run_dir(cfg))]
+            chosen = [str(rundir.create(cfg))]
         except UserError as exc:
             chosen = [f"{_FAILED}{exc}"]
     if env.is_distributed:
@@ -127,29 +143,3 @@ def make_run_dir(cfg, env) -> Path:
     if chosen[0].startswith(_FAILED):
         raise UserError(chosen[0][len(_FAILED):])
     return Path(chosen[0]).resolve()
-
-
-def create_run_dir(cfg) -> Path:
-    named = cfg.output.run_dir
-    if not named and cfg.dist.nnodes > 1:
-        # Every machine must agree on the name without talking: derive it from the master.
-        named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
-    if named:
-        path = Path(named)
-        if path.exists() and not path.is_dir():
-            raise UserError(f"output.run_dir {path} is a file; give a directory")
-        if (path / "metrics.json").exists():
-            raise UserError(f"output.run_dir {path} already holds a finished run; "
-                            "choose another output.run_dir or remove that one")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.output.root) / f"{cfg.output.name}-{stamp}"
-    path, n = base, 1
-    while True:
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")

@@ -33,7 +33,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.nn.clip import ClipGradBase
 
-from .errors import ConfigError
+from .config import check_compress
 
 
 class PeerFailure(RuntimeError):
@@ -57,9 +57,7 @@ class GradSync(ClipGradBase):
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "fused",
                  bucket_mb: float = 0.0, compress: str = "none"):
         super().__init__()
-        if compress == "fp16" and env.backend == "gloo":
-            raise ConfigError("sync.compress=fp16 does not work with gloo (Paddle's gloo all-reduce "
-                              "of float16 returns inf); use sync.compress=bf16")
+        check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
         self.inner = None

@@ -10,7 +10,6 @@ import sys
 
 from . import config as configlib
 from . import data, models, runtime, trainer
-from .errors import ConfigError
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
@@ -28,17 +27,8 @@ def build_datasets(cfg):
             data.linear_regression(d.num_eval_samples, seed=d.seed + 1))
 
 
-def check_pairing(cfg) -> None:
-    task = models.task_of(cfg.model.name)
-    data_task = "regression" if cfg.data.name == "linear" else "classification"
-    if task != data_task:
-        raise ConfigError(f"model.name={cfg.model.name} ({task}) does not fit data.name="
-                          f"{cfg.data.name} ({data_task}); use model.name=linear with data.name=linear, "
-                          "lenet or mlp with mnist or synthetic")
-
-
 def build_parts(cfg) -> Parts:
-    check_pairing(cfg)
+    configlib.check_pairing(cfg)
     train_data, eval_data = build_datasets(cfg)
     task = models.task_of(cfg.model.name)
     return Parts(model=models.build(cfg.model.name), train_data=train_data, eval_data=eval_data,
