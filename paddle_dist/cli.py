@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import shlex
-import socket
 import traceback
 
 from . import config as configlib
@@ -109,7 +108,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
             p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
     if p.mode == "mpirun" and not cfg.dist.master:
         first = launcher.hostfile_first_host(cfg.dist.hostfile) if cfg.dist.hostfile else "127.0.0.1"
-        cfg.dist.master = f"{first}:{_free_port()}"
+        cfg.dist.master = f"{first}:{launcher.free_port()}"
         p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
     run_dir = rundir.create(cfg).resolve()
     cfg.output.run_dir = str(run_dir)
@@ -159,12 +158,6 @@ def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
         args = kept + ["-o", f"dist.node_rank={node}"]
         print("  " + " ".join(shlex.quote(a) for a in ["python", os.path.relpath(script)] + args),
               flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _clear_status(run_dir: Path) -> None:

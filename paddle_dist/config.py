@@ -95,7 +95,10 @@ class DistConfig:
 class SyncConfig:
     mode: str = "fused"            # fused: flat buffers all-reduced once per optimizer step |
                                    # dataparallel: paddle.DataParallel's reducer inside backward()
-    bucket_mb: float = 0.0         # fused: cap each buffer at this many MB; 0 = one buffer
+    transport: str = "auto"        # fused: auto (shm when every rank is on this machine's CPU and
+                                   # nothing is compressed, else backend) | shm | backend (the
+                                   # process group's all-reduce: gloo, NCCL)
+    bucket_mb: float = 0.0         # backend transport: cap each buffer at this many MiB; 0 = one
     compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
                                    # (half the bytes; approximate, opt-in)
 
@@ -144,6 +147,7 @@ CHOICES = {
     "dist.backend": ("auto", "gloo", "nccl"),
     "sync.mode": ("fused", "dataparallel"),
     "sync.compress": ("none", "bf16", "fp16"),
+    "sync.transport": ("auto", "shm", "backend"),
 }
 # What each built-in model and dataset is for (the model picks its loss and metric).
 MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification"}
@@ -373,9 +377,12 @@ def check_compress(compress: str, backend: str) -> None:
 
 def _validate_sync(cfg: Config) -> None:
     s = cfg.sync
-    if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb):
-        raise ConfigError("sync.compress and sync.bucket_mb apply to sync.mode=fused; "
-                          "paddle.DataParallel's reducer has its own buckets and no compression")
+    if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb or s.transport == "shm"):
+        raise ConfigError("sync.compress, sync.bucket_mb and sync.transport=shm apply to "
+                          "sync.mode=fused; paddle.DataParallel's reducer has its own buckets")
+    if s.transport == "shm" and s.compress != "none":
+        raise ConfigError("sync.compress saves bytes on the network; with sync.transport=shm "
+                          "nothing crosses one, so use sync.transport=auto or backend")
     if cfg.train.accumulate_steps > 1 and cfg.train.api != "loop":
         raise ConfigError("train.accumulate_steps > 1 needs train.api=loop")
 

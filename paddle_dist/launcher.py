@@ -3,7 +3,10 @@
 Modes:
 - `none`: run in this process: one rank, or processes already started outside
   (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
-- `launch`: `python -m paddle.distributed.launch --nproc_per_node N [--devices ids] script args`;
+- `launch`: on one machine, paddle_dist starts `python script args` N times itself, with
+  the variables `paddle.distributed.launch` would give each rank (`rank_variables`); across
+  machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
+  args` on each, whose HTTP rendezvous finds the other machines' ranks;
 - `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`;
 - `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
   then find themselves through OpenMPI's variables.
@@ -17,11 +20,12 @@ Example:
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import env as envlib
 from . import supervisor
@@ -40,9 +44,11 @@ class LaunchPlan:
     nprocs: int = 1
     gpus: Tuple[str, ...] = ()
     backend: str = "auto"
-    argv: Tuple[str, ...] = ()          # launch mode: the command to run
+    argv: Tuple[str, ...] = ()          # launch mode: the command to run (once per rank if direct)
     env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
-    log_dir: str = ""                   # launch mode: Paddle's workerlog.N files
+    log_dir: str = ""                   # launch mode: the ranks' workerlog.N files
+    direct: bool = False                # launch mode: paddle_dist starts the ranks itself
+    selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
 
 
@@ -92,13 +98,55 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
     variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))
     argv: Tuple[str, ...] = ()
-    if mode == "launch":
+    direct = mode == "launch" and cfg.dist.nnodes == 1
+    if direct:
+        argv = (sys.executable, script, *script_args)
+    elif mode == "launch":
         argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg))
     elif mode == "mpirun":
         variables.update(mpirun_master(cfg))
         argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args)
+    # Paddle's launcher gives a rank its GPU's position among the visible ones.
+    selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
-                      argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout)
+                      argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
+                      direct=direct, selected=selected)
+
+
+def rank_variables(nprocs: int, selected: Sequence[str], port: int,
+                   host: str = "127.0.0.1") -> List[Dict[str, str]]:
+    """Each rank's variables as Paddle 3.3's launcher sets them on one machine
+    (distributed/launch/controllers/collective.py): rank 0 serves the TCP store at
+    host:port. The trainer endpoints are labels that nothing binds on this path (see
+    env.paddle_variables). `selected`: FLAGS_selected_gpus per rank, empty on CPU.
+
+    Example:
+        rank_variables(2, (), 6170)[1]["PADDLE_TRAINER_ID"]   # '1'
+    """
+    endpoints = [f"{host}:{(port + 1 + r) % 65535 + 1}" for r in range(nprocs)]
+    out = []
+    for rank in range(nprocs):
+        variables = {
+            "PADDLE_MASTER": f"{host}:{port}", "PADDLE_GLOBAL_SIZE": str(nprocs),
+            "PADDLE_LOCAL_SIZE": str(nprocs), "PADDLE_GLOBAL_RANK": str(rank),
+            "PADDLE_LOCAL_RANK": str(rank), "PADDLE_NNODES": "1",
+            "PADDLE_CURRENT_ENDPOINT": endpoints[rank], "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_TRAINERS_NUM": str(nprocs), "PADDLE_RANK_IN_NODE": str(rank),
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+        }
+        if selected:
+            variables["FLAGS_selected_gpus"] = selected[rank]
+        else:
+            variables["PADDLE_DISTRI_BACKEND"] = "gloo"
+        out.append(variables)
+    return out
+
+
+def free_port() -> int:
+    """A TCP port free at this moment (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def nodes_of(cfg) -> Tuple[str, ...]:
@@ -170,6 +218,10 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
            run_dir: Optional[Path] = None) -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files."""
+    if p.direct:
+        return supervisor.supervise_ranks(list(p.argv), envlib.child_environ(p.env),
+                                          rank_variables(p.nprocs, p.selected, free_port()),
+                                          run_dir, p.stop_timeout, Path(p.log_dir or "log"))
     if p.mode in ("launch", "mpirun"):
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
                                            p.stop_timeout, Path(p.log_dir or "log"))

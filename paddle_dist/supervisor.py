@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,6 +301,69 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     logs = {r: str(log_dir / f"workerlog.{r}") for r in range(64) if (log_dir / f"workerlog.{r}").exists()}
     return _finish(proc.returncode, request, read_status(run_dir), launcher_exit_codes(err_path),
                    logs, err_path)
+
+
+def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
+                    run_dir: Optional[Path], stop_timeout: float, log_dir: Path) -> int:
+    """Start `argv` once per rank (with `rank_envs[r]` added), each in a session of its
+    own with its output in <log_dir>/workerlog.<r> (rank 0's on this terminal too), and
+    report the job's real outcome: every rank's exit code or signal is known first hand."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: List[subprocess.Popen] = []
+    tee = None
+    failed_at = [0.0]
+
+    def poll():
+        codes = [p.poll() for p in procs]
+        if failed_at[0] == 0.0 and any(c not in (None, 0) for c in codes):
+            failed_at[0] = time.monotonic()
+        if failed_at[0] and time.monotonic() - failed_at[0] > GRACE_S:
+            everyone(signal.SIGKILL)
+        return all(c is not None for c in codes)
+
+    def everyone(sig):
+        for p in procs:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    try:
+        for rank, extra in enumerate(rank_envs):
+            with open(log_dir / f"workerlog.{rank}", "wb") as log:
+                procs.append(subprocess.Popen(
+                    argv, env=dict(child_env, **extra), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=die_with_parent))
+            if rank == 0:
+                tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0"),
+                                       daemon=True)
+                tee.start()
+        request = _wait_loop(poll, lambda: [p.pid for p in procs if p.poll() is None],
+                             everyone, stop_timeout)
+    finally:
+        everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
+        for p in procs:
+            p.wait()
+        if tee is not None:
+            tee.join(timeout=5)
+    codes = {rank: p.returncode for rank, p in enumerate(procs)}
+    logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in codes}
+    worst = next((c for c in codes.values() if c), 0)
+    return _finish(worst, request, read_status(run_dir), codes, logs)
+
+
+def _tee(stream, path: Path) -> None:
+    """Copy a rank's output to this terminal and to its log file as it comes."""
+    with open(path, "ab") as log:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            log.write(chunk)
+            log.flush()
+            try:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:

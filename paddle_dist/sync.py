@@ -27,13 +27,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Callable, List, Optional
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 from paddle.nn.clip import ClipGradBase
 
+from . import shm
 from .config import check_compress
+from .errors import ConfigError
 
 
 class PeerFailure(RuntimeError):
@@ -55,11 +60,14 @@ class GradSync(ClipGradBase):
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "fused",
-                 bucket_mb: float = 0.0, compress: str = "none"):
+                 bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto"):
         super().__init__()
         check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
+        self.transport = transport if mode == "fused" else "backend"
+        self.shm: Optional[shm.ShmReducer] = None
+        self.shm_tried = False
         self.inner = None
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
@@ -67,7 +75,8 @@ class GradSync(ClipGradBase):
 
     @classmethod
     def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":
-        return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress)
+        return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
+                   sync_cfg.transport)
 
     def attach(self, optimizer) -> None:
         """Install on `optimizer` (keeping a clip it already has, applied after averaging)."""
@@ -91,7 +100,16 @@ class GradSync(ClipGradBase):
                 self._all_reduce(flag, "stop-flag all-reduce")
                 self.stop_requested = float(flag.numpy()[0]) > 0
             return params_grads
-        buckets = self.buckets([(p, g) for p, g in params_grads if g is not None])
+        present = [(p, g) for p, g in params_grads if g is not None]
+        if self._use_shm(present):
+            fp32 = [(p, g) for p, g in present if g.dtype == paddle.float32]
+            averaged = self._reduce_shm(fp32, flag)
+            buckets = self.buckets([(p, g) for p, g in present if g.dtype != paddle.float32])
+            for bucket in buckets:
+                averaged.update(self._reduce(bucket, None))
+            self.stop_requested = float(flag.numpy()[0]) > 0
+            return [(p, averaged.get(id(p), g)) for p, g in params_grads]
+        buckets = self.buckets(present)
         averaged = {}
         for i, bucket in enumerate(buckets):
             averaged.update(self._reduce(bucket, flag if i == 0 else None))
@@ -140,6 +158,75 @@ class GradSync(ClipGradBase):
         sizes = [int(g.size) for _, g in bucket]
         pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
         return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(bucket, pieces)}
+
+    @property
+    def used(self) -> str:
+        """How gradients travelled: shm, backend (gloo / NCCL), or none (one process)."""
+        if not self.env.is_distributed:
+            return "none"
+        return "shm" if self.shm is not None else "backend"
+
+    def _use_shm(self, present) -> bool:
+        """Whether this step goes through shared memory; the first call sets it up (every
+        rank calls it at the same step, so its collectives line up)."""
+        if self.transport == "backend" or self.compress != "none" or self.env.device != "cpu":
+            return False
+        if not self.shm_tried:
+            self.shm_tried = True
+            count = sum(int(g.size) for _, g in present if g.dtype == paddle.float32) + 1
+            self.shm = self._open_shm(min(count, shm.CHUNK))
+            if self.shm is None and self.transport == "shm":
+                raise ConfigError("sync.transport=shm needs every rank on this machine (same "
+                                  "/dev/shm, x86-64); use sync.transport=auto")
+        return self.shm is not None
+
+    def _open_shm(self, chunk: int) -> Optional[shm.ShmReducer]:
+        """Agree on one segment (or on not using one): rank 0 creates it, the others map
+        it, and rank 0 unlinks it once everyone has."""
+        rank, world = self.env.global_rank, self.env.world_size
+        keys: List[str] = []
+        self._collective(dist.all_gather_object, keys,
+                         shm.host_key() if shm.supported() else f"unsupported-{rank}")
+        if len(set(keys)) != 1:
+            return None
+        reducer, path = None, [""]
+        if rank == 0:
+            try:
+                created = shm.new_path("grads")
+                reducer, path = shm.ShmReducer.create(created, world, chunk), [str(created)]
+            except OSError:
+                pass
+        self._collective(dist.broadcast_object_list, path, 0)
+        if path[0] and rank != 0:
+            try:
+                reducer = shm.ShmReducer.attach(Path(path[0]), rank, world, chunk)
+            except OSError:
+                reducer = None
+        ready: List[bool] = []
+        self._collective(dist.all_gather_object, ready, reducer is not None)
+        if rank == 0 and path[0]:
+            os.unlink(path[0])
+        if not all(ready) and reducer is not None:
+            reducer.close()
+            reducer = None
+        return reducer
+
+    def _reduce_shm(self, group, flag):
+        """The float32 gradients (and the stop flag) summed through shared memory, in place:
+        numpy views of the gradients' own memory (dlpack), no copies but the slot's."""
+        views = [np.from_dlpack(g.detach()).reshape(-1) for _, g in group]
+        stop = np.array([float(flag.numpy()[0])], dtype=np.float32)
+        guard = self.phase("comm") if self.phase else contextlib.nullcontext()
+        with guard:
+            try:
+                self.calls += self.shm.all_reduce(views + [stop], scale=1.0 / self.env.world_size)
+            except shm.PeerGone as exc:
+                raise PeerFailure(f"gradient all-reduce failed: {exc}") from exc
+        flag.set_value(paddle.to_tensor(stop))
+        return {id(p): g for p, g in group}
+
+    def _collective(self, fn, *args) -> None:
+        collective(fn, *args, phase=self.phase, what="shared-memory set-up")
 
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1

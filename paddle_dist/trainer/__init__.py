@@ -115,7 +115,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     result = session.result
     result.losses, result.steps = progress.losses, session.pos.global_step
     result.samples_per_s = progress.samples_per_s
-    result.comm_calls = grad_sync.calls
+    result.comm_calls, result.sync_transport = grad_sync.calls, grad_sync.used
     return result
 
 

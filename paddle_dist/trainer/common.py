@@ -45,7 +45,8 @@ class Result:
     step_times: List[float] = field(default_factory=list)  # perf_counter() after each step (this run)
     wall_time_s: float = 0.0
     steps: int = 0                    # optimizer steps in total, including resumed ones
-    comm_calls: int = 0               # all-reduces issued by the gradient sync (this run)
+    comm_calls: int = 0               # exchanges by the gradient sync (all-reduces or shm rounds)
+    sync_transport: str = "none"      # how gradients travelled: shm | backend | none
     resumed_from: Optional[str] = None
 
     @property

@@ -19,8 +19,9 @@ SAMPLES = 640          # 20 steps of 2 x 16 per epoch
 # name -> config overrides; "dataparallel" (Paddle's reducer inside backward) is the reference.
 VARIANTS = {
     "dataparallel": ["sync.mode=dataparallel"],
-    "fused": [],
-    "buckets": ["sync.bucket_mb=0.001"],     # W1 | b1 | W2 b2: 3 buffers
+    "fused": [],                                     # transport auto: shm on one machine
+    "backend": ["sync.transport=backend"],           # one gloo all-reduce per step
+    "buckets": ["sync.transport=backend", "sync.bucket_mb=0.001"],   # W1 | b1 | W2 b2: 3 buffers
     "bf16": ["sync.compress=bf16"],
     "accumulate": [f"train.batch_size={BATCH // 2}", "train.accumulate_steps=2"],
     "accumulate_dataparallel": ["sync.mode=dataparallel", f"train.batch_size={BATCH // 2}",
@@ -59,7 +60,7 @@ def train_all(out: Path) -> None:
         for key, value in net.state_dict().items():
             weights[f"{name}/{key}"] = value.numpy()
         info[name] = {"steps": result.steps, "comm_calls": result.comm_calls,
-                      "world_size": env.world_size}
+                      "transport": result.sync_transport, "world_size": env.world_size}
     np.savez(out / f"rank{rank}.npz", **weights)
     (out / f"rank{rank}.json").write_text(json.dumps(info))
 
@@ -96,8 +97,8 @@ def test_every_variant_ran_on_two_ranks_and_the_ranks_agree_bit_for_bit(ranks):
         assert max_diff(variant(w0, name), variant(w1, name)) == 0.0, name
 
 
-@pytest.mark.parametrize("name", ["fused", "buckets", "accumulate", "accumulate_dataparallel",
-                                  "hapi_fused"])
+@pytest.mark.parametrize("name", ["fused", "backend", "buckets", "accumulate",
+                                  "accumulate_dataparallel", "hapi_fused"])
 def test_exact_options_equal_paddle_dataparallel(ranks, name):
     weights = ranks[0][0]
     reference = variant(weights, "dataparallel")
@@ -114,7 +115,10 @@ def test_bf16_compression_is_close_but_approximate(ranks):
 
 def test_communication_counts(ranks):
     info = ranks[0][1]
-    assert info["fused"]["comm_calls"] == STEPS             # one buffer, stop flag included
+    assert info["fused"]["transport"] == info["hapi_fused"]["transport"] == "shm"
+    assert info["backend"]["transport"] == info["bf16"]["transport"] == "backend"
+    assert info["fused"]["comm_calls"] == STEPS             # one round, stop flag included
+    assert info["backend"]["comm_calls"] == STEPS           # one buffer, stop flag included
     assert info["buckets"]["comm_calls"] == 3 * STEPS
     assert info["accumulate"]["comm_calls"] == STEPS        # 2 micro-batches, one all-reduce
     assert info["dataparallel"]["comm_calls"] == STEPS // 16   # only the periodic stop flag

@@ -37,27 +37,44 @@ def test_one_process_runs_here():
     assert p.argv == () and p.env == {}
 
 
-def test_two_processes_use_paddle_distributed_launch():
+def test_two_processes_on_one_machine_are_started_directly():
     p = make_plan(["dist.nprocs=2"])
-    assert (p.mode, p.nprocs, p.gpus) == ("launch", 2, ())
-    assert p.argv[:len(LAUNCH_PREFIX) + 1] == LAUNCH_PREFIX + ("2",)
-    assert p.argv[-3:] == ("train.py", "-o", "train.epochs=1")
-    assert "--devices" not in p.argv           # CPU: no devices to pin
-    assert "--log_dir" not in p.argv
+    assert (p.mode, p.nprocs, p.gpus, p.direct) == ("launch", 2, (), True)
+    assert p.argv == (sys.executable, "train.py", "-o", "train.epochs=1")   # once per rank
+    assert p.selected == ()                    # CPU: no devices to pin
     assert p.log_dir == ""
 
 
-def test_launch_argv_is_exact():
-    p = make_plan(["dist.nprocs=2"], script="job.py", script_args=["--flag", "x"])
-    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "ERROR", "job.py", "--flag", "x")
+def test_several_machines_use_paddle_distributed_launch_exactly():
+    p = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170",
+                   "dist.host=10.0.0.2", "dist.node_rank=1"], script="job.py",
+                  script_args=["--flag", "x"], log_dir="logs")
+    assert not p.direct
+    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "ERROR", "--master", "10.0.0.1:6170",
+                                      "--nnodes", "2", "--rank", "1", "--host", "10.0.0.2",
+                                      "--log_dir", "logs", "job.py", "--flag", "x")
 
 
-def test_log_dir_goes_before_the_script(tmp_path):
-    p = make_plan(["dist.nprocs=2"], log_dir=str(tmp_path / "launch"))
-    i = p.argv.index("--log_dir")
-    assert p.argv[i + 1] == str(tmp_path / "launch")
-    assert i < p.argv.index("train.py")
-    assert p.log_dir == str(tmp_path / "launch")
+def test_rank_variables_are_what_paddles_launcher_sets():
+    first, second = launcher.rank_variables(2, (), 6170)
+    assert first["PADDLE_MASTER"] == second["PADDLE_MASTER"] == "127.0.0.1:6170"
+    assert (first["PADDLE_TRAINER_ID"], second["PADDLE_TRAINER_ID"]) == ("0", "1")
+    assert second["PADDLE_LOCAL_RANK"] == second["PADDLE_RANK_IN_NODE"] == "1"
+    assert second["PADDLE_TRAINERS_NUM"] == second["PADDLE_GLOBAL_SIZE"] == "2"
+    assert second["PADDLE_NNODES"] == "1" and second["PADDLE_DISTRI_BACKEND"] == "gloo"
+    endpoints = second["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert endpoints[1] == second["PADDLE_CURRENT_ENDPOINT"] and len(set(endpoints)) == 2
+    assert "FLAGS_selected_gpus" not in second
+    gpu = launcher.rank_variables(2, ("0", "1"), 6170)[1]
+    assert gpu["FLAGS_selected_gpus"] == "1" and "PADDLE_DISTRI_BACKEND" not in gpu
+
+
+def test_ranks_as_detected_from_the_variables_they_get():
+    from paddle_dist.env import detect
+
+    variables = launcher.rank_variables(2, (), 6170)[1]
+    env = detect(gpu_info=CPU_BUILD, environ=variables)
+    assert (env.global_rank, env.local_rank, env.world_size, env.master) == (1, 1, 2, "127.0.0.1:6170")
 
 
 def test_launch_children_get_threads_nccl_settings_and_quiet_logs():
@@ -92,10 +109,12 @@ def test_backend_is_passed_through():
 def test_gpus_alone_set_the_number_of_processes():
     p = make_plan(["dist.gpus=0,1"], info=FOUR_GPUS)
     assert (p.mode, p.nprocs, p.gpus) == ("launch", 2, ("0", "1"))
-    i = p.argv.index("--devices")
-    assert p.argv[i + 1] == "0,1"
-    assert p.argv[len(LAUNCH_PREFIX)] == "2"
-    assert i < p.argv.index("train.py")
+    assert p.selected == ("0", "1")
+
+
+def test_ranks_get_their_gpus_position_among_the_visible_ones():
+    p = make_plan(["dist.gpus=5,7"], info=FOUR_GPUS, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert (p.gpus, p.selected) == (("5", "7"), ("1", "3"))
 
 
 def test_gpus_and_matching_nprocs_agree():
@@ -212,15 +231,16 @@ def test_plan_env_is_not_shared_between_plans():
 # ---------------------------------------------------------------- launch() with fakes
 def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(launcher.supervisor, "supervise_launch",
-                        lambda argv, env, run_dir, stop, log_dir: calls.append(
-                            (argv, env, run_dir, stop, log_dir)) or 3)
+    monkeypatch.setattr(launcher.supervisor, "supervise_ranks",
+                        lambda argv, env, ranks, run_dir, stop, log_dir: calls.append(
+                            (argv, env, ranks, run_dir, stop, log_dir)) or 3)
     monkeypatch.setenv("PADDLE_DIST_TEST_PARENT", "kept")
     p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO", "dist.stop_timeout=7"],
                   log_dir=str(tmp_path))
     assert launcher.launch(p, run_dir=tmp_path) == 3
-    [(argv, child_env, run_dir, stop, log_dir)] = calls
+    [(argv, child_env, ranks, run_dir, stop, log_dir)] = calls
     assert argv == list(p.argv) and run_dir == tmp_path and stop == 7 and log_dir == tmp_path
+    assert [r["PADDLE_TRAINER_ID"] for r in ranks] == ["0", "1"]
     assert child_env["PADDLE_DIST_TEST_PARENT"] == "kept"   # the parent's environment...
     assert child_env["NCCL_DEBUG"] == "INFO"                # ...plus the plan's variables
     assert child_env["OMP_NUM_THREADS"] == "4"
@@ -277,5 +297,5 @@ def test_one_gpu_runs_in_this_process():
 
 def test_always_launches_a_single_script_process_with_its_gpu():
     p = make_plan(["dist.gpus=2"], info=FOUR_GPUS, always=True)
-    assert (p.mode, p.nprocs) == ("launch", 1)
-    assert p.argv[p.argv.index("--devices") + 1] == "2"
+    assert (p.mode, p.nprocs, p.direct) == ("launch", 1, True)
+    assert p.selected == ("2",)
