@@ -174,42 +174,11 @@ class GradSync(ClipGradBase):
         if not self.shm_tried:
             self.shm_tried = True
             count = sum(int(g.size) for _, g in present if g.dtype == paddle.float32) + 1
-            self.shm = self._open_shm(min(count, shm.CHUNK))
+            self.shm = open_shm(self.env, min(count, shm.CHUNK), self.phase)
             if self.shm is None and self.transport == "shm":
                 raise ConfigError("sync.transport=shm needs every rank on this machine (same "
                                   "/dev/shm, x86-64); use sync.transport=auto")
         return self.shm is not None
-
-    def _open_shm(self, chunk: int) -> Optional[shm.ShmReducer]:
-        """Agree on one segment (or on not using one): rank 0 creates it, the others map
-        it, and rank 0 unlinks it once everyone has."""
-        rank, world = self.env.global_rank, self.env.world_size
-        keys: List[str] = []
-        self._collective(dist.all_gather_object, keys,
-                         shm.host_key() if shm.supported() else f"unsupported-{rank}")
-        if len(set(keys)) != 1:
-            return None
-        reducer, path = None, [""]
-        if rank == 0:
-            try:
-                created = shm.new_path("grads")
-                reducer, path = shm.ShmReducer.create(created, world, chunk), [str(created)]
-            except OSError:
-                pass
-        self._collective(dist.broadcast_object_list, path, 0)
-        if path[0] and rank != 0:
-            try:
-                reducer = shm.ShmReducer.attach(Path(path[0]), rank, world, chunk)
-            except OSError:
-                reducer = None
-        ready: List[bool] = []
-        self._collective(dist.all_gather_object, ready, reducer is not None)
-        if rank == 0 and path[0]:
-            os.unlink(path[0])
-        if not all(ready) and reducer is not None:
-            reducer.close()
-            reducer = None
-        return reducer
 
     def _reduce_shm(self, group, flag):
         """The float32 gradients (and the stop flag) summed through shared memory, in place:
@@ -225,12 +194,49 @@ class GradSync(ClipGradBase):
         flag.set_value(paddle.to_tensor(stop))
         return {id(p): g for p, g in group}
 
-    def _collective(self, fn, *args) -> None:
-        collective(fn, *args, phase=self.phase, what="shared-memory set-up")
-
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1
         collective(dist.all_reduce, tensor, phase=self.phase, what=what)
+
+
+def open_shm(env, chunk: int, phase=None) -> Optional[shm.ShmReducer]:
+    """A shared-memory reducer for this job's ranks, or None on every rank when they do not
+    all share this machine (or the segment cannot be made). Collective: every rank calls
+    it at the same point. Rank 0 creates the segment, the others map it, and rank 0
+    unlinks it once everyone has.
+
+    Example:
+        reducer = open_shm(env, chunk=1 << 20)    # None: use dist.all_reduce instead
+    """
+    def call(fn, *args):
+        collective(fn, *args, phase=phase, what="shared-memory set-up")
+
+    rank, world = env.global_rank, env.world_size
+    keys: List[str] = []
+    call(dist.all_gather_object, keys, shm.host_key() if shm.supported() else f"unsupported-{rank}")
+    if len(set(keys)) != 1:
+        return None
+    reducer, path = None, [""]
+    if rank == 0:
+        try:
+            created = shm.new_path("grads")
+            reducer, path = shm.ShmReducer.create(created, world, chunk), [str(created)]
+        except OSError:
+            pass
+    call(dist.broadcast_object_list, path, 0)
+    if path[0] and rank != 0:
+        try:
+            reducer = shm.ShmReducer.attach(Path(path[0]), rank, world, chunk)
+        except OSError:
+            reducer = None
+    ready: List[bool] = []
+    call(dist.all_gather_object, ready, reducer is not None)
+    if rank == 0 and path[0]:
+        os.unlink(path[0])
+    if not all(ready) and reducer is not None:
+        reducer.close()
+        reducer = None
+    return reducer
 
 
 def _first_line(exc: BaseException) -> str:

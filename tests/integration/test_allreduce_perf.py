@@ -8,6 +8,7 @@ while a rank started by hand exits with exactly the tool's code.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from typing import List
@@ -66,6 +67,25 @@ def test_launch_prints_the_nccl_tests_table(tmp_path):
     assert result.stdout.count("#  Rank ") == 2   # one device line per rank, printed once
 
 
+def test_shared_memory_transport_through_our_launcher_and_its_json(tmp_path):
+    out = tmp_path / "sweep.json"
+    result = check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
+                        str(TOOL)] + SMALL + ["--transport", "shm", "--json", str(out)], timeout=120))
+    _check_table(result.stdout)
+    assert "transport shm" in result.stdout
+    found = json.loads(out.read_text())
+    assert (found["world_size"], found["transport"], found["wrong"]) == (2, "shm", 0)
+    assert [r["size"] for r in found["rows"]] == [int(r[0]) for r in _rows(result.stdout)]
+    for r in found["rows"]:
+        for side in ("out_of_place", "in_place"):
+            assert r[side]["wrong"] == 0 and r[side]["busbw"] == pytest.approx(r[side]["algbw"])
+
+
+def test_shared_memory_check_catches_an_injected_error():
+    result = _by_hand(SMALL + ["--transport", "shm", "--inject-error"])
+    assert result.returncode == 1 and "wrong values" in result.stderr, result.stdout + result.stderr
+
+
 def test_injected_error_is_counted_and_fails():
     result = _by_hand(SMALL + ["-c", "1", "--inject-error"])
     assert result.returncode == 1, result.stdout + result.stderr
@@ -86,7 +106,8 @@ def test_bandwidth_gate_fails_with_one_line():
     assert all(r[8] == "N/A" and r[12] == "N/A" for r in _rows(result.stdout))
 
 
-@pytest.mark.parametrize("flags", [["-b", "10X"], ["-d", "bfloat16"], ["-b", "1M", "-e", "1K"]])
+@pytest.mark.parametrize("flags", [["-b", "10X"], ["-d", "bfloat16"], ["-b", "1M", "-e", "1K"],
+                                   ["--transport", "shm", "-d", "half"]])
 def test_bad_flags_exit_2_with_one_line(flags):
     result = run([str(TOOL)] + flags, timeout=60)
     assert result.returncode == 2
