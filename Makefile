@@ -12,13 +12,29 @@ SHELL := /bin/bash
 # paddlepaddle and paddlepaddle-gpu both provide `paddle`: remove the other one first.
 OTHER_PADDLE := $(if $(findstring gpu,$(PADDLE)),paddlepaddle,paddlepaddle-gpu)
 
-.PHONY: demo test setup system-deps clean
+.PHONY: demo test bench setup system-deps clean
 
 demo: $(STAMP)
 	$(PY) train.py -o dist.nprocs=2
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
+
+# The numbers in docs/benchmarks.md (about 25 minutes on 2 cores; run nothing else meanwhile).
+# PyTorch, when installed in the venv, adds the torch_ddp variant.
+BENCH_OUT ?= bench-results
+bench: $(STAMP)
+	mkdir -p $(BENCH_OUT)
+	$(PY) tools/bench_train.py --model lenet --nprocs 2 --reps 5 \
+		--variants paddle_dist,paddle_dist_hapi,paddle_dist_dpsync,paddle_dataparallel$$($(PY) -c 'import torch' 2>/dev/null && echo ,torch_ddp) \
+		--variant gloo=sync.transport=backend --json $(BENCH_OUT)/train_lenet.json
+	$(PY) tools/bench_train.py --model mlp --nprocs 2 --reps 5 \
+		--variants paddle_dist,paddle_dist_hapi,paddle_dist_dpsync,paddle_dataparallel$$($(PY) -c 'import torch' 2>/dev/null && echo ,torch_ddp) \
+		--variant gloo=sync.transport=backend --variant bf16=sync.compress=bf16 --json $(BENCH_OUT)/train_mlp.json
+	for t in backend shm; do $(PY) -m paddle_dist.launch --nprocs 2 --log_dir $(BENCH_OUT)/log \
+		tools/allreduce_perf.py -b 1K -e 64M -f 4 --transport $$t --json $(BENCH_OUT)/allreduce_$$t.json; done
+	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
+	$(PY) tools/plot_bench.py $(BENCH_OUT) docs/img
 
 # OpenMPI (mpirun tests) and iproute2 (two-host tests in network namespaces): installed
 # when we may (root with apt-get); otherwise the tests that need them skip, saying why.
@@ -46,4 +62,4 @@ $(STAMP): setup.cfg pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 clean:
-	rm -rf runs log .pytest_cache
+	rm -rf runs log .pytest_cache bench-results

@@ -17,7 +17,7 @@ import traceback
 
 from . import config as configlib
 from . import env as envlib
-from . import doctor, faults, idx, launcher, netcheck, rundir
+from . import faults, idx, launcher, netcheck, preflight, rundir
 from .errors import UserError
 
 
@@ -97,7 +97,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     configlib.check_pairing(cfg)
     configlib.check_compress(cfg.sync.compress, envlib.select_backend(
         cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
-    doctor.check(cfg, environ, gpu_info, warn=lambda text: print(text, file=sys.stderr))
+    preflight.check(cfg, environ, gpu_info, warn=_warn)
     if cfg.data.name == "mnist":      # bad data fails here, once, before any rank starts
         for split in ("train", "test"):
             idx.load_mnist(cfg.data.root, split)
@@ -187,9 +187,14 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the script directly")
     cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch
+    preflight.check(cfg, environ, gpu_info, warn=_warn)
     return launcher.launch(launcher.plan(cfg, here, script=args.script, script_args=args.script_args,
                                          log_dir=args.log_dir, always=True, environ=environ,
                                          gpu_info=gpu_info, cpu_count=cores))
+
+
+def _warn(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def rank_exit_code(exc: BaseException) -> int:

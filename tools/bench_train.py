@@ -8,11 +8,14 @@ Usage:
 
 What is measured: samples/s over `--steps` optimizer steps after `--warmup` steps, timed
 inside rank 0 (start-up, data generation and evaluation excluded). Every process runs one
-OpenMP thread. The variants run interleaved (rep 1 of each, then rep 2, ...) so that drift
-of the machine spreads over all of them; the table shows medians.
+OpenMP thread. The variants run interleaved (rep 1 of each, then rep 2, ...), each rep in
+a rotated order, so that drift of the machine spreads over all of them; the table shows
+medians.
 
 - efficiency = samples/s at N ranks / (N x samples/s of the same variant on 1 process)
-- vs ref = samples/s at N ranks / that of paddle_dataparallel at N ranks
+- vs ref = samples/s at N ranks / that of paddle_dataparallel at N ranks (and vs
+  paddle_dist: / that of paddle_dist)
+All are medians of the ratios within each rep (the samples/s columns are medians).
 
 Variants (--variants, comma-separated):
 - paddle_dist: the loop trainer as configured by default (fused gradient sync, batched data)
@@ -55,10 +58,14 @@ LR = 0.001
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
+def _fail(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    sys.exit(2)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        sys.stderr.write(f"{PROG}: error: {message} (see --help)\n")
-        sys.exit(2)
+        _fail(f"{message} (see --help)")
 
 
 def _positive(text: str) -> int:
@@ -100,7 +107,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def _custom_variant(text: str):
     name, sep, overrides = text.partition("=")
     if not sep or not name or "=" not in overrides:
-        raise SystemExit(f"{PROG}: error: --variant {text!r} must look like NAME=key=value[,key=value]")
+        _fail(f"--variant {text!r} must look like NAME=key=value[,key=value]")
     return name, overrides.split(",")
 
 
@@ -113,10 +120,9 @@ def _variant_names(args) -> List[str]:
     names += [n for n in args.custom if n not in names]
     for name in names:
         if name not in known:
-            raise SystemExit(f"{PROG}: error: unknown variant {name!r}; choose from {', '.join(known)}")
+            _fail(f"unknown variant {name!r}; choose from {', '.join(known)}")
     if "torch_ddp" in names and not _have_torch():
-        raise SystemExit(f"{PROG}: error: torch_ddp needs PyTorch (pip install torch), which is "
-                         "not installed here")
+        _fail("torch_ddp needs PyTorch (pip install torch), which is not installed here")
     return names
 
 
@@ -165,8 +171,11 @@ def measure(args) -> Dict[str, Dict[int, List[float]]]:
     worlds = sorted({1, args.nprocs})
     with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
         for rep in range(args.reps):
-            for world in worlds:
-                for name in args.names:
+            # Each rep starts with another variant: a run's position in the sequence
+            # (e.g. right after a 2-rank run) shifts it by several percent here.
+            order = args.names[rep % len(args.names):] + args.names[:rep % len(args.names)]
+            for world in worlds if rep % 2 == 0 else worlds[::-1]:
+                for name in order:
                     value = run_once(args, name, world, Path(tmp))
                     runs[name][world].append(value)
                     print(f"rep {rep + 1}/{args.reps}  {name:<22} {world} rank(s)  "
@@ -175,26 +184,32 @@ def measure(args) -> Dict[str, Dict[int, List[float]]]:
 
 
 def summarise(args, runs) -> dict:
+    """Medians; the ratios are medians of per-rep ratios (runs of one rep ran minutes apart
+    at most, so the machine's drift cancels out of them)."""
     n = args.nprocs
     out = {}
     for name, by_world in runs.items():
-        one, many = statistics.median(by_world[1]), statistics.median(by_world[n])
-        out[name] = {"samples_per_s": many, "samples_per_s_1rank": one,
-                     "efficiency": many / (n * one), "runs": {str(k): v for k, v in by_world.items()}}
-    if REFERENCE in out:
-        for entry in out.values():
-            entry["vs_reference"] = entry["samples_per_s"] / out[REFERENCE]["samples_per_s"]
+        per_rep = [many / (n * one) for one, many in zip(by_world[1], by_world[n])]
+        out[name] = {"samples_per_s": statistics.median(by_world[n]),
+                     "samples_per_s_1rank": statistics.median(by_world[1]),
+                     "efficiency": statistics.median(per_rep),
+                     "runs": {str(k): v for k, v in by_world.items()}}
+    for key, base in (("vs_reference", REFERENCE), ("vs_paddle_dist", "paddle_dist")):
+        if base in runs:
+            for name, entry in out.items():
+                entry[key] = statistics.median(
+                    mine / other for mine, other in zip(runs[name][n], runs[base][n]))
     return out
 
 
 def table(args, variants: dict) -> str:
     n = args.nprocs
-    lines = [f"| variant | 1 rank (samples/s) | {n} ranks (samples/s) | efficiency | vs ref |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [f"| variant | 1 rank (samples/s) | {n} ranks (samples/s) | efficiency | vs ref | "
+             "vs paddle_dist |", "|---|---:|---:|---:|---:|---:|"]
     for name, v in variants.items():
-        ref = f"{v['vs_reference']:.2f}x" if "vs_reference" in v else "-"
+        ref, ours = (f"{v[key]:.2f}x" if key in v else "-" for key in ("vs_reference", "vs_paddle_dist"))
         lines.append(f"| {name} | {v['samples_per_s_1rank']:,.0f} | {v['samples_per_s']:,.0f} | "
-                     f"{v['efficiency']:.2f} | {ref} |")
+                     f"{v['efficiency']:.2f} | {ref} | {ours} |")
     return "\n".join(lines)
 
 

@@ -146,6 +146,7 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
         "final_loss": last.get("train_loss"),
         "samples_per_s": result.samples_per_s,
         "wall_time_s": result.wall_time_s,
+        "first_step_at": result.first_step_at,     # Unix time, for start-up measurements
         "steps": result.steps,
         "world_size": env.world_size,
         "api": cfg.train.api,

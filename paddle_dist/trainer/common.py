@@ -43,6 +43,7 @@ class Result:
     history: List[Dict[str, float]] = field(default_factory=list)  # per epoch, same on all ranks
     samples_per_s: float = 0.0
     step_times: List[float] = field(default_factory=list)  # perf_counter() after each step (this run)
+    first_step_at: Optional[float] = None  # time.time() when this run's first step ended
     wall_time_s: float = 0.0
     steps: int = 0                    # optimizer steps in total, including resumed ones
     comm_calls: int = 0               # exchanges by the gradient sync (all-reduces or shm rounds)
@@ -223,6 +224,8 @@ class Session:
         self.pos.global_step += 1
         self._epoch_losses.append(loss)
         self.result.step_times.append(time.perf_counter())
+        if self.result.first_step_at is None:
+            self.result.first_step_at = time.time()
         self.progress.step(loss, float(self.optimizer.get_lr()))
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         if self.sync.stop_requested:

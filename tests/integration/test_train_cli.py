@@ -87,6 +87,11 @@ def _usage_error(args, *words):
     (["train.py", "-c", "configs"], ["directory"]),
     (["train.py", "-o", "dist.nprocs=2", "-o", "data.root=/nonexistent/mnist"],
      ["/nonexistent/mnist", "data.root"]),
+    # the pre-flight check, before any rank starts
+    (["train.py", "-o", "dist.nprocs=2", "-o", "dist.nccl.socket_ifname=nosuch9"],
+     ["nosuch9", "no interface", "lo"]),
+    (["train.py", "-o", "dist.nprocs=2", "-o", "sync.compress=fp16"], ["fp16", "gloo", "bf16"]),
+    (["train.py", "-o", "sync.mode=dataparallel", "-o", "sync.transport=shm"], ["sync.transport"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
     _usage_error(args, *words)

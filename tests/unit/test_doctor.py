@@ -16,10 +16,11 @@ import sys
 import pytest
 
 from paddle_dist import doctor, netcheck
+from paddle_dist import preflight as pf
 from paddle_dist.config import load
-from paddle_dist.doctor import (Problem, bypasses_proxy, format_report, interface_problems,
-                                mask_credentials, port_holder, preflight, proxy_problems, report,
-                                shm_problems)
+from paddle_dist.doctor import format_report, mask_credentials, report
+from paddle_dist.preflight import (Problem, bypasses_proxy, interface_problems, port_holder,
+                                   preflight, proxy_problems, shm_problems)
 from paddle_dist.env import GpuInfo
 from paddle_dist.errors import UserError
 
@@ -100,15 +101,15 @@ def test_port_holder_finds_this_process(taken_port, free_port):
 def test_wildcard_and_interface_masters_are_local(taken_port):
     for host in ("0.0.0.0", "localhost", "198.51.100.7"):
         cfg = load(None, [f"dist.master={host}:{taken_port}"])
-        found = doctor.port_problems(cfg, {"lo": ["127.0.0.1"], "eth9": ["198.51.100.7"]})
+        found = pf.port_problems(cfg, {"lo": ["127.0.0.1"], "eth9": ["198.51.100.7"]})
         assert len(found) == 1 and f"pid {os.getpid()}" in found[0].message, host
 
 
 def test_port_is_not_checked_off_this_machine_or_off_node_0(taken_port):
     elsewhere = load(None, [f"dist.master=198.51.100.7:{taken_port}"])
-    assert doctor.port_problems(elsewhere, {"lo": ["127.0.0.1"]}) == []
+    assert pf.port_problems(elsewhere, {"lo": ["127.0.0.1"]}) == []
     node1 = load(None, [f"dist.master=127.0.0.1:{taken_port}", "dist.nnodes=2", "dist.node_rank=1"])
-    assert doctor.port_problems(node1, {"lo": ["127.0.0.1"]}) == []
+    assert pf.port_problems(node1, {"lo": ["127.0.0.1"]}) == []
 
 
 # ---------------------------------------------------------------- /dev/shm
@@ -276,7 +277,7 @@ def test_errors_come_before_warnings():
 def test_check_raises_the_first_error_and_counts_the_rest(taken_port):
     cfg = load(None, [f"dist.master=127.0.0.1:{taken_port}", "dist.nccl.socket_ifname=nosuchnic"])
     with pytest.raises(UserError) as caught:
-        doctor.check(cfg)
+        pf.check(cfg)
     text = str(caught.value)
     assert text.startswith("dist.nccl.socket_ifname=nosuchnic selects no interface")
     assert text.endswith(" (and 1 more; run python -m paddle_dist.doctor --check)")
@@ -284,7 +285,7 @@ def test_check_raises_the_first_error_and_counts_the_rest(taken_port):
 
 
 def test_check_passes_a_good_config(free_port):
-    assert doctor.check(load(None, [f"dist.master=127.0.0.1:{free_port}"])) is None
+    assert pf.check(load(None, [f"dist.master=127.0.0.1:{free_port}"])) is None
 
 
 # ---------------------------------------------------------------- the report

@@ -1,0 +1,51 @@
+"""The benchmark tools run end to end and report what they claim (tiny sizes: correctness,
+not speed)."""
+
+import json
+
+from .procs import check, run
+
+TINY = ["--steps", "4", "--warmup", "2", "--reps", "1", "--batch", "16"]
+
+
+def test_bench_train_compares_variants_and_writes_json(tmp_path):
+    out = tmp_path / "train.json"
+    result = check(run(["tools/bench_train.py", "--model", "mlp", "--nprocs", "2", *TINY,
+                        "--variants", "paddle_dist,paddle_dataparallel",
+                        "--variant", "gloo=sync.transport=backend", "--json", str(out)], timeout=300))
+    found = json.loads(out.read_text())
+    assert (found["model"], found["nprocs"], found["steps"]) == ("mlp", 2, 4)
+    assert set(found["variants"]) == {"paddle_dist", "paddle_dataparallel", "gloo"}
+    for name, v in found["variants"].items():
+        assert v["samples_per_s"] > 0 and v["samples_per_s_1rank"] > 0, name
+        one, two = v["runs"]["1"][0], v["runs"]["2"][0]        # one rep: its own ratio
+        assert abs(v["efficiency"] - two / (2 * one)) < 1e-9
+        assert len(v["runs"]["1"]) == len(v["runs"]["2"]) == 1
+    assert found["variants"]["paddle_dataparallel"]["vs_reference"] == 1.0
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 2 + 3
+
+
+def test_bench_train_refuses_bad_input_with_one_line():
+    for args in (["--model", "resnet"], ["--variants", "nope"], ["--variant", "x"]):
+        result = run(["tools/bench_train.py", *args], timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "bench_train: error" in result.stderr
+
+
+def test_bench_startup_and_the_charts(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    check(run(["tools/bench_startup.py", "--runs", "1", "--ways", "paddle_dist",
+               "--json", str(results / "startup.json")], timeout=300))
+    startup = json.loads((results / "startup.json").read_text())
+    assert 0 < startup["median_s"]["paddle_dist"] < 120
+    check(run(["tools/bench_train.py", "--model", "lenet", *TINY, "--variants",
+               "paddle_dist", "--json", str(results / "train_lenet.json")], timeout=300))
+    check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
+               "tools/allreduce_perf.py", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1",
+               "--json", str(results / "allreduce_backend.json")], timeout=120))
+    check(run(["tools/plot_bench.py", str(results), str(tmp_path / "img")], timeout=120))
+    for name in ("throughput_vs_ranks.png", "busbw_vs_size.png"):
+        png = (tmp_path / "img" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
