@@ -91,24 +91,25 @@ class GradSync(ClipGradBase):
 
     def average(self, params_grads):
         self.steps += 1
-        flag = paddle.to_tensor([1.0 if self.want_stop() else 0.0], dtype="float32")
+        stop = 1.0 if self.want_stop() else 0.0
         if not self.env.is_distributed:
-            self.stop_requested = bool(flag.numpy()[0])
+            self.stop_requested = bool(stop)
             return params_grads
         if self.mode == "dataparallel":
             if self.steps % STOP_CHECK_EVERY == 0:
+                flag = paddle.to_tensor([stop], dtype="float32")
                 self._all_reduce(flag, "stop-flag all-reduce")
                 self.stop_requested = float(flag.numpy()[0]) > 0
             return params_grads
         present = [(p, g) for p, g in params_grads if g is not None]
         if self._use_shm(present):
             fp32 = [(p, g) for p, g in present if g.dtype == paddle.float32]
-            averaged = self._reduce_shm(fp32, flag)
-            buckets = self.buckets([(p, g) for p, g in present if g.dtype != paddle.float32])
-            for bucket in buckets:
+            averaged, stops = self._reduce_shm(fp32, stop)
+            for bucket in self.buckets([(p, g) for p, g in present if g.dtype != paddle.float32]):
                 averaged.update(self._reduce(bucket, None))
-            self.stop_requested = float(flag.numpy()[0]) > 0
+            self.stop_requested = stops > 0
             return [(p, averaged.get(id(p), g)) for p, g in params_grads]
+        flag = paddle.to_tensor([stop], dtype="float32")
         buckets = self.buckets(present)
         averaged = {}
         for i, bucket in enumerate(buckets):
@@ -180,19 +181,19 @@ class GradSync(ClipGradBase):
                                   "/dev/shm, x86-64); use sync.transport=auto")
         return self.shm is not None
 
-    def _reduce_shm(self, group, flag):
+    def _reduce_shm(self, group, stop: float):
         """The float32 gradients (and the stop flag) summed through shared memory, in place:
-        numpy views of the gradients' own memory (dlpack), no copies but the slot's."""
+        numpy views of the gradients' own memory (dlpack), no copies but the slot's.
+        Returns ({id(param): grad}, the stop flag's sum)."""
         views = [np.from_dlpack(g.detach()).reshape(-1) for _, g in group]
-        stop = np.array([float(flag.numpy()[0])], dtype=np.float32)
+        flag = np.array([stop], dtype=np.float32)
         guard = self.phase("comm") if self.phase else contextlib.nullcontext()
         with guard:
             try:
-                self.calls += self.shm.all_reduce(views + [stop], scale=1.0 / self.env.world_size)
+                self.calls += self.shm.all_reduce(views + [flag], scale=1.0 / self.env.world_size)
             except shm.PeerGone as exc:
                 raise PeerFailure(f"gradient all-reduce failed: {exc}") from exc
-        flag.set_value(paddle.to_tensor(stop))
-        return {id(p): g for p, g in group}
+        return {id(p): g for p, g in group}, float(flag[0])
 
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1

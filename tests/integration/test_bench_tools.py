@@ -23,7 +23,7 @@ def test_bench_train_compares_variants_and_writes_json(tmp_path):
         assert len(v["runs"]["1"]) == len(v["runs"]["2"]) == 1
     assert found["variants"]["paddle_dataparallel"]["vs_reference"] == 1.0
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 2 + 3
+    assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 1 + 3
 
 
 def test_bench_train_refuses_bad_input_with_one_line():
