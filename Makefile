@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
 
-# The numbers in docs/benchmarks.md (about 25 minutes on 2 cores; run nothing else meanwhile).
+# The numbers in docs/benchmarks.md (about 30 minutes on 2 cores; run nothing else meanwhile).
 # PyTorch, when installed in the venv, adds the torch_ddp variant.
 BENCH_OUT ?= bench-results
 bench: $(STAMP)
@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(PY) tools/bench_train.py --model mlp --nprocs 2 --reps 5 \
 		--variants paddle_dist,paddle_dist_hapi,paddle_dist_dpsync,paddle_dataparallel$$($(PY) -c 'import torch' 2>/dev/null && echo ,torch_ddp) \
 		--variant gloo=sync.transport=backend --variant bf16=sync.compress=bf16 --json $(BENCH_OUT)/train_mlp.json
+	for m in lenet mlp; do $(PY) tools/bench_train.py --model $$m --nprocs 2 --reps 4 \
+		--variants paddle_dist --variant dataloader=data.batched=false --json $(BENCH_OUT)/data_$$m.json; done
 	for t in backend shm; do $(PY) -m paddle_dist.launch --nprocs 2 --log_dir $(BENCH_OUT)/log \
 		tools/allreduce_perf.py -b 1K -e 64M -f 4 --transport $$t --json $(BENCH_OUT)/allreduce_$$t.json; done
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json

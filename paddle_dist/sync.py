@@ -52,10 +52,12 @@ HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 class GradSync(ClipGradBase):
     """Averages gradients over all ranks, then applies the optimizer's own clipping.
 
-    mode "fused": the gradients go out in flat buffers (one per dtype, or capped at
-    `bucket_mb` MiB each), optionally cast to 16 bits (`compress`), once per optimizer
-    step. mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
-    backward(); only the stop flag is exchanged, every STOP_CHECK_EVERY steps.
+    mode "fused", once per optimizer step: through shared memory when every rank is on
+    this machine's CPU (transport auto or shm, see shm.py); otherwise in flat buffers (one
+    per dtype, or capped at `bucket_mb` MiB each), optionally cast to 16 bits
+    (`compress`), by the process group's all-reduce. mode "dataparallel":
+    paddle.DataParallel's reducer has already averaged them in backward(); only the stop
+    flag is exchanged, every STOP_CHECK_EVERY steps.
     """
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
@@ -71,7 +73,7 @@ class GradSync(ClipGradBase):
         self.inner = None
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
-        self.calls = 0          # all-reduce calls issued (gradient buffers and stop flags)
+        self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
 
     @classmethod
     def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":

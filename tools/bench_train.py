@@ -301,16 +301,15 @@ def _reference_worker(args, total: int) -> List[float]:
     loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
     optimizer = paddle.optimizer.Adam(learning_rate=LR, parameters=model.parameters())
     loss_fn = paddle.nn.CrossEntropyLoss()
-    times = []
-    for step, (x, y) in enumerate(loader):
+
+    def train_step(x, y):
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
-        if step % 20 == 0:
-            float(loss)
-        times.append(time.perf_counter())
-    return times
+        return loss
+
+    return _timed(loader, train_step)
 
 
 def _torch_worker(args, total: int) -> List[float]:
@@ -341,17 +340,29 @@ def _torch_worker(args, total: int) -> List[float]:
                                          drop_last=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
-    times = []
-    for step, (x, y) in enumerate(loader):
+
+    def train_step(x, y):
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        return loss
+
+    times = _timed(loader, train_step)
+    if world > 1:
+        tdist.destroy_process_group()
+    return times
+
+
+def _timed(loader, train_step) -> List[float]:
+    """Train over `loader`; perf_counter() after each step. The loss is read every 20
+    steps, as a loop that logs its progress would."""
+    times = []
+    for step, (x, y) in enumerate(loader):
+        loss = train_step(x, y)
         if step % 20 == 0:
             float(loss)
         times.append(time.perf_counter())
-    if world > 1:
-        tdist.destroy_process_group()
     return times
 
 
