@@ -303,6 +303,19 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
                    logs, err_path)
 
 
+class _Grace:
+    """After the first rank fails, the others get GRACE_S seconds to notice and stop."""
+
+    def __init__(self):
+        self.failed_at: Optional[float] = None
+
+    def over(self, codes: List[Optional[int]]) -> bool:
+        """`codes`: each rank's exit code, None while it runs."""
+        if self.failed_at is None and any(c not in (None, 0) for c in codes):
+            self.failed_at = time.monotonic()
+        return self.failed_at is not None and time.monotonic() - self.failed_at > GRACE_S
+
+
 def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
                     run_dir: Optional[Path], stop_timeout: float, log_dir: Path) -> int:
     """Start `argv` once per rank (with `rank_envs[r]` added), each in a session of its
@@ -311,13 +324,11 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
     tee = None
-    failed_at = [0.0]
+    grace = _Grace()
 
     def poll():
         codes = [p.poll() for p in procs]
-        if failed_at[0] == 0.0 and any(c not in (None, 0) for c in codes):
-            failed_at[0] = time.monotonic()
-        if failed_at[0] and time.monotonic() - failed_at[0] > GRACE_S:
+        if grace.over(codes):
             everyone(signal.SIGKILL)
         return all(c is not None for c in codes)
 
@@ -370,14 +381,11 @@ def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
     """`start()` returns paddle.distributed.spawn's context (its `.processes` in rank order)."""
     context = start()
     procs = context.processes
-    first_failure = [None]
+    grace = _Grace()
 
     def poll():
         multiprocessing.connection.wait([p.sentinel for p in procs], timeout=POLL_S)
-        failed = [p for p in procs if p.exitcode not in (None, 0)]
-        if failed and first_failure[0] is None:
-            first_failure[0] = time.monotonic()
-        if first_failure[0] is not None and time.monotonic() - first_failure[0] > GRACE_S:
+        if grace.over([p.exitcode for p in procs]):
             everyone(signal.SIGKILL)
         return all(p.exitcode is not None for p in procs)
 

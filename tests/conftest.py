@@ -23,10 +23,11 @@ if str(REPO_ROOT) not in sys.path:
 # OMP_NUM_THREADS=1 and CUSTOM_DEVICE_ROOT="" on import.
 ENVIRON_BEFORE_PADDLE: Dict[str, str] = dict(os.environ)
 
-# Import Paddle (through paddle_dist, which silences its ccache warning) once, here, so its
-# import-time edits to os.environ happen before the first snapshot and are not a "leak" of
-# whichever test happens to import it first.
+# Import Paddle once, here (after paddle_dist, which silences its ccache warning and notes
+# the user's variables), so its import-time edits to os.environ happen before the first
+# snapshot and are not a "leak" of whichever test happens to import it first.
 import paddle_dist  # noqa: E402,F401
+import paddle  # noqa: E402,F401
 
 pytest_plugins = ["pytester"]
 

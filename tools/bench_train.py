@@ -254,7 +254,7 @@ def worker_main(args) -> int:
     total = args.warmup + args.steps
     times = {"paddle_dist": _paddle_dist_worker, "paddle_dataparallel": _reference_worker,
              "torch_ddp": _torch_worker}[args.worker](args, total)
-    rank, world = int(os.environ.get("PADDLE_TRAINER_ID", os.environ.get("RANK", "0"))), _world()
+    rank, world = _ranks()
     if rank == 0:
         elapsed = times[total - 1] - times[args.warmup - 1]
         Path(args.out).write_text(json.dumps(
@@ -262,8 +262,17 @@ def worker_main(args) -> int:
     return 0
 
 
+def _ranks():
+    """(global rank, world size) of this worker, however it was started (paddle_dist's
+    environment layer reads the launcher's variables: Paddle's, torchrun's)."""
+    from paddle_dist.env import GpuInfo, detect
+
+    env = detect(gpu_info=GpuInfo())
+    return env.global_rank, env.world_size
+
+
 def _world() -> int:
-    return int(os.environ.get("PADDLE_TRAINERS_NUM", os.environ.get("WORLD_SIZE", "1")))
+    return _ranks()[1]
 
 
 def _num_samples(args, total: int) -> int:
