@@ -230,8 +230,9 @@ class AsyncSaver:
 
     Why: rank 0 must never keep the other ranks waiting inside a collective (gloo gives
     up after a fixed 30 s) while it writes a big checkpoint. So `submit` never waits: if
-    a write is still running, the new snapshot waits its turn, and a newer one replaces
-    it (at most two snapshots are held). Call it from one thread.
+    a write is still running, the new snapshot waits its turn, and a newer one for the
+    same root replaces it (at most one snapshot per root is held besides the one being
+    written). Call it from one thread.
 
     Example:
         saver = AsyncSaver()
@@ -243,7 +244,7 @@ class AsyncSaver:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
-        self._pending = None
+        self._pending: Dict[Path, tuple] = {}      # root -> its newest queued write, in order
         self._error: Optional[BaseException] = None
         self._path: Optional[Path] = None
 
@@ -253,7 +254,8 @@ class AsyncSaver:
         an earlier write failed, its error is raised here and `snap` is not written."""
         self._raise_error()
         with self._lock:
-            self._pending = (Path(root), snap, keep_last, before_write)
+            self._pending.pop(Path(root), None)         # the newer snapshot goes last
+            self._pending[Path(root)] = (Path(root), snap, keep_last, before_write)
             if self._thread is None:
                 # Not a daemon: if training dies, the interpreter still finishes the write.
                 self._thread = threading.Thread(target=self._drain, name="paddle_dist-checkpoint")
@@ -282,7 +284,7 @@ class AsyncSaver:
     def _drain(self) -> None:
         while True:
             with self._lock:
-                job, self._pending = self._pending, None
+                job = self._pending.pop(next(iter(self._pending))) if self._pending else None
                 if job is None or self._error is not None:
                     self._thread = None
                     return

@@ -17,7 +17,7 @@ import traceback
 
 from . import config as configlib
 from . import env as envlib
-from . import faults, idx, launcher, netcheck, preflight, rundir
+from . import amp, cifar, faults, idx, launcher, netcheck, preflight, rundir
 from .errors import UserError
 
 
@@ -95,12 +95,11 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         worker.main(cfg)
         return 0
     configlib.check_pairing(cfg)
+    amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True)  # CPU: refused
     configlib.check_compress(cfg.sync.compress, envlib.select_backend(
         cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
     preflight.check(cfg, environ, gpu_info, warn=_warn)
-    if cfg.data.name == "mnist":      # bad data fails here, once, before any rank starts
-        for split in ("train", "test"):
-            idx.load_mnist(cfg.data.root, split)
+    _check_data(cfg)
     if cfg.dist.master and (cfg.dist.nnodes > 1 or cfg.dist.hostfile):
         netcheck.check(cfg.dist.master, cfg.dist.nccl.socket_ifname)
         if cfg.dist.nnodes > 1 and not cfg.dist.host:
@@ -130,6 +129,16 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     return code
 
 
+def _check_data(cfg) -> None:
+    """Bad or missing data fails here, once, before any rank starts (and CIFAR-10 is
+    downloaded here, once, when data.root is "" and Paddle's cache has none)."""
+    for split in ("train", "test"):
+        if cfg.data.name == "mnist":
+            idx.load_mnist(cfg.data.root, split)
+        elif cfg.data.name == "cifar10":
+            cifar.load_cifar10(cfg.data.root, split)
+
+
 def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[str]) -> int:
     if p.mode in ("launch", "mpirun"):
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
@@ -137,8 +146,13 @@ def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[st
         p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
         return launcher.launch(p, run_dir=run_dir)
-    from . import worker     # imports paddle, which spawn needs here anyway
-
+    # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
+    # imported, and forked ranks keep this import: make it with the ranks' environment.
+    old = envlib.export(p.env)
+    try:
+        from . import worker
+    finally:
+        envlib.restore(old)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
 
 

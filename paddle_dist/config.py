@@ -28,9 +28,14 @@ DEFAULT_CONFIG = "mnist_lenet"
 
 @dataclass
 class DataConfig:
-    name: str = "mnist"            # mnist | synthetic | linear
-    root: str = ""                 # MNIST IDX directory; "" = the bundled 4,000/1,000 subset
-    num_samples: int = 4096        # synthetic / linear: training samples
+    name: str = "mnist"            # mnist | cifar10 | synthetic | linear
+    root: str = ""                 # mnist: IDX directory; "" = the bundled 4,000/1,000 subset.
+                                   # cifar10: cifar-10-python.tar.gz, cifar-10-batches-py/ or
+                                   # cifar-10-batches-bin/ (or a directory holding one); "" =
+                                   # Paddle's cache (~/.cache/paddle/dataset/cifar), downloaded once
+    augment: bool = True           # cifar10 training: random crop (4-pixel padding) + flip
+    num_samples: int = 4096        # synthetic / linear: training samples (synthetic images
+                                   # take the model's input shape: 1x28x28, or 3x32x32 for resnets)
     num_eval_samples: int = 1024   # synthetic / linear: evaluation samples
     seed: int = 0                  # synthetic / linear: data generator seed
     batched: bool = True           # in-memory datasets: gather each batch with one indexing op
@@ -39,7 +44,8 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "lenet"            # lenet | mlp | linear
+    name: str = "lenet"            # lenet | mlp | linear | resnet18 (CIFAR form: 3x3 stem, no
+                                   # max-pool) | resnet50 (paddle.vision's, 10 classes)
 
 
 @dataclass
@@ -49,14 +55,26 @@ class TrainConfig:
     batch_size: int = 64           # per rank; the global batch is batch_size * world_size
     eval_batch_size: int = 500     # per rank
     optimizer: str = "adam"        # adam | sgd | momentum
-    lr: float = 0.001
+    lr: float = 0.001              # for lr_reference_batch samples per step (see lr_scaling)
+    lr_scaling: str = "none"       # linear | sqrt | none: lr x (global batch / lr_reference_batch),
+                                   # or its square root; global batch = batch_size x ranks x accumulate_steps
+    lr_reference_batch: int = 256  # the global batch `lr` was tuned for
+    warmup_epochs: float = 0.0     # ramp the lr linearly from lr/steps up to its value over these epochs
+    lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step) | step
+    lr_milestones: str = ""        # step: epochs after which the lr is multiplied by lr_gamma, e.g. "30,60"
+    lr_gamma: float = 0.1
+    amp: str = "off"               # off | O1 (autocast per op) | O2 (16-bit weights, fp32 master copy)
+    amp_dtype: str = "auto"        # auto (float16 on GPU, bfloat16 on CPU) | float16 | bfloat16
+    loss_scale: float = 32768.0    # float16: initial dynamic loss scale (bfloat16 needs none)
     weight_decay: float = 0.0
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw
     max_steps: int = 0             # stop after this many steps in total; 0 = run all epochs
-    accumulate_steps: int = 1      # micro-batches of batch_size per optimizer step (loop api);
-                                   # gradients are communicated once per optimizer step
+    accumulate_steps: int = 1      # micro-batches of batch_size per optimizer step; gradients
+                                   # are communicated once per optimizer step
+    early_stop_patience: int = 0   # stop after this many evaluations without a better
+                                   # checkpoint.monitor value; 0 = never
     log_every: int = 20            # steps between progress lines
 
 
@@ -76,6 +94,9 @@ class DistConfig:
     nprocs: Optional[int] = None   # processes on this machine (default: one per dist.gpus id, else 1);
                                    # > 1 makes train.py launch them
     launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn | mpirun
+    start_method: str = "auto"     # spawn launcher: auto (fork on CPU: the ranks reuse this
+                                   # process's `import paddle`; spawn on GPU, as CUDA needs) |
+                                   # spawn | fork | forkserver
     nnodes: int = 1                # machines in the job (launch mode: each runs train.py once)
     node_rank: int = 0             # this machine's index, 0 .. nnodes-1
     master: str = ""               # host:port of node 0's rendezvous; needed when nnodes > 1
@@ -109,6 +130,9 @@ class CheckpointConfig:
     every_steps: int = 0           # also every N optimizer steps (mid-epoch); 0 = never
     keep_last: int = 3
     resume: str = "auto"           # auto (latest in this run dir, if any) | none | a checkpoint path
+    monitor: str = "eval_accuracy" # the metric that picks <run>/best and early stopping:
+                                   # eval_accuracy (higher is better) | eval_loss | train_loss
+    save_best: bool = True         # keep the best epoch's checkpoint in <run>/best
 
 
 @dataclass
@@ -139,23 +163,37 @@ class Config:
 
 
 CHOICES = {
-    "data.name": ("mnist", "synthetic", "linear"),
-    "model.name": ("lenet", "mlp", "linear"),
+    "data.name": ("mnist", "cifar10", "synthetic", "linear"),
+    "model.name": ("lenet", "mlp", "linear", "resnet18", "resnet50"),
     "train.api": ("loop", "hapi"),
     "train.optimizer": ("adam", "sgd", "momentum"),
     "dist.launcher": ("launch", "spawn", "mpirun"),
+    "dist.start_method": ("auto", "spawn", "fork", "forkserver"),
     "dist.backend": ("auto", "gloo", "nccl"),
     "sync.mode": ("fused", "dataparallel"),
     "sync.compress": ("none", "bf16", "fp16"),
     "sync.transport": ("auto", "shm", "backend"),
+    "train.lr_scaling": ("none", "linear", "sqrt"),
+    "train.lr_schedule": ("constant", "cosine", "step"),
+    "train.amp": ("off", "O1", "O2"),
+    "train.amp_dtype": ("auto", "float16", "bfloat16"),
+    "checkpoint.monitor": ("eval_accuracy", "eval_loss", "train_loss"),
 }
 # What each built-in model and dataset is for (the model picks its loss and metric).
-MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification"}
-DATA_TASKS = {"linear": "regression", "mnist": "classification", "synthetic": "classification"}
+MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification",
+               "resnet18": "classification", "resnet50": "classification"}
+# One sample's shape for each model, and for each dataset with a fixed shape (synthetic
+# images take their model's).
+MODEL_INPUTS = {"linear": (10,), "mlp": (1, 28, 28), "lenet": (1, 28, 28),
+                "resnet18": (3, 32, 32), "resnet50": (3, 32, 32)}
+DATA_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+DATA_TASKS = {"linear": "regression", "mnist": "classification", "cifar10": "classification",
+              "synthetic": "classification"}
 POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
-POSITIVE += ("dist.nnodes", "train.accumulate_steps")
+POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch", "train.loss_scale")
 NON_NEGATIVE = ("dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
+                "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
 
@@ -334,6 +372,7 @@ def validate(cfg: Config) -> None:
     _validate_fault(cfg.faults.inject)
     _validate_nodes(cfg.dist)
     _validate_sync(cfg)
+    _validate_schedule(cfg.train)
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
@@ -365,7 +404,17 @@ def check_pairing(cfg: Config) -> None:
     if task != data_task:
         raise ConfigError(f"model.name={cfg.model.name} ({task}) does not fit data.name="
                           f"{cfg.data.name} ({data_task}); use model.name=linear with data.name=linear, "
-                          "lenet or mlp with mnist or synthetic")
+                          "a classifier (lenet, mlp, resnet18, resnet50) with mnist, cifar10 or synthetic")
+    shape = DATA_SHAPES.get(cfg.data.name)
+    if shape and shape != MODEL_INPUTS[cfg.model.name]:
+        fits = [m for m, s in MODEL_INPUTS.items() if s == shape]
+        raise ConfigError(f"model.name={cfg.model.name} takes {_dims(MODEL_INPUTS[cfg.model.name])} "
+                          f"inputs but data.name={cfg.data.name} has {_dims(shape)} images; use "
+                          f"model.name={' or '.join(fits)}")
+
+
+def _dims(shape) -> str:
+    return "x".join(str(n) for n in shape)
 
 
 def check_compress(compress: str, backend: str) -> None:
@@ -383,8 +432,25 @@ def _validate_sync(cfg: Config) -> None:
     if s.transport == "shm" and s.compress != "none":
         raise ConfigError("sync.compress saves bytes on the network; with sync.transport=shm "
                           "nothing crosses one, so use sync.transport=auto or backend")
-    if cfg.train.accumulate_steps > 1 and cfg.train.api != "loop":
-        raise ConfigError("train.accumulate_steps > 1 needs train.api=loop")
+
+
+def milestones(text: str) -> List[int]:
+    """train.lr_milestones "30,60" -> [30, 60] (epochs, increasing)."""
+    try:
+        found = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        found = []
+    if text.strip() and (not found or found != sorted(set(found)) or found[0] < 1):
+        raise ConfigError(f"train.lr_milestones {text!r} must be increasing epochs, e.g. 30,60")
+    return found
+
+
+def _validate_schedule(t: TrainConfig) -> None:
+    steps = milestones(t.lr_milestones)
+    if t.lr_schedule == "step" and not steps:
+        raise ConfigError("train.lr_schedule=step needs train.lr_milestones, e.g. -o train.lr_milestones=30,60")
+    if steps and t.lr_schedule != "step":
+        raise ConfigError(f"train.lr_milestones applies to train.lr_schedule=step (got {t.lr_schedule})")
 
 
 def _validate_fault(spec: str) -> None:

@@ -1,9 +1,11 @@
-"""Datasets: MNIST (bundled 4,000/1,000 subset or a full copy; files read by idx.py) and
-synthetic data, in memory, with one-op batch gathering.
+"""Datasets: MNIST (bundled 4,000/1,000 subset or a full copy; files read by idx.py),
+CIFAR-10 (any of its on-disk forms, read by cifar.py) and synthetic data, in memory, with
+one-op batch gathering.
 
 Example:
     train = mnist_dataset("", "train")          # bundled subset, x [4000, 1, 28, 28]
     x, y = train.batch([0, 1, 2])               # y is int64 [3, 1]
+    cifar = cifar10_dataset("data/cifar-10-python.tar.gz", "train", augment=True, seed=2024)
 """
 
 import math
@@ -11,9 +13,10 @@ import math
 import numpy as np
 import paddle
 
+from . import cifar
 from .idx import BUNDLED_MNIST, MNIST_FILES, NUM_CLASSES, find_mnist_file, load_mnist, read_idx
 
-__all__ = ["ArrayDataset", "BUNDLED_MNIST", "MNIST_FILES", "NUM_CLASSES", "find_mnist_file",
+__all__ = ["ArrayDataset", "CifarDataset", "cifar10_dataset", "BUNDLED_MNIST", "MNIST_FILES", "NUM_CLASSES", "find_mnist_file",
            "linear_regression", "load_mnist", "mnist_dataset", "read_idx", "synthetic_classification"]
 
 MNIST_MEAN = 0.1307
@@ -51,6 +54,53 @@ class ArrayDataset(paddle.io.Dataset):
         """Return (x[indices], y[indices]) with one fancy-indexing op per array."""
         idx = np.asarray(indices, dtype=np.int64)
         return self.x[idx], self.y[idx]
+
+
+class CifarDataset(paddle.io.Dataset):
+    """CIFAR-10 images kept as uint8 [N, 3, 32, 32]; each batch is gathered, augmented
+    (training: random crop with 4-pixel padding and a horizontal flip) and normalised in
+    a few vectorised numpy ops.
+
+    The augmentation of a sample is a function of (seed, epoch, sample index) only
+    (cifar.augment): the same on a re-run or a resume, whatever the world size, and
+    different in every epoch. The sampler calls `set_epoch` at the start of each epoch.
+
+    Example:
+        ds = CifarDataset(images, labels, augment=True, seed=2024)
+        ds.set_epoch(3); x, y = ds.batch([0, 5])   # x float32 [2, 3, 32, 32], y int64 [2, 1]
+    """
+
+    def __init__(self, images, labels, augment: bool = False, seed: int = 0):
+        super().__init__()
+        self.images, self.labels = images, np.asarray(labels, dtype=np.int64).reshape(-1, 1)
+        self.augment, self.seed, self.epoch = augment, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __getitem__(self, i):
+        x, y = self.batch([i])
+        return x[0], y[0]
+
+    def __len__(self):
+        return len(self.images)
+
+    def batch(self, indices):
+        idx = np.asarray(indices, dtype=np.int64)
+        images = self.images[idx]
+        if self.augment:
+            images = cifar.augment(images, idx, self.seed, self.epoch)
+        return cifar.normalise(images), self.labels[idx]
+
+
+def cifar10_dataset(root, split, augment=False, seed=0):
+    """CIFAR-10 `split` ("train" | "test") from `root` (see cifar.load_cifar10).
+
+    Example:
+        ds = cifar10_dataset("", "test")     # Paddle's cache; 10,000 images, no augmentation
+    """
+    images, labels = cifar.load_cifar10(root, split)
+    return CifarDataset(images, labels, augment=augment, seed=seed)
 
 
 def mnist_dataset(root, split, flatten=False):

@@ -50,6 +50,7 @@ class LaunchPlan:
     direct: bool = False                # launch mode: paddle_dist starts the ranks itself
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
+    start_method: str = "spawn"         # spawn mode: multiprocessing's start method
 
 
 def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
@@ -110,7 +111,20 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
-                      direct=direct, selected=selected)
+                      direct=direct, selected=selected,
+                      start_method=start_method(cfg.dist.start_method, gpus))
+
+
+def start_method(chosen: str, gpus: Sequence[str]) -> str:
+    """How spawn mode starts its processes. `fork` lets the ranks reuse the parent's
+    `import paddle` (about a second each); CUDA cannot be used in a forked child, so GPU
+    jobs default to `spawn`."""
+    if chosen == "fork" and gpus:
+        raise DeviceError("dist.start_method=fork cannot start GPU ranks (CUDA does not work in a "
+                          "forked process); use -o dist.start_method=spawn or auto")
+    if chosen != "auto":
+        return chosen
+    return "spawn" if gpus else "fork"
 
 
 def rank_variables(nprocs: int, selected: Sequence[str], port: int,
@@ -247,7 +261,7 @@ def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your model will be trained under CPUONLY")
             context = dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend,
-                                 join=False, **options)
+                                 join=False, start_method=p.start_method, **options)
         return context
     finally:
         paddle_log.setLevel(level)

@@ -66,13 +66,16 @@ class Progress:
         self.start_step = start_step          # steps done before this run (resume)
         self.step_count, self.losses = 0, []  # steps of this run
         self.train_time, self._window, self._t_last = 0.0, [], None
+        self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
 
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
         self.epoch, self.epoch_step, self._t_last = epoch, done, time.perf_counter()
 
-    def step(self, loss: float, lr: float) -> None:
+    def step(self, loss: float, lr: float, comm_s: Optional[float] = None) -> None:
+        """`comm_s`: seconds spent communicating so far, when measurable (it splits the
+        time per step into compute and communication in VisualDL)."""
         now = time.perf_counter()
         self.train_time += now - self._t_last
         self._t_last = now
@@ -82,6 +85,18 @@ class Progress:
         self._window.append(loss)
         if self.epoch_step % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
             self._report(lr)
+            self._report_times(comm_s)
+
+    def _report_times(self, comm_s: Optional[float]) -> None:
+        steps = self.step_count - self._mark[0]
+        spent, comm = self.train_time - self._mark[1], (comm_s or 0.0) - self._mark[2]
+        self._mark = (self.step_count, self.train_time, comm_s or 0.0)
+        if steps <= 0:
+            return
+        self.scalar("time/step_ms", 1000 * spent / steps)
+        if comm_s is not None:
+            self.scalar("time/comm_ms", 1000 * comm / steps)
+            self.scalar("time/compute_ms", 1000 * (spent - comm) / steps)
 
     def pause(self) -> None:
         """Stop the training clock (evaluation, checkpointing)."""

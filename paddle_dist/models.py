@@ -2,16 +2,17 @@
 
 Example:
     net = build("lenet")      # LeNet-style CNN for [N, 1, 28, 28] inputs
+    net = build("resnet18")   # CIFAR-form ResNet-18 for [N, 3, 32, 32] inputs
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict
 
 import paddle
 from paddle import nn
 
-from .config import MODEL_TASKS
+from .config import MODEL_INPUTS, MODEL_TASKS
 from .errors import ConfigError
 
 
@@ -58,8 +59,24 @@ class LeNet(nn.Layer):
         return self.classifier(paddle.flatten(self.features(x), start_axis=1))
 
 
-# name -> constructor; config.MODEL_TASKS says what each is for (its loss and metric).
-REGISTRY: Dict[str, type] = {"linear": LinearNet, "mlp": MLP, "lenet": LeNet}
+def cifar_resnet(depth: int, num_classes: int = 10) -> nn.Layer:
+    """paddle.vision's ResNet-18/50 in the CIFAR form: a 3x3 stride-1 stem and no max-pool,
+    so a 32x32 image keeps its resolution into the first stage (the ImageNet stem would
+    shrink it to 8x8 at once). Everything else is paddle.vision's own."""
+    from paddle.vision.models import resnet18, resnet50
+
+    net = {18: resnet18, 50: resnet50}[depth](num_classes=num_classes)
+    net.conv1 = nn.Conv2D(3, 64, kernel_size=3, stride=1, padding=1, bias_attr=False)
+    net.maxpool = nn.Identity()
+    return net
+
+
+# name -> constructor; config.MODEL_TASKS says what each is for (its loss and metric),
+# config.MODEL_INPUTS the shape of one input sample.
+REGISTRY: Dict[str, Callable[[], nn.Layer]] = {
+    "linear": LinearNet, "mlp": MLP, "lenet": LeNet,
+    "resnet18": lambda: cifar_resnet(18), "resnet50": lambda: cifar_resnet(50),
+}
 
 
 def build(name: str) -> nn.Layer:
@@ -68,6 +85,11 @@ def build(name: str) -> nn.Layer:
 
 def task_of(name: str) -> str:
     return MODEL_TASKS[_known(name)]
+
+
+def input_shape(name: str):
+    """The shape of one input sample, e.g. (3, 32, 32) for the resnets."""
+    return MODEL_INPUTS[_known(name)]
 
 
 def _known(name: str) -> str:

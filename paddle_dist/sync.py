@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -74,6 +75,8 @@ class GradSync(ClipGradBase):
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
+        self.comm_seconds = 0.0  # time spent averaging (fused mode; the reducer's is hidden in backward)
+        self.averaged_early = False
 
     @classmethod
     def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":
@@ -88,8 +91,30 @@ class GradSync(ClipGradBase):
         optimizer._grad_clip = self
 
     def _dygraph_clip(self, params_grads):
-        params_grads = self.average(params_grads)
+        if self.averaged_early:
+            self.averaged_early = False
+        else:
+            params_grads = self._timed_average(params_grads)
         return self.inner(params_grads) if self.inner is not None else params_grads
+
+    def average_now(self, optimizer) -> None:
+        """Average the gradients now, in place, before the optimizer step (which then
+        leaves them alone): for a loss scaler, which must check the averaged gradients."""
+        params = optimizer._parameter_list
+        if params and isinstance(params[0], dict):          # parameter groups
+            params = [p for group in params for p in group["params"]]
+        params_grads = [(p, p.grad) for p in params if not p.stop_gradient]
+        for (_, grad), (_, mean) in zip(params_grads, self._timed_average(params_grads)):
+            if grad is not None and mean is not grad:
+                paddle.assign(mean, grad)
+        self.averaged_early = True
+
+    def _timed_average(self, params_grads):
+        started = time.perf_counter()
+        try:
+            return self.average(params_grads)
+        finally:
+            self.comm_seconds += time.perf_counter() - started
 
     def average(self, params_grads):
         self.steps += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from . import config as configlib
-from . import data, models, runtime, trainer
+from . import amp, data, models, runtime, trainer
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
@@ -20,9 +20,13 @@ def build_datasets(cfg):
         flatten = cfg.model.name == "mlp"
         return (data.mnist_dataset(d.root, "train", flatten=flatten),
                 data.mnist_dataset(d.root, "test", flatten=flatten))
+    if d.name == "cifar10":
+        return (data.cifar10_dataset(d.root, "train", augment=d.augment, seed=cfg.train.seed),
+                data.cifar10_dataset(d.root, "test"))
     if d.name == "synthetic":
-        return (data.synthetic_classification(d.num_samples, seed=d.seed),
-                data.synthetic_classification(d.num_eval_samples, seed=d.seed + 1))
+        shape = models.input_shape(cfg.model.name)
+        return (data.synthetic_classification(d.num_samples, shape, seed=d.seed),
+                data.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1))
     return (data.linear_regression(d.num_samples, seed=d.seed),
             data.linear_regression(d.num_eval_samples, seed=d.seed + 1))
 
@@ -39,6 +43,7 @@ def build_parts(cfg) -> Parts:
 def main(cfg) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
     env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
+    amp.plan(cfg.train, env.device)   # a mode this device cannot run fails before any output
     return trainer.train(build_parts(cfg), cfg, env)
 
 

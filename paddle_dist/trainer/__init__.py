@@ -22,8 +22,10 @@ from typing import Callable, Optional, Union
 
 import paddle
 
-from .. import checkpoint, faults, logger, runtime, supervisor
+from .. import amp, checkpoint, faults, logger, runtime, supervisor
 from .. import config as configlib
+from ..errors import ConfigError
+from ..schedule import LrPolicy
 from ..sync import GradSync, PeerFailure
 from . import hapi, loop
 from .common import (Parts, Position, Result, Session, default_loss, make_optimizer,
@@ -89,6 +91,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
 
 def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
+    amp_plan = amp.plan(cfg.train, env.device)
+    parts.model, optimizer = amp.decorate(parts.model, optimizer, amp_plan)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop)
     grad_sync.attach(optimizer)
     digest = checkpoint.config_hash(cfg.to_dict())
@@ -100,12 +104,18 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
+    lr_policy = _lr_policy(cfg, env, optimizer, per_epoch, limit, log)
     progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs,
                                cfg.train.batch_size * cfg.train.accumulate_steps,
                                cfg.train.log_every, limit, start.global_step)
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
-                      limit, digest)
+                      limit, digest, lr_policy)
+    session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
+    if amp_plan.enabled:
+        log.info(f"paddle_dist: mixed precision {amp_plan.level} in {amp_plan.dtype}"
+                 + (f", dynamic loss scale from {amp_plan.loss_scale:g}" if amp_plan.loss_scale else ""))
     session.result.history, session.result.resumed_from = history, resumed
+    session.best.replay(history)
     try:
         if not session.done:
             TRAINERS[cfg.train.api].run(session)
@@ -117,6 +127,20 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
     result.samples_per_s = progress.samples_per_s
     result.comm_calls, result.sync_transport = grad_sync.calls, grad_sync.used
     return result
+
+
+def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int, log) -> Optional[LrPolicy]:
+    """The lr policy when it changes anything (else the optimizer keeps its own rate)."""
+    base = float(optimizer.get_lr())
+    policy = LrPolicy.from_config(cfg.train, env.world_size, per_epoch, limit, base_lr=base)
+    if policy.peak == base and not policy.varies:
+        return None
+    if isinstance(optimizer._learning_rate, paddle.optimizer.lr.LRScheduler):
+        raise ConfigError(
+            "the optimizer has its own LRScheduler, which train.lr_scaling, train.warmup_epochs "
+            "and train.lr_schedule would override; set those to none/0/constant or drop the scheduler")
+    log.info(f"paddle_dist: {policy.describe(cfg.train, env.world_size, base)}")
+    return policy
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):

@@ -17,8 +17,10 @@ import paddle
 import paddle.distributed as dist
 
 from .. import checkpoint
+from ..amp import AmpPlan
 from ..faults import Preempted
 from ..sync import collective
+from .selection import Best
 
 
 @dataclass
@@ -96,16 +98,23 @@ class ResumableBatchSampler(paddle.io.DistributedBatchSampler):
         super().__init__(dataset, batch_size=batch_size, num_replicas=env.world_size,
                          rank=env.global_rank, shuffle=shuffle, drop_last=drop_last)
         self.skip = 0
+        self.skipping = 0        # batches the epoch in progress leaves out
 
     def start(self, epoch: int, skip: int = 0) -> None:
         self.set_epoch(epoch)
-        self.skip = skip
+        if callable(getattr(self.dataset, "set_epoch", None)):   # per-epoch augmentation
+            self.dataset.set_epoch(epoch)
+        self.skip, self.skipping = skip, 0
 
     def __iter__(self):
-        skip, self.skip = self.skip, 0
+        self.skipping, self.skip = self.skip, 0
         for i, batch in enumerate(super().__iter__()):
-            if i >= skip:
+            if i >= self.skipping:
                 yield batch
+
+    def __len__(self):
+        """Batches this epoch yields (fewer on a resumed epoch: hapi finds its last one by this)."""
+        return super().__len__() - max(self.skipping, self.skip)
 
 
 class BatchLoader:
@@ -165,6 +174,28 @@ def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
 
 
 @paddle.no_grad()
+def average_buffers(net, env, phase=None) -> None:
+    """Average the model's floating-point state that no gradient moves (BatchNorm's running
+    statistics: Paddle keeps them as non-trainable parameters) over the ranks. Each rank's
+    come from its own shard; averaged at each epoch's end, evaluation and checkpoints see
+    one model, the same on every rank (like DDP's buffer broadcast, but once an epoch,
+    and using every rank's statistics)."""
+    trained = {id(p) for p in net.parameters() if not p.stop_gradient}
+    found = [t for t in net.state_dict().values() if id(t) not in trained and t.dtype in
+             (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)]
+    if not env.is_distributed or not found:
+        return
+    flat = paddle.concat([b.reshape([-1]).astype("float32") for b in found])
+    collective(dist.all_reduce, flat, phase=phase, what="all-reduce of buffers")
+    flat = flat / env.world_size
+    offset = 0
+    for b in found:
+        size = int(b.size)
+        b.set_value(flat[offset:offset + size].reshape(b.shape).astype(b.dtype))
+        offset += size
+
+
+@paddle.no_grad()
 def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int,
              beat: Callable[[], None] = lambda: None, phase=None,
              batched: bool = True) -> Dict[str, float]:
@@ -200,10 +231,14 @@ class Session:
     """
 
     def __init__(self, parts: Parts, cfg, env, run_dir: Optional[Path], progress, monitor,
-                 sync, optimizer, start: Position, limit: int, config_hash: str):
+                 sync, optimizer, start: Position, limit: int, config_hash: str,
+                 lr_policy=None):
         self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, run_dir
         self.progress, self.monitor, self.sync, self.optimizer = progress, monitor, sync, optimizer
         self.pos, self.limit, self.config_hash = start, limit, config_hash
+        self.lr_policy = lr_policy
+        self.amp, self.scaler = AmpPlan(), None      # mixed precision (set by the trainer)
+        self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
         self.saver = checkpoint.AsyncSaver()
         self.result = Result(run_dir=run_dir)
         self._epoch_losses: List[float] = []
@@ -218,6 +253,11 @@ class Session:
         self._epoch_losses = []
         self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
 
+    def before_step(self) -> None:
+        """Set the rate for the coming optimizer step (a function of the step alone)."""
+        if self.lr_policy is not None:
+            self.optimizer.set_lr(self.lr_policy.at(self.pos.global_step))
+
     def after_step(self, loss: float) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached."""
         self.pos.step_in_epoch += 1
@@ -226,7 +266,9 @@ class Session:
         self.result.step_times.append(time.perf_counter())
         if self.result.first_step_at is None:
             self.result.first_step_at = time.time()
-        self.progress.step(loss, float(self.optimizer.get_lr()))
+        measurable = self.env.is_distributed and self.sync.mode == "fused"
+        self.progress.step(loss, float(self.optimizer.get_lr()),
+                           self.sync.comm_seconds if measurable else None)
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         if self.sync.stop_requested:
             self._stop_for_preemption()
@@ -241,6 +283,7 @@ class Session:
         total, n = all_reduce_sum([sum(self._epoch_losses), len(self._epoch_losses)], self.env,
                                   self.monitor.phase)
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / max(n, 1)}
+        average_buffers(self.parts.model, self.env, self.monitor.phase)
         if self.parts.eval_data is not None:
             found = evaluate(self.parts.model, self.parts.eval_data, self.parts.loss, self.parts.task,
                              self.env, self.cfg.train.eval_batch_size, self.monitor.beat,
@@ -250,14 +293,32 @@ class Session:
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
         every = self.cfg.checkpoint.every_epochs
+        at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
         if every and (epoch + 1) % every == 0:
-            self.save(Position(epoch=epoch + 1, global_step=self.pos.global_step))
+            self.save(at)
+        self._select(metrics, at)
         self.progress.resume()
         return metrics
 
-    def save(self, at: Position) -> None:
+    def _select(self, metrics: Dict[str, Any], at: Position) -> None:
+        """Best checkpoint and early stopping, on rank 0's value (the same everywhere)."""
+        if self.best.monitor not in metrics:
+            return
+        value = metrics[self.best.monitor] if self.env.is_main else 0.0
+        metrics = dict(metrics, **{self.best.monitor: float(all_reduce_sum(
+            [value], self.env, self.monitor.phase)[0])})
+        if self.best.update(metrics) and self.cfg.checkpoint.save_best:
+            self.save(at, Path(self.run_dir or ".") / "best", keep_last=1)
+        if self.best.should_stop and not self.done:
+            self.progress.log.info(
+                f"early stop after epoch {at.epoch}: no better {self.best.monitor} in "
+                f"{self.best.stale} evaluations ({self.best.describe()})")
+            self.limit = self.pos.global_step
+
+    def save(self, at: Position, root: Optional[Path] = None, keep_last: Optional[int] = None) -> None:
         """Rank 0 snapshots the state now and writes it in the background: no other rank
-        ever waits inside a collective while the files are written."""
+        ever waits inside a collective while the files are written. `root`: where
+        (default <run>/checkpoints)."""
         if not (self.env.is_main and self.run_dir):
             return
         meta = {"global_step": at.global_step, "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
@@ -265,9 +326,11 @@ class Session:
                 "api": self.cfg.train.api, "config_hash": self.config_hash,
                 "history": self.result.history}
         snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta)
-        self.saver.submit(Path(self.run_dir) / "checkpoints", snap, self.cfg.checkpoint.keep_last,
+        self.saver.submit(root or Path(self.run_dir) / "checkpoints", snap,
+                          self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
                           before_write=self.monitor.save_delay(at.global_step))
-        self.progress.log.info(f"checkpoint for step {at.global_step} is being written")
+        what = "best checkpoint" if root is not None else "checkpoint"
+        self.progress.log.info(f"{what} for step {at.global_step} is being written")
 
     def _stop_for_preemption(self) -> None:
         self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step))

@@ -4,37 +4,71 @@
 handed a DataLoader over the same resumable distributed sampler as the loop trainer, so
 both API levels see the same shards in the same order and resume mid-epoch alike (a
 plain, unsharded DataLoader would make every rank train on all the data). Progress,
-exact evaluation, checkpoints and stop requests run through one callback.
+exact evaluation, checkpoints, stop requests and the lr policy run through one callback;
+gradient accumulation is hapi's own (`accumulate_grad_batches`).
 """
 
 from __future__ import annotations
 
 import paddle
 
+from ..amp import install_autocast
 from ..runtime import quiet_paddle
 from ..sync import disable_reducer
 from .common import Session, to_float, train_loader
 
 
 class _Bridge(paddle.callbacks.Callback):
-    def __init__(self, session: Session, sampler):
+    """hapi's callbacks -> the shared Session. With train.accumulate_steps = k, hapi calls
+    back after every micro-batch and steps the optimizer after every k-th (and the epoch's
+    last): the session sees optimizer steps only, with the group's mean loss."""
+
+    def __init__(self, session: Session, sampler, loss: "_GroupMean"):
         super().__init__()
-        self.session, self.sampler = session, sampler
+        self.session, self.sampler, self.loss = session, sampler, loss
         self.first = session.pos.epoch
+        self.k = session.cfg.train.accumulate_steps
+        self.group_losses = []
 
     def on_epoch_begin(self, epoch, logs=None):
         real = self.first + epoch          # hapi counts the epochs of this fit() call
-        self.sampler.start(real, self.session.pos.step_in_epoch if epoch == 0 else 0)
+        done = self.session.pos.step_in_epoch if epoch == 0 else 0
+        self.sampler.start(real, done * self.k)
         self.session.begin_epoch(real)
+        self.group_losses = []
+
+    def on_train_batch_begin(self, step, logs=None):
+        if step % self.k == 0:
+            self.session.before_step()
+            # Each micro-batch's loss is divided by its group's size, so the summed
+            # gradient is that of the group's mean loss (the epoch's last group may be short).
+            self.loss.divisor = min(self.k, len(self.sampler) - step)
 
     def on_train_batch_end(self, step, logs=None):
-        if self.session.after_step(to_float(logs["loss"])):
+        self.group_losses.append(to_float(logs["loss"]) * self.loss.divisor)
+        if (step + 1) % self.k and step + 1 != len(self.sampler):
+            return                          # hapi accumulates: no optimizer step yet
+        loss, self.group_losses = sum(self.group_losses) / len(self.group_losses), []
+        if self.session.after_step(loss):
             # The step limit: hapi leaves its batch loop when num_iters runs out, which it
             # checks right after this callback.
             self.model.num_iters = 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.session.end_epoch(self.first + epoch)
+        if self.session.done:          # early stop (hapi checks this after every epoch)
+            self.model.stop_training = True
+
+
+class _GroupMean:
+    """The loss divided by the number of micro-batches in the current group."""
+
+    def __init__(self, loss):
+        self.inner, self.divisor = loss, 1
+
+    def __call__(self, *args):
+        loss = self.inner(*args)
+        return loss / self.divisor if self.divisor > 1 else loss
 
 
 def run(session: Session) -> None:
@@ -47,7 +81,16 @@ def _fit(session: Session) -> None:
     model = paddle.Model(session.parts.model)
     if env.is_distributed and session.sync.mode != "dataparallel":
         disable_reducer(model._adapter.ddp_model)
-    model.prepare(optimizer=session.optimizer, loss=session.parts.loss)
+    loss = _GroupMean(session.parts.loss)
+    precision = session.amp
+    # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
+    # forward hooks, and hapi's AMP level is used just for its loss-scaling path (float16).
+    scaling = {"level": "O1", "init_loss_scaling": precision.loss_scale} if session.scaler else None
+    model.prepare(optimizer=session.optimizer, loss=loss, amp_configs=scaling)
+    if session.scaler is not None:
+        model._scaler = session.scaler          # checks the averaged gradients (amp.SyncedScaler)
+    install_autocast(session.parts.model, precision)
     loader, sampler = train_loader(session.parts, cfg, env)
     model.fit(loader, epochs=cfg.train.epochs - session.pos.epoch, verbose=0,
-              callbacks=[_Bridge(session, sampler)])
+              accumulate_grad_batches=cfg.train.accumulate_steps,
+              callbacks=[_Bridge(session, sampler, loss)])

@@ -13,6 +13,7 @@ import contextlib
 
 import paddle
 
+from ..amp import AmpPlan, autocast
 from ..sync import wrap
 from .common import Session, train_loader
 
@@ -30,7 +31,9 @@ def run(session: Session) -> None:
         sampler.start(epoch, done * k)
         session.begin_epoch(epoch)
         for group in groups(loader, k):
-            loss = step(model, parts.loss, group, session.optimizer, reducer_on)
+            session.before_step()
+            loss = step(model, parts.loss, group, session.optimizer, reducer_on,
+                        session.amp, session.scaler)
             if session.after_step(loss):
                 break
         session.end_epoch(epoch)
@@ -50,18 +53,26 @@ def groups(batches, k: int):
         yield group
 
 
-def step(model, loss_fn, group, optimizer, reducer_on: bool) -> float:
+def step(model, loss_fn, group, optimizer, reducer_on: bool, precision: AmpPlan = AmpPlan(),
+         scaler=None) -> float:
     """One optimizer step over the micro-batches in `group`; returns their mean loss.
 
     Each micro-batch's mean loss is divided by the group's size, so the summed gradient
-    is that of the mean loss over all the group's samples (equal micro-batch sizes)."""
+    is that of the mean loss over all the group's samples (equal micro-batch sizes).
+    `precision` and `scaler`: mixed precision and its loss scaling (amp.py)."""
     total = 0.0
     for i, (x, y) in enumerate(group):
         quiet = reducer_on and i < len(group) - 1
         with model.no_sync() if quiet else contextlib.nullcontext():
-            loss = loss_fn(model(x), y)
-            (loss / len(group) if len(group) > 1 else loss).backward()
+            with autocast(precision):
+                loss = loss_fn(model(x), y)
+            part = loss / len(group) if len(group) > 1 else loss
+            (scaler.scale(part) if scaler is not None else part).backward()
         total += float(loss)
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)      # averages, then skips the step on inf/nan
+        scaler.update()
+    else:
+        optimizer.step()
     optimizer.clear_grad()
     return total / len(group)

@@ -6,6 +6,8 @@ writes every variant's final weights and sync counts to <out>/rank<N>.npz / .jso
 """
 
 import argparse
+import collections
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,7 +29,15 @@ VARIANTS = {
     "accumulate_dataparallel": ["sync.mode=dataparallel", f"train.batch_size={BATCH // 2}",
                                 "train.accumulate_steps=2"],
     "hapi_fused": ["train.api=hapi"],
+    # k micro-batches of B/k must equal one batch of B (the loss is each group's mean).
+    "hapi_accumulate": ["train.api=hapi", f"train.batch_size={BATCH // 2}", "train.accumulate_steps=2"],
+    "accumulate4": [f"train.batch_size={BATCH // 4}", "train.accumulate_steps=4"],
+    "hapi_accumulate4": ["train.api=hapi", f"train.batch_size={BATCH // 4}", "train.accumulate_steps=4"],
+    # float16 loss scaling, forced on (see force_loss_scaling): averaged before the inf check
+    "loss_scaled": [],
+    "hapi_loss_scaled": ["train.api=hapi"],
 }
+LOSS_SCALED = ("loss_scaled", "hapi_loss_scaled")
 
 
 # ----------------------------------------------------------------- the script
@@ -36,10 +46,51 @@ def make_net(paddle):
     return paddle.nn.Sequential(paddle.nn.Linear(784, 24), paddle.nn.ReLU(), paddle.nn.Linear(24, 10))
 
 
+@contextlib.contextmanager
+def force_loss_scaling(amp):
+    """Paddle turns AMP off on CPU (its auto_cast and GradScaler do nothing there). Force
+    the loss scaler on, so that 2 real ranks prove the scaled path (gradients averaged
+    before the scaler's inf/nan check, then unscaled) trains exactly like the plain one."""
+    plan, scaler_class = amp.plan, amp.synced_scaler_class
+    unscaled = []          # the scale at each unscale: the scaled path really ran
+
+    def forced_class():
+        import paddle
+        from paddle.amp.grad_scaler import _refresh_optimizer_state
+
+        class Forced(scaler_class()):
+            def __init__(self, sync, init_loss_scaling):
+                super().__init__(sync, init_loss_scaling)
+                # What GradScaler.__init__ sets up when it is enabled (on a GPU).
+                self._enable = self._use_dynamic_loss_scaling = True
+                self._init_loss_scaling, self._incr_ratio, self._decr_ratio = init_loss_scaling, 2.0, 0.5
+                self._incr_every_n_steps, self._decr_every_n_nan_or_inf = 1000, 2
+                self._incr_count = self._decr_count = 0
+                (self._found_inf, self._temp_found_inf_value_false, self._temp_found_inf_fp16,
+                 self._temp_found_inf_bf16, self._temp_found_inf_fp32) = (
+                    paddle.to_tensor(np.array([0]).astype(np.bool_)) for _ in range(5))
+                self._scale = paddle.to_tensor(np.array([init_loss_scaling], dtype=np.float32))
+                self._cache_found_inf = None
+                self._optimizer_states = collections.defaultdict(_refresh_optimizer_state)
+
+            def _unscale(self, optimizer):
+                unscaled.append(float(self._scale.numpy()[0]))
+                return super()._unscale(optimizer)
+        return Forced
+
+    amp.plan = lambda train, device, bf16_supported=None: amp.AmpPlan("O1", "float16", 1024.0)
+    amp.synced_scaler_class = forced_class
+    try:
+        yield unscaled
+    finally:
+        amp.plan, amp.synced_scaler_class = plan, scaler_class
+
+
 def train_all(out: Path) -> None:
     import paddle
 
     import paddle_dist
+    from paddle_dist import amp
     from paddle_dist.data import mnist_dataset
 
     train_data = mnist_dataset("", "train", flatten=True)
@@ -55,12 +106,14 @@ def train_all(out: Path) -> None:
         env = paddle_dist.setup(cfg)
         rank = env.global_rank
         net = make_net(paddle)
-        result = paddle_dist.fit(net, train_data, config=cfg,
-                                 optimizer=lambda ps: paddle.optimizer.SGD(0.05, parameters=ps))
+        with force_loss_scaling(amp) if name in LOSS_SCALED else contextlib.nullcontext() as unscaled:
+            result = paddle_dist.fit(net, train_data, config=cfg,
+                                     optimizer=lambda ps: paddle.optimizer.SGD(0.05, parameters=ps))
         for key, value in net.state_dict().items():
             weights[f"{name}/{key}"] = value.numpy()
         info[name] = {"steps": result.steps, "comm_calls": result.comm_calls,
-                      "transport": result.sync_transport, "world_size": env.world_size}
+                      "transport": result.sync_transport, "world_size": env.world_size,
+                      "unscaled": unscaled}
     np.savez(out / f"rank{rank}.npz", **weights)
     (out / f"rank{rank}.json").write_text(json.dumps(info))
 
@@ -98,13 +151,21 @@ def test_every_variant_ran_on_two_ranks_and_the_ranks_agree_bit_for_bit(ranks):
 
 
 @pytest.mark.parametrize("name", ["fused", "backend", "buckets", "accumulate",
-                                  "accumulate_dataparallel", "hapi_fused"])
+                                  "accumulate_dataparallel", "hapi_fused", "hapi_accumulate",
+                                  "accumulate4", "hapi_accumulate4", *LOSS_SCALED])
 def test_exact_options_equal_paddle_dataparallel(ranks, name):
     weights = ranks[0][0]
     reference = variant(weights, "dataparallel")
     assert max_diff(variant(weights, name), reference) <= 1e-6
     # ...and training moved the weights far more than that: the comparison means something.
     assert max_diff(variant(weights, name), variant(weights, "initial")) > 1e-2
+
+
+def test_loss_scaling_averages_before_unscaling_once_per_step(ranks):
+    info = ranks[0][1]
+    for name in LOSS_SCALED:
+        assert info[name]["unscaled"] == [1024.0] * STEPS, name
+        assert info[name]["comm_calls"] == STEPS, name        # averaged once, not twice
 
 
 def test_bf16_compression_is_close_but_approximate(ranks):
@@ -120,7 +181,8 @@ def test_communication_counts(ranks):
     assert info["fused"]["comm_calls"] == STEPS             # one round, stop flag included
     assert info["backend"]["comm_calls"] == STEPS           # one buffer, stop flag included
     assert info["buckets"]["comm_calls"] == 3 * STEPS
-    assert info["accumulate"]["comm_calls"] == STEPS        # 2 micro-batches, one all-reduce
+    for name in ("accumulate", "accumulate4", "hapi_accumulate", "hapi_accumulate4"):
+        assert info[name]["comm_calls"] == STEPS, name      # k micro-batches, one exchange
     assert info["dataparallel"]["comm_calls"] == STEPS // 16   # only the periodic stop flag
 
 

@@ -92,6 +92,13 @@ def _usage_error(args, *words):
      ["nosuch9", "no interface", "lo"]),
     (["train.py", "-o", "dist.nprocs=2", "-o", "sync.compress=fp16"], ["fp16", "gloo", "bf16"]),
     (["train.py", "-o", "sync.mode=dataparallel", "-o", "sync.transport=shm"], ["sync.transport"]),
+    # mixed precision: Paddle runs it on GPUs only (on CPU it would silently do nothing)
+    (["train.py", "-o", "dist.nprocs=2", "-o", "train.amp=O1"], ["train.amp=O1", "GPU", "train.amp=off"]),
+    (["train.py", "-o", "train.amp=O2"], ["train.amp=O2", "GPU", "train.amp=off"]),
+    (["train.py", "-o", "model.name=resnet18"], ["resnet18", "3x32x32", "1x28x28", "lenet"]),
+    (["train.py", "-o", "dist.nprocs=2", "-o", "data.name=cifar10", "-o", "model.name=resnet18",
+      "-o", "data.root=/nonexistent/cifar"], ["/nonexistent/cifar", "cifar-10-python.tar.gz"]),
+    (["train.py", "-o", "train.lr_schedule=step"], ["train.lr_milestones"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
     _usage_error(args, *words)

@@ -272,8 +272,8 @@ def test_launch_spawn_exports_the_plan_env_only_while_spawning(monkeypatch):
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     p = make_plan(["dist.nprocs=2", "dist.launcher=spawn", "dist.nccl.debug=INFO"])
     assert _run_spawn_plan(monkeypatch, p, fake_spawn) == 0
-    assert seen == dict(fn=print, args=("x",), nprocs=2, backend="gloo", options={}, join=False,
-                        debug="INFO")
+    assert seen == dict(fn=print, args=("x",), nprocs=2, backend="gloo",
+                        options={"start_method": "fork"}, join=False, debug="INFO")
     assert "NCCL_DEBUG" not in os.environ
 
 
@@ -282,6 +282,18 @@ def test_launch_spawn_passes_gpus_and_picks_nccl(monkeypatch):
     p = make_plan(["dist.gpus=1,2", "dist.launcher=spawn"], info=FOUR_GPUS)
     _run_spawn_plan(monkeypatch, p, lambda fn, **kw: seen.update(kw) or _Context)
     assert (seen["nprocs"], seen["backend"], seen["gpus"]) == (2, "nccl", "1,2")
+    assert seen["start_method"] == "spawn"       # CUDA cannot be used in a forked child
+
+
+def test_spawn_forks_on_cpu_unless_told_otherwise():
+    assert make_plan(["dist.nprocs=2", "dist.launcher=spawn"]).start_method == "fork"
+    chosen = make_plan(["dist.nprocs=2", "dist.launcher=spawn", "dist.start_method=forkserver"])
+    assert chosen.start_method == "forkserver"
+
+
+def test_fork_with_gpus_is_a_device_error():
+    with pytest.raises(DeviceError, match="dist.start_method=spawn"):
+        make_plan(["dist.gpus=1,2", "dist.launcher=spawn", "dist.start_method=fork"], info=FOUR_GPUS)
 
 
 def test_launch_refuses_a_plan_that_starts_nothing():

@@ -1,0 +1,56 @@
+"""Best-checkpoint selection and early stopping, decided the same way on every rank.
+
+The monitored value (`checkpoint.monitor`) comes from the exact evaluation, whose sums
+are all-reduced; the session also takes rank 0's value over the others' (one tiny
+broadcast), so no rounding difference can ever make one rank stop while another goes on.
+The state is rebuilt from the run's history on resume, so a resumed run decides exactly
+like an uninterrupted one.
+
+Example:
+    best = Best("eval_accuracy", patience=3)
+    best.update({"epoch": 1, "eval_accuracy": 0.91})   # True: the first value is the best so far
+    best.should_stop                                   # False
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Optional
+
+
+@dataclass
+class Best:
+    monitor: str = "eval_accuracy"     # eval_accuracy (higher is better) | eval_loss | train_loss
+    patience: int = 0                  # evaluations without improvement before stopping; 0 = never
+    value: Optional[float] = None
+    epoch: int = 0                     # 1-based epoch of the best value
+    stale: int = 0                     # evaluations since it
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.monitor.endswith("accuracy")
+
+    def update(self, metrics: Dict[str, Any]) -> bool:
+        """Take one epoch's metrics; True when they hold a new best value."""
+        value = metrics.get(self.monitor)
+        if value is None:
+            return False
+        better = self.value is None or (value > self.value if self.higher_is_better
+                                        else value < self.value)
+        if better:
+            self.value, self.epoch, self.stale = float(value), int(metrics["epoch"]), 0
+        else:
+            self.stale += 1
+        return better
+
+    def replay(self, history: Iterable[Dict[str, Any]]) -> "Best":
+        for metrics in history:
+            self.update(metrics)
+        return self
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self.patience) and self.stale >= self.patience
+
+    def describe(self) -> str:
+        return f"best {self.monitor} {self.value:.4f} at epoch {self.epoch}"
