@@ -11,6 +11,8 @@ import warnings
 
 # `import paddle` warns about a missing ccache on every import, in every rank.
 warnings.filterwarnings("ignore", message="No ccache found")
+# BatchNorm says, at every training forward, that it tracks the running statistics.
+warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 
 from .env import DistEnv, detect  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as load_config  # noqa: E402
