@@ -38,14 +38,15 @@ bench: $(STAMP)
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
 	$(PY) tools/plot_bench.py $(BENCH_OUT) docs/img
 
-# OpenMPI (mpirun tests) and iproute2 (two-host tests in network namespaces): installed
+# OpenMPI (mpirun tests), iproute2 (two-host tests in network namespaces) and Chromium
+# (the VisualDL page rendered by tools/visualdl_shot.py): installed
 # when we may (root with apt-get); otherwise the tests that need them skip, saying why.
 system-deps:
-	@if ! command -v mpirun >/dev/null || ! command -v ip >/dev/null; then \
+	@if ! command -v mpirun >/dev/null || ! command -v ip >/dev/null || ! command -v chromium >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing openmpi-bin and iproute2"; \
-			apt-get update -qq && apt-get install -y -qq openmpi-bin iproute2 >/dev/null; \
-		else echo "note: mpirun or ip missing and not root: their tests will be skipped"; fi; \
+			echo "installing openmpi-bin, iproute2 and chromium"; \
+			apt-get update -qq && apt-get install -y -qq openmpi-bin iproute2 chromium >/dev/null; \
+		else echo "note: mpirun, ip or chromium missing and not root: their tests will be skipped"; fi; \
 	fi
 
 setup: $(STAMP)

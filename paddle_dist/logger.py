@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import sys
 import time
@@ -143,6 +145,11 @@ class Progress:
 
 
 def _visualdl_writer(run_dir: Path):
+    """A writer that appends to the run's newest log file: VisualDL shows only the newest
+    file of a directory, so a resumed run must not start a second one."""
     from visualdl import LogWriter
 
-    return LogWriter(logdir=str(Path(run_dir) / "vdl"))
+    logdir = Path(run_dir) / "vdl"
+    existing = sorted(logdir.glob("vdlrecords.*.log"), key=lambda p: p.stat().st_mtime)
+    with contextlib.redirect_stdout(io.StringIO()):     # "... is exists, VisualDL will add logs to it."
+        return LogWriter(logdir=str(logdir), file_name=existing[-1].name if existing else "")

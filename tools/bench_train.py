@@ -87,6 +87,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=_positive, help="timed steps (lenet 300, mlp 1000)")
     p.add_argument("--warmup", type=_positive, default=30, help="untimed steps first (30)")
     p.add_argument("--reps", type=_positive, default=3, help="repetitions of each run (3)")
+    p.add_argument("--parallel-only", action="store_true",
+                   help="skip the 1-rank runs (no efficiency): more reps of the N-rank ratios")
     p.add_argument("--variants", default="",
                    help="comma-separated (default: paddle_dist,paddle_dataparallel and "
                         "torch_ddp when torch is installed)")
@@ -168,7 +170,7 @@ def _free_port() -> int:
 
 def measure(args) -> Dict[str, Dict[int, List[float]]]:
     runs = {name: {1: [], args.nprocs: []} for name in args.names}
-    worlds = sorted({1, args.nprocs})
+    worlds = [args.nprocs] if args.parallel_only else sorted({1, args.nprocs})
     with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
         for rep in range(args.reps):
             # Each rep starts with another variant: a run's position in the sequence
@@ -191,8 +193,8 @@ def summarise(args, runs) -> dict:
     for name, by_world in runs.items():
         per_rep = [many / (n * one) for one, many in zip(by_world[1], by_world[n])]
         out[name] = {"samples_per_s": statistics.median(by_world[n]),
-                     "samples_per_s_1rank": statistics.median(by_world[1]),
-                     "efficiency": statistics.median(per_rep),
+                     "samples_per_s_1rank": statistics.median(by_world[1]) if by_world[1] else None,
+                     "efficiency": statistics.median(per_rep) if per_rep else None,
                      "runs": {str(k): v for k, v in by_world.items()}}
     for key, base in (("vs_reference", REFERENCE), ("vs_paddle_dist", "paddle_dist")):
         if base in runs:
@@ -208,8 +210,9 @@ def table(args, variants: dict) -> str:
              "vs paddle_dist |", "|---|---:|---:|---:|---:|---:|"]
     for name, v in variants.items():
         ref, ours = (f"{v[key]:.2f}x" if key in v else "-" for key in ("vs_reference", "vs_paddle_dist"))
-        lines.append(f"| {name} | {v['samples_per_s_1rank']:,.0f} | {v['samples_per_s']:,.0f} | "
-                     f"{v['efficiency']:.2f} | {ref} | {ours} |")
+        one, eff = v["samples_per_s_1rank"], v["efficiency"]
+        lines.append(f"| {name} | {'-' if one is None else f'{one:,.0f}'} | {v['samples_per_s']:,.0f} | "
+                     f"{'-' if eff is None else f'{eff:.2f}'} | {ref} | {ours} |")
     return "\n".join(lines)
 
 
@@ -232,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.worker:
         return worker_main(args)
     print(f"{PROG}: {args.model}, batch {args.batch}/rank, {args.warmup} + {args.steps} steps, "
-          f"1 and {args.nprocs} ranks, {args.reps} reps: {', '.join(args.names)}", flush=True)
+          f"{'' if args.parallel_only else '1 and '}{args.nprocs} ranks, {args.reps} reps: {', '.join(args.names)}", flush=True)
     try:
         variants = summarise(args, measure(args))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:

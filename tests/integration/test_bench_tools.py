@@ -26,6 +26,20 @@ def test_bench_train_compares_variants_and_writes_json(tmp_path):
     assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 1 + 3
 
 
+def test_bench_train_parallel_only_skips_the_single_rank_runs(tmp_path):
+    out = tmp_path / "overhead.json"
+    result = check(run(["tools/bench_train.py", "--model", "lenet", "--nprocs", "2", *TINY,
+                        "--reps", "2", "--parallel-only", "--variants",
+                        "paddle_dist_dpsync,paddle_dataparallel", "--json", str(out)], timeout=300))
+    found = json.loads(out.read_text())["variants"]
+    for v in found.values():
+        assert v["runs"]["1"] == [] and len(v["runs"]["2"]) == 2 and v["efficiency"] is None
+    mine, ref = found["paddle_dist_dpsync"]["runs"]["2"], found["paddle_dataparallel"]["runs"]["2"]
+    ratios = [a / b for a, b in zip(mine, ref)]                 # per rep; median of two = mean
+    assert abs(found["paddle_dist_dpsync"]["vs_reference"] - sum(ratios) / 2) < 1e-9
+    assert "| paddle_dist_dpsync | - |" in result.stdout
+
+
 def test_bench_train_refuses_bad_input_with_one_line():
     for args in (["--model", "resnet"], ["--variants", "nope"], ["--variant", "x"]):
         result = run(["tools/bench_train.py", *args], timeout=60)
