@@ -69,8 +69,9 @@ def test_bare_paddle_launch_names_the_failed_rank(tmp_path):
                  ["-o", "faults.inject=raise:1:5", "-o", f"output.run_dir={tmp_path / 'run'}"],
                  timeout=120)
     assert result.returncode != 0
-    # Paddle's launcher shows rank 0's output, where the survivor explains the failure.
-    assert "Root cause: rank 1 raised RuntimeError" in result.stdout + result.stderr
+    # The survivor explains the failure in its own output (Paddle's launcher relays it to
+    # the terminal only while it still watches: once it has seen rank 1 fail, it may stop).
+    assert "Root cause: rank 1 raised RuntimeError" in (tmp_path / "log" / "workerlog.0").read_text()
     assert _status(tmp_path / "run", 0)["state"] == "stopped"
 
 
