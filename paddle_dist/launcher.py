@@ -156,10 +156,10 @@ def rank_variables(nprocs: int, selected: Sequence[str], port: int,
     return out
 
 
-def free_port() -> int:
-    """A TCP port free at this moment (the kernel's pick)."""
+def free_port(host: str = "") -> int:
+    """A TCP port free at this moment on `host` ("" = every address; the kernel's pick)."""
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from . import config as configlib
-from . import amp, data, models, runtime, trainer
+from . import data, models, runtime, trainer
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
@@ -43,7 +43,6 @@ def build_parts(cfg) -> Parts:
 def main(cfg) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
     env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
-    amp.plan(cfg.train, env.device)   # a mode this device cannot run fails before any output
     return trainer.train(build_parts(cfg), cfg, env)
 
 

@@ -45,6 +45,8 @@ from typing import Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
+
 PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {
     "paddle_dist": [],
@@ -147,7 +149,7 @@ def run_once(args, name: str, world: int, workdir: Path) -> float:
         cmd = [sys.executable] + worker
     elif kind == "torch_ddp":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-               "--master_port", str(_free_port())] + worker
+               "--master_port", str(free_port("127.0.0.1"))] + worker
     else:
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(world),
                "--log_dir", str(workdir / "logs"), "--log_level", "ERROR"] + worker
@@ -158,14 +160,6 @@ def run_once(args, name: str, world: int, workdir: Path) -> float:
         tail = "\n".join(proc.stdout.splitlines()[-15:])
         raise RuntimeError(f"{name} on {world} rank(s) failed (exit {proc.returncode}):\n{tail}")
     return json.loads(out.read_text())["samples_per_s"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(args) -> Dict[str, Dict[int, List[float]]]:

@@ -29,7 +29,6 @@ import http.server
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
 
 PROG = "visualdl_shot"
 HOST = "127.0.0.1"
@@ -110,12 +112,6 @@ def vdl_logdir(run_dir: Path) -> Path:
     return logdir
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
 def visualdl_argv(logdir: Path, port: int) -> List[str]:
     """The command users type (`visualdl`, installed beside this Python), else the module it
     runs. Telemetry off: nothing leaves this machine.
@@ -142,7 +138,7 @@ def serve(logdir: Path, timeout_s: float = 60.0) -> Iterator[Server]:
         with serve(Path("runs/x/vdl")) as vdl:
             urllib.request.urlopen(vdl.url + "/app/api/runs")
     """
-    port = free_port()
+    port = free_port(HOST)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(visualdl_argv(logdir, port), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, **OWN_GROUP)

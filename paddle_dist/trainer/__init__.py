@@ -63,6 +63,7 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     (the checkpoint is saved by then); every rank records its outcome in <run>/status/.
     """
     started = time.perf_counter()
+    precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
     run_dir = runtime.make_run_dir(cfg, env)
     log = logger.setup(run_dir, env)
     if env.is_main:
@@ -71,7 +72,7 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running():
         try:
-            result = _run(parts, cfg, env, run_dir, monitor, log)
+            result = _run(parts, cfg, env, run_dir, monitor, log, precision)
         except BaseException as exc:
             state = faults.outcome_of(exc)
             monitor.finish(state, exc)
@@ -89,9 +90,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     return result
 
 
-def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log) -> Result:
+def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan) -> Result:
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
-    amp_plan = amp.plan(cfg.train, env.device)
     parts.model, optimizer = amp.decorate(parts.model, optimizer, amp_plan)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop)
     grad_sync.attach(optimizer)

@@ -307,8 +307,9 @@ class Session:
         value = metrics[self.best.monitor] if self.env.is_main else 0.0
         metrics = dict(metrics, **{self.best.monitor: float(all_reduce_sum(
             [value], self.env, self.monitor.phase)[0])})
-        if self.best.update(metrics) and self.cfg.checkpoint.save_best:
-            self.save(at, Path(self.run_dir or ".") / "best", keep_last=1)
+        improved = self.best.update(metrics)      # on every rank: it is the early-stop state
+        if improved and self.cfg.checkpoint.save_best and self.run_dir:
+            self.save(at, Path(self.run_dir) / "best", keep_last=1)
         if self.best.should_stop and not self.done:
             self.progress.log.info(
                 f"early stop after epoch {at.epoch}: no better {self.best.monitor} in "
