@@ -35,6 +35,8 @@ bench: $(STAMP)
 		--variants paddle_dist --variant dataloader=data.batched=false --json $(BENCH_OUT)/data_$$m.json; done
 	for t in backend shm; do $(PY) -m paddle_dist.launch --nprocs 2 --log_dir $(BENCH_OUT)/log \
 		tools/allreduce_perf.py -b 1K -e 64M -f 4 --transport $$t --json $(BENCH_OUT)/allreduce_$$t.json; done
+	for m in lenet mlp; do $(PY) tools/bench_overhead.py --model $$m \
+		--variants paddle_dist_dpsync,paddle_dist_hapi_dpsync --json $(BENCH_OUT)/overhead_$$m.json; done
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
 	$(PY) tools/plot_bench.py $(BENCH_OUT) docs/img
 

@@ -46,7 +46,11 @@ class PeerFailure(RuntimeError):
     """A collective failed: another rank died, hung, or the connection broke."""
 
 
-STOP_CHECK_EVERY = 16   # sync.mode=dataparallel: steps between the (separate) stop-flag all-reduces
+# sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
+# exchange it about once every STOP_CHECK_S seconds (and at most STOP_CHECK_MAX steps
+# apart): an extra collective at every step would cost a small model several percent.
+STOP_CHECK_S = 1.0
+STOP_CHECK_MAX = 1000
 HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 
 
@@ -58,7 +62,7 @@ class GradSync(ClipGradBase):
     per dtype, or capped at `bucket_mb` MiB each), optionally cast to 16 bits
     (`compress`), by the process group's all-reduce. mode "dataparallel":
     paddle.DataParallel's reducer has already averaged them in backward(); only the stop
-    flag is exchanged, every STOP_CHECK_EVERY steps.
+    flag is exchanged, about once a second (`stop_check_interval`).
     """
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
@@ -77,6 +81,7 @@ class GradSync(ClipGradBase):
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time spent averaging (fused mode; the reducer's is hidden in backward)
         self.averaged_early = False
+        self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
     @classmethod
     def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":
@@ -123,10 +128,8 @@ class GradSync(ClipGradBase):
             self.stop_requested = bool(stop)
             return params_grads
         if self.mode == "dataparallel":
-            if self.steps % STOP_CHECK_EVERY == 0:
-                flag = paddle.to_tensor([stop], dtype="float32")
-                self._all_reduce(flag, "stop-flag all-reduce")
-                self.stop_requested = float(flag.numpy()[0]) > 0
+            if self.steps >= self._next_check:
+                self._check_stop(stop)
             return params_grads
         present = [(p, g) for p, g in params_grads if g is not None]
         if self._use_shm(present):
@@ -145,6 +148,20 @@ class GradSync(ClipGradBase):
             self._all_reduce(flag, "stop-flag all-reduce")
         self.stop_requested = float(flag.numpy()[0]) > 0
         return [(p, averaged.get(id(p), g)) for p, g in params_grads]
+
+    def _check_stop(self, stop: float) -> None:
+        """Exchange the stop flag, with rank 0's choice of the step for the next exchange:
+        every rank then checks at the same step (rank 0 alone adds a non-zero interval)."""
+        now = time.perf_counter()
+        every = 0.0
+        if self.env.global_rank == 0:
+            step, at = self._checked
+            every = float(stop_check_interval((now - at) / max(self.steps - step, 1)))
+        flag = paddle.to_tensor([stop, every], dtype="float32")
+        self._all_reduce(flag, "stop-flag all-reduce")
+        stops, every = flag.numpy().tolist()
+        self.stop_requested = stops > 0
+        self._next_check, self._checked = self.steps + max(int(every), 1), (self.steps, now)
 
     def buckets(self, present) -> List[list]:
         """Group (param, grad) pairs by dtype, in order, each group at most bucket_bytes
@@ -225,6 +242,13 @@ class GradSync(ClipGradBase):
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1
         collective(dist.all_reduce, tensor, phase=self.phase, what=what)
+
+
+def stop_check_interval(seconds_per_step: float) -> int:
+    """Steps between two stop-flag exchanges: about STOP_CHECK_S seconds' worth."""
+    if seconds_per_step <= 0:
+        return STOP_CHECK_MAX
+    return max(1, min(STOP_CHECK_MAX, round(STOP_CHECK_S / seconds_per_step)))
 
 
 def open_shm(env, chunk: int, phase=None) -> Optional[shm.ShmReducer]:

@@ -23,6 +23,7 @@ Variants (--variants, comma-separated):
 - paddle_dist_dpsync: the loop trainer with Paddle's own DataParallel reducer and a
   paddle.io.DataLoader, the reference's sync and data path: its gap to the reference is
   paddle_dist's own overhead
+- paddle_dist_hapi_dpsync: the same through paddle.Model.fit
 - paddle_dataparallel: the raw recipe, written below: init_parallel_env, DataParallel,
   DistributedBatchSampler + DataLoader, Adam
 - torch_ddp: the same model and loop in PyTorch with DistributedDataParallel (gloo)
@@ -52,6 +53,7 @@ PADDLE_DIST_VARIANTS = {
     "paddle_dist": [],
     "paddle_dist_hapi": ["train.api=hapi"],
     "paddle_dist_dpsync": ["sync.mode=dataparallel", "data.batched=false"],
+    "paddle_dist_hapi_dpsync": ["train.api=hapi", "sync.mode=dataparallel", "data.batched=false"],
 }
 OTHER_VARIANTS = ("paddle_dataparallel", "torch_ddp")
 REFERENCE = "paddle_dataparallel"

@@ -63,3 +63,64 @@ def test_bench_startup_and_the_charts(tmp_path):
     for name in ("throughput_vs_ranks.png", "busbw_vs_size.png"):
         png = (tmp_path / "img" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
+
+
+def _bench_overhead():
+    import sys
+
+    from .procs import ROOT
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import bench_overhead
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return bench_overhead
+
+
+def test_bench_overhead_times_paddle_dist_and_the_raw_recipe_step_by_step(tmp_path):
+    out = tmp_path / "overhead.json"
+    result = check(run(["tools/bench_overhead.py", "--model", "mlp", "--steps", "60", "--warmup", "2",
+                        "--chunk", "10", "--batch", "16", "--launches", "1", "--variants",
+                        "paddle_dist_dpsync,paddle_dist_hapi", "--json", str(out)], timeout=300))
+    found = json.loads(out.read_text())["variants"]
+    assert set(found) == {"paddle_dist_dpsync", "paddle_dist_hapi"}
+    for name, v in found.items():
+        assert v["chunks"] == 6, name                   # 60 timed step pairs in chunks of 10
+        low, high = v["ratio_interval_95"]              # 6 chunks: the interval is min..max
+        assert 0 < low <= v["ratio_median"] <= high, name
+        assert v["step_ms"] > 0 and v["raw_step_ms"] > 0
+        assert len(v["per_job"]) == 1 and len(v["per_job_other_ranks"][0]) == 1   # rank 1's view
+    assert "paddle_dist_hapi against paddle_dist_dpsync:" in result.stdout
+    assert "| paddle_dist_dpsync |" in result.stdout
+
+
+def test_bench_overhead_gate_fails_below_min_ratio_and_refuses_bad_input():
+    result = run(["tools/bench_overhead.py", "--model", "mlp", "--steps", "12", "--warmup", "2",
+                  "--chunk", "2", "--batch", "16", "--launches", "1", "--nprocs", "1",
+                  "--min-ratio", "50"], timeout=300)
+    assert result.returncode == 1 and "FAILED" in result.stderr and "above 50" in result.stderr
+    for args in (["--variants", "nope"], ["--variants", "paddle_dist,paddle_dist"],
+                 ["--chunk", "99", "--steps", "10"], ["--min-ratio", "-1"]):
+        result = run(["tools/bench_overhead.py", *args], timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "bench_overhead: error" in result.stderr
+
+
+def test_the_median_interval_is_the_binomial_one_and_covers_the_median():
+    import random
+
+    tool = _bench_overhead()
+    values = list(range(20))
+    random.Random(1).shuffle(values)
+    assert tool.median_interval(values) == (5, 14)           # ranks 6 and 15 of 20 (tables)
+    assert tool.median_interval([3, 1, 2, 6, 5, 4]) == (1, 6)
+    assert tool.median_interval([1, 2, 3, 4, 5]) is None      # too few for 95 %
+    rng = random.Random(7)
+    true_median = 1.0                                          # of the lognormal below
+    hits = 0
+    for _ in range(2000):
+        low, high = tool.median_interval([rng.lognormvariate(0, 1) for _ in range(30)])
+        hits += low <= true_median <= high
+    assert 0.95 <= hits / 2000 <= 0.99
+    assert tool.chunk_ratios([1, 1, 2, 2, 9], [1, 2, 1, 1, 9], 2) == [2 / 3, 2.0]

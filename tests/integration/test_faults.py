@@ -136,10 +136,11 @@ def _finish(proc, killer, lines):
     return "".join(lines) + out, err
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_75(tmp_path):
+@pytest.mark.parametrize("mode", ["fused", "dataparallel"])    # the stop flag: every step / ~1 s
+def test_sigterm_saves_a_checkpoint_and_exits_75(mode, tmp_path):
     proc, killer, lines = _start_and_wait_for_training(
         TWO_RANKS["launch"] + JOB + ["-o", "train.epochs=50", "-o", "train.log_every=1",
-                                     "-o", f"output.run_dir={tmp_path}"])
+                                     "-o", f"sync.mode={mode}", "-o", f"output.run_dir={tmp_path}"])
     proc.send_signal(signal.SIGTERM)
     out, err = _finish(proc, killer, lines)
     assert proc.returncode == 75, err

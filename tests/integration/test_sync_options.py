@@ -183,7 +183,10 @@ def test_communication_counts(ranks):
     assert info["buckets"]["comm_calls"] == 3 * STEPS
     for name in ("accumulate", "accumulate4", "hapi_accumulate", "hapi_accumulate4"):
         assert info[name]["comm_calls"] == STEPS, name      # k micro-batches, one exchange
-    assert info["dataparallel"]["comm_calls"] == STEPS // 16   # only the periodic stop flag
+    # With the reducer only the stop flag is exchanged, about once a second, at steps that
+    # rank 0 picks and every rank follows: step 1, then a few more at most in 20 steps.
+    calls = [rank[1]["dataparallel"]["comm_calls"] for rank in ranks]
+    assert calls[0] == calls[1] and 1 <= calls[0] <= STEPS
 
 
 if __name__ == "__main__":
