@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
 
-# The numbers in docs/benchmarks.md (about 30 minutes on 2 cores; run nothing else meanwhile).
+# The numbers in docs/benchmarks.md (about 45 minutes on 2 cores; run nothing else meanwhile).
 # PyTorch, when installed in the venv, adds the torch_ddp variant.
 BENCH_OUT ?= bench-results
 bench: $(STAMP)
