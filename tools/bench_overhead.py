@@ -57,28 +57,21 @@ DEFAULT_STEPS = {"lenet": 600, "mlp": 2000}
 
 
 def _fail(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {message}\n")
-    sys.exit(2)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        _fail(f"{message} (see --help)")
+    bench_train._fail(message, PROG)
 
 
 def _ratio(text: str) -> float:
     try:
-        value = float(text)
+        if float(text) > 0:
+            return float(text)
     except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
+        pass
+    raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     positive = bench_train._positive
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = bench_train._Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=("lenet", "mlp"), default="lenet")
     p.add_argument("--variants", default="paddle_dist_dpsync",

@@ -62,14 +62,16 @@ LR = 0.001
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {message}\n")
+def _fail(message: str, prog: str = PROG) -> None:
+    sys.stderr.write(f"{prog}: error: {message}\n")
     sys.exit(2)
 
 
 class _Parser(argparse.ArgumentParser):
+    """Bad input: one line and exit 2 (also for the other benchmark tools)."""
+
     def error(self, message):
-        _fail(f"{message} (see --help)")
+        _fail(f"{message} (see --help)", self.prog)
 
 
 def _positive(text: str) -> int:
