@@ -227,40 +227,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 # ---------------------------------------------------------------- the worker (one per rank)
-class RawRecipe:
-    """The raw recipe of bench_train.py, one step at a time (built once the process group is
-    up, i.e. inside paddle_dist's job)."""
-
-    def __init__(self, args, total: int):
-        import paddle
-
-        from paddle_dist import data, models
-
-        world = bench_train._world()
-        if world > 1:
-            paddle.distributed.init_parallel_env()   # paddle_dist's group, already up
-        net = models.build(args.model)
-        self.model = paddle.DataParallel(net) if world > 1 else net
-        dataset = data.synthetic_classification(args.batch * world * total)
-        sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=args.batch, shuffle=True,
-                                                    drop_last=True)
-        self.batches = iter(paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0))
-        self.optimizer = paddle.optimizer.Adam(learning_rate=bench_train.LR,
-                                               parameters=self.model.parameters())
-        self.loss_fn = paddle.nn.CrossEntropyLoss()
-        self.count = 0
-
-    def step(self) -> None:
-        x, y = next(self.batches)
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.clear_grad()
-        if self.count % 20 == 0:        # bench_train's loop reads the loss every 20 steps
-            float(loss)
-        self.count += 1
-
-
 class Alternating:
     """paddle_dist's training loader, with one timed raw step before each of its batches."""
 
@@ -272,9 +238,12 @@ class Alternating:
 
     def __iter__(self):
         raw = self.raw_factory()
-        for batch in self.loader:
+        raw_batches = iter(raw.loader)
+        for i, batch in enumerate(self.loader):
             started = time.perf_counter()
-            raw.step()
+            loss = raw.train_step(*next(raw_batches))
+            if i % 20 == 0:             # bench_train's loop reads the loss every 20 steps
+                float(loss)
             self.marks.append((started, time.perf_counter()))
             yield batch
 
@@ -288,7 +257,7 @@ def worker_main(args) -> int:
 
     def raw_factory():
         if not built:
-            built.append(RawRecipe(args, total + 1))
+            built.append(bench_train.RawRecipe(args, total + 1))
         return built[0]
 
     for module in (loop, hapi):

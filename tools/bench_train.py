@@ -292,34 +292,41 @@ def _paddle_dist_worker(args, total: int) -> List[float]:
     return worker.main(config.load(overrides=overrides)).step_times
 
 
-def _reference_worker(args, total: int) -> List[float]:
-    """The raw Paddle recipe, as its documentation writes it."""
-    import paddle
-    import paddle.distributed as dist
+class RawRecipe:
+    """The raw Paddle recipe, as its documentation writes it: init_parallel_env (which finds
+    a group already up), DataParallel, DistributedBatchSampler + DataLoader, Adam. Also the
+    reference of bench_overhead.py."""
 
-    from paddle_dist import data, models
+    def __init__(self, args, total: int):
+        import paddle
+        import paddle.distributed as dist
 
-    world = _world()
-    if world > 1:
-        dist.init_parallel_env()
-    paddle.seed(2024)
-    net = models.build(args.model)
-    model = paddle.DataParallel(net) if world > 1 else net
-    dataset = data.synthetic_classification(_num_samples(args, total))
-    sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=args.batch, shuffle=True,
-                                                drop_last=True)
-    loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
-    optimizer = paddle.optimizer.Adam(learning_rate=LR, parameters=model.parameters())
-    loss_fn = paddle.nn.CrossEntropyLoss()
+        from paddle_dist import data, models
 
-    def train_step(x, y):
-        loss = loss_fn(model(x), y)
+        world = _world()
+        if world > 1:
+            dist.init_parallel_env()
+        paddle.seed(2024)
+        net = models.build(args.model)
+        self.model = paddle.DataParallel(net) if world > 1 else net
+        dataset = data.synthetic_classification(_num_samples(args, total))
+        sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=args.batch, shuffle=True,
+                                                    drop_last=True)
+        self.loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
+        self.optimizer = paddle.optimizer.Adam(learning_rate=LR, parameters=self.model.parameters())
+        self.loss_fn = paddle.nn.CrossEntropyLoss()
+
+    def train_step(self, x, y):
+        loss = self.loss_fn(self.model(x), y)
         loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
         return loss
 
-    return _timed(loader, train_step)
+
+def _reference_worker(args, total: int) -> List[float]:
+    recipe = RawRecipe(args, total)
+    return _timed(recipe.loader, recipe.train_step)
 
 
 def _torch_worker(args, total: int) -> List[float]:
