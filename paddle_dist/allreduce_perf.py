@@ -170,7 +170,7 @@ class Bench:
         self.dtype = DTYPES[args.datatype][0]
         self.shm = None
         if args.transport == "shm" and env.is_distributed:
-            from .sync import open_shm
+            from .reducers import open_shm
 
             self.shm = open_shm(env, max(args.maxbytes // 4, 1))
             if self.shm is None:

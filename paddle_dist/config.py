@@ -114,14 +114,18 @@ class DistConfig:
 
 @dataclass
 class SyncConfig:
-    mode: str = "fused"            # fused: flat buffers all-reduced once per optimizer step |
-                                   # dataparallel: paddle.DataParallel's reducer inside backward()
-    transport: str = "auto"        # fused: auto (shm when every rank is on this machine's CPU and
-                                   # nothing is compressed, else backend) | shm | backend (the
+    mode: str = "auto"             # overlap: buckets all-reduced during backward() as they fill |
+                                   # fused: one exchange at the optimizer step | auto: fused when
+                                   # every rank is on this machine's CPUs (shared memory) or
+                                   # compressing, else overlap | dataparallel: Paddle's reducer
+    transport: str = "auto"        # CPU: auto (shm on one machine, hierarchical across machines
+                                   # with several ranks each, else backend) | shm | hierarchical
+                                   # (shm within a host + backend between hosts) | backend (the
                                    # process group's all-reduce: gloo, NCCL)
-    bucket_mb: float = 0.0         # backend transport: cap each buffer at this many MiB; 0 = one
+    bucket_mb: float = 0.0         # cap on one buffer in MiB; 0 = the mode's default: one buffer
+                                   # (fused), 25 (overlap; small models: ~4 buckets)
     compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
-                                   # (half the bytes; approximate, opt-in)
+                                   # (half the bytes; approximate, opt-in; fused mode)
 
 
 @dataclass
@@ -170,9 +174,9 @@ CHOICES = {
     "dist.launcher": ("launch", "spawn", "mpirun"),
     "dist.start_method": ("auto", "spawn", "fork", "forkserver"),
     "dist.backend": ("auto", "gloo", "nccl"),
-    "sync.mode": ("fused", "dataparallel"),
+    "sync.mode": ("auto", "overlap", "fused", "dataparallel"),
     "sync.compress": ("none", "bf16", "fp16"),
-    "sync.transport": ("auto", "shm", "backend"),
+    "sync.transport": ("auto", "shm", "hierarchical", "backend"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.lr_schedule": ("constant", "cosine", "step"),
     "train.amp": ("off", "O1", "O2"),
@@ -426,12 +430,16 @@ def check_compress(compress: str, backend: str) -> None:
 
 def _validate_sync(cfg: Config) -> None:
     s = cfg.sync
-    if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb or s.transport == "shm"):
-        raise ConfigError("sync.compress, sync.bucket_mb and sync.transport=shm apply to "
-                          "sync.mode=fused; paddle.DataParallel's reducer has its own buckets")
-    if s.transport == "shm" and s.compress != "none":
-        raise ConfigError("sync.compress saves bytes on the network; with sync.transport=shm "
-                          "nothing crosses one, so use sync.transport=auto or backend")
+    if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb or s.transport != "auto"):
+        raise ConfigError("sync.compress, sync.bucket_mb and sync.transport apply to paddle_dist's "
+                          "own sync (sync.mode=auto|overlap|fused); paddle.DataParallel's reducer "
+                          "has its own buckets")
+    if s.mode == "overlap" and s.compress != "none":
+        raise ConfigError("sync.compress works at the optimizer step; use sync.mode=fused (or "
+                          "auto) with it")
+    if s.transport in ("shm", "hierarchical") and s.compress != "none":
+        raise ConfigError(f"sync.compress casts the backend's buffers; sync.transport={s.transport} "
+                          "exchanges float32 through shared memory, so use sync.transport=auto or backend")
 
 
 def milestones(text: str) -> List[int]:

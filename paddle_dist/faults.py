@@ -55,7 +55,7 @@ class Preempted(Exception):
 
 def outcome_of(exc: BaseException) -> str:
     """The state a rank ends in when `exc` stops it."""
-    from .sync import PeerFailure
+    from .comm import PeerFailure
 
     if isinstance(exc, Preempted):
         return "preempted"
@@ -67,7 +67,7 @@ def outcome_of(exc: BaseException) -> str:
 def exit_code_of(exc: BaseException) -> int:
     """The process exit code for an exception that ends a rank."""
     from .errors import UserError
-    from .sync import PeerFailure
+    from .comm import PeerFailure
 
     for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER),
                        (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED)):

@@ -1,35 +1,39 @@
-"""Gradient averaging as explicit, fused all-reduces once per optimizer step.
+"""Gradient averaging across the ranks, finished by the optimizer step, at both API levels.
 
 `paddle.DataParallel` all-reduces gradients from hooks inside `backward()`. When a peer
 dies there, gloo's exception is thrown through C++ and the surviving rank is killed by
-SIGABRT: it can neither log nor save. Here the gradients are averaged by a plain Python
-call just before the optimizer update (Paddle applies `optimizer._grad_clip` to the
-gradients at exactly that point, in `step()` and `minimize()` alike, which serves the
-`loop` and the `hapi` path without touching either). A peer failure then surfaces as a
-`PeerFailure` exception, and gradient accumulation communicates once per optimizer step
-by construction. Few large all-reduces are also faster than DataParallel's many
-(docs/benchmarks.md).
+SIGABRT: it can neither log nor save. Here every collective is issued from Python (the
+main thread, or paddle_dist's communication thread) and the optimizer waits for them
+just before the update (Paddle applies `optimizer._grad_clip` to the gradients at exactly
+that point, in `step()` and `minimize()` alike, which serves the `loop` and the `hapi`
+path without touching either). A peer failure then surfaces as a `PeerFailure`
+exception, and gradient accumulation communicates once per optimizer step.
 
-The first buffer carries one extra number, the count of ranks asking to stop
+Modes (config `sync.mode`):
+- `overlap`: buckets of gradients leave during backward() as they fill, on a
+  communication thread (CPU) or NCCL's stream (GPUs): overlap.py.
+- `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
+- `auto` (default): fused when every rank is on this machine's CPUs (shared memory
+  is faster than the thread's hand-off), and when compressing; overlap otherwise.
+- `dataparallel`: Paddle's own reducer inside backward().
+
+Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
+hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
+
+The first exchange carries one extra number, the count of ranks asking to stop
 (preemption), so every rank learns of a stop request at the same step at no extra cost.
-
-Options (config `sync:`): `bucket_mb` caps the buffers' size; `compress: bf16|fp16` sends
-16-bit gradients (approximate); `mode: dataparallel` leaves the averaging to Paddle's
-reducer instead.
 
 Example:
     sync = GradSync.from_config(env, cfg.sync, monitor.phase)
-    sync.attach(optimizer)          # before the first step
-    model = wrap(net, env, sync)    # DataParallel with its reducer off (mode fused)
+    sync.attach(optimizer)          # before the first step; collective
+    model = wrap(net, env, sync)    # DataParallel with its reducer off
     ...; optimizer.step(); if sync.stop_requested: ...
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -37,14 +41,13 @@ import paddle
 import paddle.distributed as dist
 from paddle.nn.clip import ClipGradBase
 
-from . import shm
+from . import reducers, shm
+from .comm import PeerFailure, collective, first_line
 from .config import check_compress
-from .errors import ConfigError
+from .overlap import AsyncExchange, Overlap, ThreadExchange
 
-
-class PeerFailure(RuntimeError):
-    """A collective failed: another rank died, hung, or the connection broke."""
-
+__all__ = ["GradSync", "PeerFailure", "collective", "wrap", "disable_reducer", "stop_check_interval"]
+DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
 
 # sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
 # exchange it about once every STOP_CHECK_S seconds (and at most STOP_CHECK_MAX steps
@@ -57,43 +60,89 @@ HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 class GradSync(ClipGradBase):
     """Averages gradients over all ranks, then applies the optimizer's own clipping.
 
-    mode "fused", once per optimizer step: through shared memory when every rank is on
-    this machine's CPU (transport auto or shm, see shm.py); otherwise in flat buffers (one
-    per dtype, or capped at `bucket_mb` MiB each), optionally cast to 16 bits
-    (`compress`), by the process group's all-reduce. mode "dataparallel":
-    paddle.DataParallel's reducer has already averaged them in backward(); only the stop
-    flag is exchanged, about once a second (`stop_check_interval`).
+    `attach(optimizer)` installs it and sets up the transport (collective). Per step:
+    `arm(final)` before each backward() (only needed with accumulation: the last
+    micro-batch's is final), then the optimizer step calls it with the gradients.
+    mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
+    backward(); only the stop flag is exchanged, about once a second
+    (`stop_check_interval`).
     """
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "fused",
-                 bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto"):
+                 bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
+                 accumulate_steps: int = 1):
         super().__init__()
         check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
-        self.transport = transport if mode == "fused" else "backend"
-        self.shm: Optional[shm.ShmReducer] = None
-        self.shm_tried = False
+        self.transport = transport if mode != "dataparallel" else "backend"
+        self.accumulate_steps = accumulate_steps
+        self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
+        self.overlap: Optional[Overlap] = None
         self.inner = None
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
-        self.comm_seconds = 0.0  # time spent averaging (fused mode; the reducer's is hidden in backward)
+        self.comm_seconds = 0.0  # time the step waited for the exchanges
         self.averaged_early = False
+        self._late_flag = None   # GPUs: last step's stop flag, read one step late
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
     @classmethod
-    def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False) -> "GradSync":
+    def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False,
+                    accumulate_steps: int = 1) -> "GradSync":
         return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
-                   sync_cfg.transport)
+                   sync_cfg.transport, accumulate_steps)
 
     def attach(self, optimizer) -> None:
-        """Install on `optimizer` (keeping a clip it already has, applied after averaging)."""
+        """Install on `optimizer` (keeping a clip it already has, applied after averaging)
+        and set up the transport. Collective: every rank calls it at the same point."""
         if isinstance(optimizer._grad_clip, GradSync):
             return
         self.inner = optimizer._grad_clip
         optimizer._grad_clip = self
+        if self.env.is_distributed and self.mode != "dataparallel":
+            self._setup(_trainable(optimizer))
+
+    def _setup(self, params) -> None:
+        cpu = self.env.device == "cpu"
+        float32 = all(p.dtype == paddle.float32 for p in params)
+        if cpu and float32 and self.compress == "none":
+            count = sum(int(p.size) for p in params) + 1          # + the stop flag
+            self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
+        self.mode = self._resolve_mode(cpu and float32)
+        if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
+            self.reducer = None           # the step's Paddle buffers: bucket_mb, compress
+        if self.mode == "overlap":
+            scale = 1.0 / self.env.world_size
+            exchange = ThreadExchange(self.reducer, scale) if cpu else AsyncExchange(self.env.world_size)
+            cap = self.bucket_bytes or int(DEFAULT_BUCKET_MB * 2 ** 20)
+            self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps)
+
+    def _resolve_mode(self, float32_cpu: bool) -> str:
+        """overlap / fused for mode auto (and fused where overlap cannot run)."""
+        if self.compress != "none" or (self.env.device == "cpu" and self.reducer is None) \
+                or (self.env.device == "cpu" and not float32_cpu):
+            return "fused"                # 16-bit casts and odd dtypes: the step's Paddle path
+        if self.mode == "auto":
+            return "fused" if isinstance(self.reducer, shm.ShmReducer) else "overlap"
+        return self.mode
+
+    def arm(self, final: bool) -> None:
+        """Before a backward(), with accumulation: whether an optimizer step follows it.
+        Only the final micro-batch's backward() sends buckets (mode overlap); unarmed,
+        they all go at the step."""
+        if self.overlap is not None:
+            self.overlap.arm(final)
+
+    def close(self) -> None:
+        if self.overlap is not None:
+            self.overlap.close()
+            self.overlap = None
+
+    def _stop_value(self) -> float:
+        return 1.0 if self.want_stop() else 0.0
 
     def _dygraph_clip(self, params_grads):
         if self.averaged_early:
@@ -105,10 +154,7 @@ class GradSync(ClipGradBase):
     def average_now(self, optimizer) -> None:
         """Average the gradients now, in place, before the optimizer step (which then
         leaves them alone): for a loss scaler, which must check the averaged gradients."""
-        params = optimizer._parameter_list
-        if params and isinstance(params[0], dict):          # parameter groups
-            params = [p for group in params for p in group["params"]]
-        params_grads = [(p, p.grad) for p in params if not p.stop_gradient]
+        params_grads = [(p, p.grad) for p in _trainable(optimizer)]
         for (_, grad), (_, mean) in zip(params_grads, self._timed_average(params_grads)):
             if grad is not None and mean is not grad:
                 paddle.assign(mean, grad)
@@ -123,31 +169,29 @@ class GradSync(ClipGradBase):
 
     def average(self, params_grads):
         self.steps += 1
-        stop = 1.0 if self.want_stop() else 0.0
         if not self.env.is_distributed:
-            self.stop_requested = bool(stop)
+            self.stop_requested = bool(self._stop_value())
             return params_grads
         if self.mode == "dataparallel":
             if self.steps >= self._next_check:
-                self._check_stop(stop)
+                self._check_stop(self._stop_value())
             return params_grads
+        if self.overlap is not None:
+            return self._finish_overlap(params_grads)
         present = [(p, g) for p, g in params_grads if g is not None]
-        if self._use_shm(present):
-            fp32 = [(p, g) for p, g in present if g.dtype == paddle.float32]
-            averaged, stops = self._reduce_shm(fp32, stop)
-            for bucket in self.buckets([(p, g) for p, g in present if g.dtype != paddle.float32]):
-                averaged.update(self._reduce(bucket, None))
-            self.stop_requested = stops > 0
-            return [(p, averaged.get(id(p), g)) for p, g in params_grads]
-        flag = paddle.to_tensor([stop], dtype="float32")
-        buckets = self.buckets(present)
-        averaged = {}
-        for i, bucket in enumerate(buckets):
-            averaged.update(self._reduce(bucket, flag if i == 0 else None))
-        if not buckets:
-            self._all_reduce(flag, "stop-flag all-reduce")
-        self.stop_requested = float(flag.numpy()[0]) > 0
+        if self.reducer is not None:
+            averaged, stops = self._reduce_cpu(present, self._stop_value())
+        else:
+            averaged, stops = self._reduce_buckets(present, self._stop_value())
+        self.stop_requested = stops > 0
         return [(p, averaged.get(id(p), g)) for p, g in params_grads]
+
+    def _finish_overlap(self, params_grads):
+        guard = self.phase("comm") if self.phase else contextlib.nullcontext()
+        with guard:
+            self.stop_requested = self.overlap.finish() > 0
+        self.calls = self.overlap.exchange.calls
+        return params_grads              # averaged in place
 
     def _check_stop(self, stop: float) -> None:
         """Exchange the stop flag, with rank 0's choice of the step for the next exchange:
@@ -162,6 +206,26 @@ class GradSync(ClipGradBase):
         stops, every = flag.numpy().tolist()
         self.stop_requested = stops > 0
         self._next_check, self._checked = self.steps + max(int(every), 1), (self.steps, now)
+
+    def _reduce_buckets(self, present, stop: float):
+        """Flat Paddle buffers through the process group (any device and dtype, optionally
+        16-bit on the wire); returns ({id(param): mean grad}, the stop flag's sum)."""
+        flag = paddle.to_tensor([stop], dtype="float32")
+        buckets = self.buckets(present)
+        averaged = {}
+        for i, bucket in enumerate(buckets):
+            averaged.update(self._reduce(bucket, flag if i == 0 else None))
+        if not buckets:
+            self._all_reduce(flag, "stop-flag all-reduce")
+        return averaged, self._read_flag(flag)
+
+    def _read_flag(self, flag) -> float:
+        """The stop flag's sum; on GPUs the previous step's, so that the host never waits
+        for the device here (every rank reads the same step's flag at the same step)."""
+        if self.env.device == "cpu":
+            return float(flag.numpy()[0])
+        previous, self._late_flag = self._late_flag, flag
+        return float(previous.numpy()[0]) if previous is not None else 0.0
 
     def buckets(self, present) -> List[list]:
         """Group (param, grad) pairs by dtype, in order, each group at most bucket_bytes
@@ -204,44 +268,49 @@ class GradSync(ClipGradBase):
         pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
         return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(bucket, pieces)}
 
+    def describe(self) -> str:
+        """For the start-up line, e.g. 'sync overlap (4 buckets) over hierarchical'."""
+        if not self.env.is_distributed:
+            return "no sync (one process)"
+        if self.mode == "dataparallel":
+            return "sync by paddle.DataParallel"
+        buckets = f" ({len(self.overlap.buckets)} buckets)" if self.overlap is not None else ""
+        return f"sync {self.mode}{buckets} over {self.used}"
+
     @property
     def used(self) -> str:
-        """How gradients travelled: shm, backend (gloo / NCCL), or none (one process)."""
+        """How gradients travelled: shm, hierarchical, backend (gloo / NCCL), or none."""
         if not self.env.is_distributed:
             return "none"
-        return "shm" if self.shm is not None else "backend"
+        if isinstance(self.reducer, shm.ShmReducer):
+            return "shm"
+        return "hierarchical" if isinstance(self.reducer, reducers.HierReducer) else "backend"
 
-    def _use_shm(self, present) -> bool:
-        """Whether this step goes through shared memory; the first call sets it up (every
-        rank calls it at the same step, so its collectives line up)."""
-        if self.transport == "backend" or self.compress != "none" or self.env.device != "cpu":
-            return False
-        if not self.shm_tried:
-            self.shm_tried = True
-            count = sum(int(g.size) for _, g in present if g.dtype == paddle.float32) + 1
-            self.shm = open_shm(self.env, min(count, shm.CHUNK), self.phase)
-            if self.shm is None and self.transport == "shm":
-                raise ConfigError("sync.transport=shm needs every rank on this machine (same "
-                                  "/dev/shm, x86-64); use sync.transport=auto")
-        return self.shm is not None
-
-    def _reduce_shm(self, group, stop: float):
-        """The float32 gradients (and the stop flag) summed through shared memory, in place:
-        numpy views of the gradients' own memory (dlpack), no copies but the slot's.
-        Returns ({id(param): grad}, the stop flag's sum)."""
-        views = [np.from_dlpack(g.detach()).reshape(-1) for _, g in group]
+    def _reduce_cpu(self, present, stop: float):
+        """The float32 gradients (and the stop flag) averaged in place by the CPU reducer:
+        numpy views of the gradients' own memory (dlpack), no copies but the transport's.
+        Returns ({id(param): grad}, the stop flag's sum, scaled like the gradients)."""
+        views = [np.from_dlpack(g.detach()).reshape(-1) for _, g in present]
         flag = np.array([stop], dtype=np.float32)
         guard = self.phase("comm") if self.phase else contextlib.nullcontext()
         with guard:
             try:
-                self.calls += self.shm.all_reduce(views + [flag], scale=1.0 / self.env.world_size)
-            except shm.PeerGone as exc:
-                raise PeerFailure(f"gradient all-reduce failed: {exc}") from exc
-        return {id(p): g for p, g in group}, float(flag[0])
+                self.calls += self.reducer.all_reduce(views + [flag], scale=1.0 / self.env.world_size)
+            except RuntimeError as exc:             # gloo's error, or shm.PeerGone
+                raise PeerFailure(f"gradient all-reduce failed: {first_line(exc)}") from exc
+        return {id(p): g for p, g in present}, float(flag[0])
 
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1
         collective(dist.all_reduce, tensor, phase=self.phase, what=what)
+
+
+def _trainable(optimizer) -> list:
+    """The optimizer's trainable parameters (flattening parameter groups)."""
+    params = optimizer._parameter_list
+    if params and isinstance(params[0], dict):
+        params = [p for group in params for p in group["params"]]
+    return [p for p in params if not p.stop_gradient]
 
 
 def stop_check_interval(seconds_per_step: float) -> int:
@@ -249,61 +318,6 @@ def stop_check_interval(seconds_per_step: float) -> int:
     if seconds_per_step <= 0:
         return STOP_CHECK_MAX
     return max(1, min(STOP_CHECK_MAX, round(STOP_CHECK_S / seconds_per_step)))
-
-
-def open_shm(env, chunk: int, phase=None) -> Optional[shm.ShmReducer]:
-    """A shared-memory reducer for this job's ranks, or None on every rank when they do not
-    all share this machine (or the segment cannot be made). Collective: every rank calls
-    it at the same point. Rank 0 creates the segment, the others map it, and rank 0
-    unlinks it once everyone has.
-
-    Example:
-        reducer = open_shm(env, chunk=1 << 20)    # None: use dist.all_reduce instead
-    """
-    def call(fn, *args):
-        collective(fn, *args, phase=phase, what="shared-memory set-up")
-
-    rank, world = env.global_rank, env.world_size
-    keys: List[str] = []
-    call(dist.all_gather_object, keys, shm.host_key() if shm.supported() else f"unsupported-{rank}")
-    if len(set(keys)) != 1:
-        return None
-    reducer, path = None, [""]
-    if rank == 0:
-        try:
-            created = shm.new_path("grads")
-            reducer, path = shm.ShmReducer.create(created, world, chunk), [str(created)]
-        except OSError:
-            pass
-    call(dist.broadcast_object_list, path, 0)
-    if path[0] and rank != 0:
-        try:
-            reducer = shm.ShmReducer.attach(Path(path[0]), rank, world, chunk)
-        except OSError:
-            reducer = None
-    ready: List[bool] = []
-    call(dist.all_gather_object, ready, reducer is not None)
-    if rank == 0 and path[0]:
-        os.unlink(path[0])
-    if not all(ready) and reducer is not None:
-        reducer.close()
-        reducer = None
-    return reducer
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def collective(fn, *args, phase=None, what: str = "collective"):
-    """Run a collective call, turning a peer's failure into PeerFailure."""
-    guard = phase("comm") if phase else contextlib.nullcontext()
-    with guard:
-        try:
-            return fn(*args)
-        except RuntimeError as exc:
-            raise PeerFailure(f"{what} failed: {_first_line(exc)}") from exc
 
 
 def wrap(net, env, sync: GradSync):

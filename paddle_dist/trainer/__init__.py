@@ -93,7 +93,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
 def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan) -> Result:
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     parts.model, optimizer = amp.decorate(parts.model, optimizer, amp_plan)
-    grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop)
+    grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
+                                     cfg.train.accumulate_steps)
     grad_sync.attach(optimizer)
     digest = checkpoint.config_hash(cfg.to_dict())
     start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
@@ -102,7 +103,8 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
     limit = total_steps(cfg, per_epoch)
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
-             f"backend {env.backend}, api {cfg.train.api}, {len(parts.train_data)} training samples, "
+             f"backend {env.backend}, api {cfg.train.api}, {grad_sync.describe()}, "
+             f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     lr_policy = _lr_policy(cfg, env, optimizer, per_epoch, limit, log)
     progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs,
@@ -122,6 +124,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     finally:
         progress.close()
         session.close()
+        grad_sync.close()
     result = session.result
     result.losses, result.steps = progress.losses, session.pos.global_step
     result.samples_per_s = progress.samples_per_s

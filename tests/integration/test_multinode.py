@@ -11,6 +11,7 @@ import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from .netns import two_hosts  # noqa: F401  (fixture)
@@ -55,6 +56,34 @@ def test_hand_started_ranks_across_two_hosts(two_hosts, tmp_path):
                                  "-o", f"output.run_dir={tmp_path}"]
     _both(two_hosts, [(two_hosts.a, rank + ["--rank", "0"]), (two_hosts.b, rank + ["--rank", "1"])])
     assert len(_digests(tmp_path)) == 1
+
+
+def _two_by_two(hosts, run_dir, port, sync):
+    """2 hosts x 2 ranks, started by train.py's multi-node launch on each host."""
+    nodes = ["train.py"] + JOB + ["-o", "dist.nnodes=2", "-o", "dist.nprocs=2",
+                                  "-o", f"dist.master={hosts.ip_a}:{port}",
+                                  "-o", "checkpoint.every_epochs=1", "-o", f"output.run_dir={run_dir}",
+                                  # SGD, as in test_sync_options: Adam's normalisation would
+                                  # magnify the float re-association of the two sums' orders.
+                                  "-o", "train.optimizer=sgd", "-o", "train.lr=0.05", *sync]
+    _both(hosts, [(hosts.a, nodes + ["-o", "dist.node_rank=0", "-o", f"dist.host={hosts.ip_a}"]),
+                  (hosts.b, nodes + ["-o", "dist.node_rank=1", "-o", f"dist.host={hosts.ip_b}"])],
+          timeout=240)
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
+
+
+def test_hierarchical_sync_across_two_hosts_of_two_ranks(two_hosts, tmp_path):
+    """Shared memory within each host, gloo between the hosts' leaders: the 4 ranks end
+    identical, and equal a flat gloo all-reduce's run within 1e-6."""
+    hier = _two_by_two(two_hosts, tmp_path / "hier", 6172, [])
+    assert len(_digests(tmp_path / "hier", ranks=4)) == 1
+    log = (tmp_path / "hier" / "logs" / "rank0.log").read_text()
+    assert "4 rank(s)" in log and "sync overlap (" in log and "over hierarchical" in log
+    flat = _two_by_two(two_hosts, tmp_path / "flat", 6173, ["-o", "sync.transport=backend"])
+    assert "over backend" in (tmp_path / "flat" / "logs" / "rank0.log").read_text()
+    assert hier.keys() == flat.keys()
+    assert max(float(np.abs(hier[k] - flat[k]).max()) for k in hier) <= 1e-6
 
 
 def test_master_nobody_serves_fails_within_the_timeout(two_hosts, tmp_path):

@@ -21,9 +21,18 @@ SAMPLES = 640          # 20 steps of 2 x 16 per epoch
 # name -> config overrides; "dataparallel" (Paddle's reducer inside backward) is the reference.
 VARIANTS = {
     "dataparallel": ["sync.mode=dataparallel"],
-    "fused": [],                                     # transport auto: shm on one machine
-    "backend": ["sync.transport=backend"],           # one gloo all-reduce per step
-    "buckets": ["sync.transport=backend", "sync.bucket_mb=0.001"],   # W1 | b1 | W2 b2: 3 buffers
+    "fused": ["sync.mode=fused"],                    # transport auto: shm on one machine
+    "auto": [],                                      # the default: fused on one machine's CPUs
+    # Buckets leave during backward() on the communication thread: shm, then gloo.
+    "overlap": ["sync.mode=overlap"],
+    "overlap_backend": ["sync.mode=overlap", "sync.transport=backend"],
+    "hapi_overlap": ["train.api=hapi", "sync.mode=overlap", "sync.transport=backend"],
+    "overlap_accumulate4": ["sync.mode=overlap", "sync.transport=backend",
+                            f"train.batch_size={BATCH // 4}", "train.accumulate_steps=4"],
+    "hapi_overlap_accumulate": ["train.api=hapi", "sync.mode=overlap", f"train.batch_size={BATCH // 2}",
+                                "train.accumulate_steps=2"],
+    "backend": ["sync.mode=fused", "sync.transport=backend"],      # one gloo all-reduce per step
+    "buckets": ["sync.mode=fused", "sync.transport=backend", "sync.bucket_mb=0.001"],  # W1 | b1 | W2 b2
     "bf16": ["sync.compress=bf16"],
     "accumulate": [f"train.batch_size={BATCH // 2}", "train.accumulate_steps=2"],
     "accumulate_dataparallel": ["sync.mode=dataparallel", f"train.batch_size={BATCH // 2}",
@@ -86,7 +95,7 @@ def force_loss_scaling(amp):
         amp.plan, amp.synced_scaler_class = plan, scaler_class
 
 
-def train_all(out: Path) -> None:
+def train_all(out: Path, names, batch: int) -> None:
     import paddle
 
     import paddle_dist
@@ -98,11 +107,11 @@ def train_all(out: Path) -> None:
     rank, weights, info = None, {}, {}
     for key, value in make_net(paddle).state_dict().items():
         weights[f"initial/{key}"] = value.numpy()
-    for name, overrides in VARIANTS.items():
+    for name in names:
         cfg = paddle_dist.load_config(overrides=[
-            f"train.batch_size={BATCH}", f"train.max_steps={STEPS}", "train.epochs=1",
+            f"train.batch_size={batch}", f"train.max_steps={STEPS}", "train.epochs=1",
             "checkpoint.every_epochs=0", "train.log_every=100", f"output.run_dir={out}/{name}",
-            *overrides])
+            *VARIANTS[name]])
         env = paddle_dist.setup(cfg)
         rank = env.global_rank
         net = make_net(paddle)
@@ -134,6 +143,33 @@ def ranks(tmp_path_factory):
             for r in (0, 1)]
 
 
+# 4 ranks with half the batch each: the same 20 steps of the same global batch.
+FOUR_RANKS = ["dataparallel", "fused", "overlap", "overlap_backend", "hapi_overlap"]
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sync4")
+    check(run(["-m", "paddle.distributed.launch", "--nproc_per_node", "4", "--log_dir",
+               str(out / "log"), SCRIPT, "--out", str(out), "--variants", ",".join(FOUR_RANKS),
+               "--batch", str(BATCH // 2)], timeout=300))
+    return [(dict(np.load(out / f"rank{r}.npz")), json.loads((out / f"rank{r}.json").read_text()))
+            for r in range(4)]
+
+
+def test_four_ranks_equal_paddle_dataparallel_and_agree_bit_for_bit(four_ranks):
+    weights = four_ranks[0][0]
+    for name in FOUR_RANKS:
+        assert all(info[name]["world_size"] == 4 and info[name]["steps"] == STEPS
+                   for _, info in four_ranks), name
+        for other, _ in four_ranks[1:]:
+            assert max_diff(variant(weights, name), variant(other, name)) == 0.0, name
+        assert max_diff(variant(weights, name), variant(weights, "dataparallel")) <= 1e-6, name
+        assert max_diff(variant(weights, name), variant(weights, "initial")) > 1e-2, name
+    info = four_ranks[0][1]
+    assert info["overlap"]["transport"] == "shm" and info["overlap"]["comm_calls"] == 2 * STEPS
+
+
 def variant(weights, name):
     return {k.split("/", 1)[1]: v for k, v in weights.items() if k.startswith(name + "/")}
 
@@ -150,7 +186,9 @@ def test_every_variant_ran_on_two_ranks_and_the_ranks_agree_bit_for_bit(ranks):
         assert max_diff(variant(w0, name), variant(w1, name)) == 0.0, name
 
 
-@pytest.mark.parametrize("name", ["fused", "backend", "buckets", "accumulate",
+@pytest.mark.parametrize("name", ["fused", "auto", "overlap", "overlap_backend", "hapi_overlap",
+                                  "overlap_accumulate4", "hapi_overlap_accumulate",
+                                  "backend", "buckets", "accumulate",
                                   "accumulate_dataparallel", "hapi_fused", "hapi_accumulate",
                                   "accumulate4", "hapi_accumulate4", *LOSS_SCALED])
 def test_exact_options_equal_paddle_dataparallel(ranks, name):
@@ -181,6 +219,14 @@ def test_communication_counts(ranks):
     assert info["fused"]["comm_calls"] == STEPS             # one round, stop flag included
     assert info["backend"]["comm_calls"] == STEPS           # one buffer, stop flag included
     assert info["buckets"]["comm_calls"] == 3 * STEPS
+    assert info["auto"]["transport"] == "shm" and info["auto"]["comm_calls"] == STEPS
+    # Overlap: [b2 w2 b1] then w1 (a quarter of the model at most per bucket), in backward's
+    # order; with accumulation still once per optimizer step.
+    assert info["overlap"]["transport"] == "shm"
+    assert info["overlap_backend"]["transport"] == info["hapi_overlap"]["transport"] == "backend"
+    for name in ("overlap", "overlap_backend", "hapi_overlap", "overlap_accumulate4",
+                 "hapi_overlap_accumulate"):
+        assert info[name]["comm_calls"] == 2 * STEPS, name
     for name in ("accumulate", "accumulate4", "hapi_accumulate", "hapi_accumulate4"):
         assert info[name]["comm_calls"] == STEPS, name      # k micro-batches, one exchange
     # With the reducer only the stop flag is exchanged, about once a second, at steps that
@@ -193,4 +239,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    train_all(Path(parser.parse_args().out))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--batch", type=int, default=BATCH)
+    args = parser.parse_args()
+    train_all(Path(args.out), args.variants.split(","), args.batch)

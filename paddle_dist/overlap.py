@@ -1,0 +1,242 @@
+"""Gradient all-reduce overlapped with backward(): buckets launched from backward hooks.
+
+backward() produces the gradients of the last layers first. Each trainable parameter gets
+a hook (Paddle's `_register_backward_hook`, called once its gradient is fully accumulated
+for this backward()); when every parameter of a bucket is ready, the bucket goes to the
+exchange — in bucket order, so every rank issues the same collectives in the same order —
+while backward() goes on computing the earlier layers' gradients. The optimizer step
+(GradSync) launches whatever is left and waits for the rest.
+
+- CPU: one communication thread runs the exchanges (reducers.py: shared memory, gloo,
+  or both). Paddle's backward() and gloo's all-reduce release the GIL, so the thread
+  communicates while the main thread computes (measured in docs/sync.md).
+- GPUs: NCCL is asynchronous already: a bucket's all-reduce is issued from the hook with
+  sync_op=False on NCCL's stream, and the step waits for its task. No thread.
+
+With gradient accumulation only the group's last backward() is armed (`arm`): the
+micro-batches before it launch nothing, so a group still communicates once. A failed
+exchange never raises inside backward() (an exception there would cross C++): the
+thread keeps it, launches nothing more, and the step raises it as `PeerFailure`.
+
+Example:
+    ov = Overlap(params, ThreadExchange(reducer, 1 / world), cap_bytes=25 << 20)
+    loss.backward()          # buckets leave as they fill
+    stops = ov.finish()      # the rest, then wait; gradients are averaged in place
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import deque
+from typing import Callable, Deque, List, Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from .comm import PeerFailure, first_line
+
+MIN_BUCKETS = 4           # a small model is still cut in about this many buckets
+
+
+def plan_buckets(params, cap_bytes: int) -> List[list]:
+    """Trainable parameters in the order backward() produces their gradients (the reverse
+    of definition order), cut into buckets of at most `cap_bytes` (a larger parameter
+    gets its own), capped further at a MIN_BUCKETS-th of the total so that even a small
+    model's first bucket leaves early in backward().
+
+    Example:
+        plan_buckets([w1, b1, w2, b2], cap_bytes=25 << 20)   # e.g. [[b2, w2], [b1], [w1]]
+    """
+    order = [p for p in reversed(list(params)) if not p.stop_gradient]
+    sizes = [int(p.size) * p.element_size() for p in order]
+    cap = max(1, min(cap_bytes, sum(sizes) // MIN_BUCKETS))
+    buckets, current, used = [], [], 0
+    for p, nbytes in zip(order, sizes):
+        if current and (used + nbytes > cap or p.dtype != current[0].dtype):
+            buckets.append(current)
+            current, used = [], 0
+        current.append(p)
+        used += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class Overlap:
+    """Bucket bookkeeping: which parameters are ready, which buckets have left."""
+
+    def __init__(self, params, exchange, cap_bytes: int, stop: Callable[[], float] = lambda: 0.0,
+                 accumulate_steps: int = 1):
+        self.buckets = plan_buckets(params, cap_bytes)
+        self.exchange = exchange
+        self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready: List[set] = [set() for _ in self.buckets]
+        self.launched = 0
+        # With accumulation a backward() sends nothing unless armed as the group's last
+        # (a caller that never arms still gets every bucket sent at the step: correct, late).
+        self.default_armed = accumulate_steps == 1
+        self.armed, self.closed = self.default_armed, False
+        self.stop = stop           # this rank's stop request, sent with the first bucket
+        for bucket in self.buckets:
+            for p in bucket:
+                p._register_backward_hook(functools.partial(self._on_ready, p))
+        exchange.reserve([sum(int(p.size) for p in b) + (i == 0) for i, b in enumerate(self.buckets)])
+
+    def arm(self, final: bool) -> None:
+        """Before a backward(): `final` when an optimizer step follows it (the last
+        micro-batch of a group)."""
+        self.armed = final
+
+    def _on_ready(self, param) -> None:
+        if not self.armed or self.closed:
+            return
+        i = self.index[id(param)]
+        self.ready[i].add(id(param))
+        while self.launched < len(self.buckets) and \
+                len(self.ready[self.launched]) == len(self.buckets[self.launched]):
+            self._launch()
+
+    def _launch(self) -> None:
+        i = self.launched
+        self.exchange.submit(self.buckets[i], self.stop() if i == 0 else None)
+        self.launched += 1
+
+    def finish(self) -> float:
+        """Launch the buckets backward() has not (all of them when no armed backward ran),
+        wait for every exchange, and return the stop flag's sum over the ranks (scaled as
+        the gradients are; > 0 when some rank asked to stop)."""
+        while self.launched < len(self.buckets):
+            self._launch()
+        try:
+            return self.exchange.wait()
+        finally:
+            self.ready = [set() for _ in self.buckets]
+            self.launched, self.armed = 0, self.default_armed
+
+    def close(self) -> None:
+        self.closed = True
+        self.exchange.close()
+
+
+def grad_views(params) -> List[np.ndarray]:
+    """numpy views of the parameters' gradients (their own memory, through dlpack); a
+    missing gradient travels as zeros, so every rank sends the same layout."""
+    views = []
+    for p in params:
+        grad = p.grad
+        views.append(np.from_dlpack(grad.detach()).reshape(-1) if grad is not None
+                     else np.zeros(int(p.size), dtype=np.float32))
+    return views
+
+
+class ThreadExchange:
+    """CPU: each bucket's gradients averaged in place by `reducer` on one thread, in the
+    order submitted. The first failure is kept; later buckets are skipped (their
+    collectives could not line up any more) and `wait` raises it."""
+
+    def __init__(self, reducer, scale: float):
+        self.reducer, self.scale = reducer, scale
+        self.jobs: Deque = deque()
+        self.cond = threading.Condition()
+        self.outstanding, self.calls = 0, 0
+        self.error: Optional[BaseException] = None
+        self.flag = np.zeros(1, dtype=np.float32)
+        self.thread = threading.Thread(target=self._serve, name="paddle_dist-grad-sync", daemon=True)
+        self.thread.start()
+
+    def reserve(self, sizes: List[int]) -> None:
+        if hasattr(self.reducer, "reserve"):
+            for size in sizes:
+                self.reducer.reserve(size)
+
+    def submit(self, params, stop: Optional[float]) -> None:
+        arrays = grad_views(params)          # in the caller's thread: Paddle calls stay there
+        if stop is not None:
+            self.flag[0] = stop
+            arrays.append(self.flag)
+        with self.cond:
+            self.jobs.append(arrays)
+            self.outstanding += 1
+            self.cond.notify_all()
+
+    def _serve(self) -> None:
+        while True:
+            with self.cond:
+                while not self.jobs:
+                    self.cond.wait()
+                arrays = self.jobs.popleft()
+            if arrays is None:
+                return
+            if self.error is None:
+                try:
+                    self.calls += self.reducer.all_reduce(arrays, self.scale)
+                except RuntimeError as exc:          # gloo's error, or shm.PeerGone
+                    self.error = exc
+            with self.cond:
+                self.outstanding -= 1
+                self.cond.notify_all()
+
+    def wait(self) -> float:
+        with self.cond:
+            while self.outstanding:
+                self.cond.wait()
+        if self.error is not None:
+            raise PeerFailure(f"gradient all-reduce failed: {first_line(self.error)}") from self.error
+        return float(self.flag[0])
+
+    def close(self) -> None:
+        with self.cond:
+            self.jobs.append(None)
+            self.cond.notify_all()
+        self.thread.join(timeout=5)
+
+
+class AsyncExchange:
+    """GPUs: each bucket packed into one flat tensor and all-reduced with sync_op=False
+    (NCCL runs it on its own stream while backward() goes on); `wait` waits for the
+    tasks and writes the means back into the gradients.
+
+    The stop flag is read one step late: reading it at once would make the host wait for
+    the device; the previous step's flag finished long ago."""
+
+    def __init__(self, world: int, collective_fn: Callable = dist.all_reduce):
+        self.world, self.all_reduce = world, collective_fn
+        self.pending: list = []
+        self.flag: Optional[paddle.Tensor] = None    # the last step's flag sum, on the device
+        self.calls = 0
+
+    def reserve(self, sizes: List[int]) -> None:
+        pass
+
+    def submit(self, params, stop: Optional[float]) -> None:
+        grads = [p.grad if p.grad is not None else paddle.zeros(p.shape, p.dtype) for p in params]
+        parts = [g.reshape([-1]) for g in grads]
+        if stop is not None:
+            parts.append(paddle.full([1], stop, dtype=grads[0].dtype))
+        flat = paddle.concat(parts)
+        self.pending.append((self.all_reduce(flat, sync_op=False), flat, params, stop is not None))
+        self.calls += 1
+
+    def wait(self) -> float:
+        """Wait for this step's buckets; returns the PREVIOUS step's stop-flag sum."""
+        late = float(self.flag.numpy()[0]) if self.flag is not None else 0.0
+        for task, flat, params, flagged in self.pending:
+            task.wait()
+            if flagged:
+                self.flag, flat = flat[-1:], flat[:-1]
+            _write_back(flat / self.world, params)
+        self.pending = []
+        return late
+
+    def close(self) -> None:
+        self.pending = []
+
+
+def _write_back(flat: paddle.Tensor, params) -> None:
+    sizes = [int(p.size) for p in params]
+    pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
+    for p, piece in zip(params, pieces):
+        if p.grad is not None:
+            paddle.assign(piece.reshape(p.grad.shape), p.grad)
