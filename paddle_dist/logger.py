@@ -16,7 +16,9 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
+
+import paddle
 
 NAME = "paddle_dist"
 
@@ -54,8 +56,11 @@ def format_eta(seconds: float) -> str:
 class Progress:
     """Step and epoch reporting shared by both trainers.
 
-    `step(loss, lr)` is called after every optimizer step with this rank's loss; a line
-    goes out every `log_every` steps with the mean loss, global samples/s and an ETA.
+    `step(loss, lr)` is called after every optimizer step with this rank's loss: a device
+    tensor (the loop trainer) or a number (hapi). A line goes out every `log_every` steps
+    and at each epoch's end with the mean loss, global samples/s and an ETA. The losses
+    are read on the host only then, all at once (`read_values`): on a GPU each read waits
+    for the queued work, so a read per step would stall the device every step.
     """
 
     def __init__(self, env, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
@@ -66,28 +71,45 @@ class Progress:
         self.global_batch = batch_size * env.world_size
         self.total_steps = total_steps or steps_per_epoch * epochs
         self.start_step = start_step          # steps done before this run (resume)
-        self.step_count, self.losses = 0, []  # steps of this run
-        self.train_time, self._window, self._t_last = 0.0, [], None
+        self.step_count = 0                   # steps of this run
+        self._read: List[float] = []          # losses of this run's steps, read so far
+        self._pending: list = []              # losses of the steps after those, not read yet
+        self._reported = self._epoch_from = 0  # steps of this run before the last report / epoch
+        self.train_time, self._t_last = 0.0, None
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
 
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
         self.epoch, self.epoch_step, self._t_last = epoch, done, time.perf_counter()
+        self._epoch_from = self.step_count
 
-    def step(self, loss: float, lr: float, comm_s: Optional[float] = None) -> None:
-        """`comm_s`: seconds spent communicating so far, when measurable (it splits the
-        time per step into compute and communication in VisualDL)."""
+    def step(self, loss, lr: float, comm_s: Optional[float] = None) -> None:
+        """`loss`: a tensor (kept unread until the next report) or a number. `comm_s`:
+        seconds spent communicating so far, when measurable (it splits the time per step
+        into compute and communication in VisualDL)."""
         now = time.perf_counter()
         self.train_time += now - self._t_last
         self._t_last = now
         self.step_count += 1
         self.epoch_step += 1
-        self.losses.append(loss)
-        self._window.append(loss)
+        self._pending.append(loss)
         if self.epoch_step % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
             self._report(lr)
             self._report_times(comm_s)
+
+    @property
+    def losses(self) -> List[float]:
+        """This run's loss per step so far, as floats (reading it reads the losses not read
+        yet from the device: one host read for all of them)."""
+        if self._pending:
+            self._read += read_values(self._pending)
+            self._pending = []
+        return self._read
+
+    def epoch_losses(self) -> List[float]:
+        """The losses of this run's steps in the epoch in progress, as floats."""
+        return self.losses[self._epoch_from:]
 
     def _report_times(self, comm_s: Optional[float]) -> None:
         steps = self.step_count - self._mark[0]
@@ -112,8 +134,9 @@ class Progress:
         return self.step_count * self.global_batch / self.train_time if self.train_time else 0.0
 
     def _report(self, lr: float) -> None:
-        mean = sum(self._window) / len(self._window)
-        self._window = []
+        window = self.losses[self._reported:]       # the steps since the last report
+        self._reported = self.step_count
+        mean = sum(window) / len(window)
         speed = self.samples_per_s
         remaining = self.total_steps - self.start_step - self.step_count
         eta = remaining * self.global_batch / speed if speed else 0
@@ -142,6 +165,18 @@ class Progress:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def read_values(values: Sequence) -> List[float]:
+    """`values` (paddle tensors and numbers) as floats, with one host read for all the
+    tensors: they are gathered into one first, so a GPU waits once, not once per value.
+
+    Example:
+        read_values([paddle.to_tensor(0.5), 2])   # [0.5, 2.0]
+    """
+    tensors = [v.reshape([1]).astype("float64") for v in values if isinstance(v, paddle.Tensor)]
+    read = iter(paddle.concat(tensors).numpy().tolist() if tensors else [])
+    return [next(read) if isinstance(v, paddle.Tensor) else float(v) for v in values]
 
 
 def _visualdl_writer(run_dir: Path):

@@ -227,7 +227,8 @@ class Session:
     """One rank's training run: counters, progress, checkpoints, stop requests.
 
     Both trainers call `after_step(loss)` after every optimizer step and
-    `end_epoch(epoch)` after every epoch; everything else is shared here.
+    `end_epoch(epoch)` after every epoch; everything else is shared here. The losses are
+    kept by `progress`, which reads them on the host at its reports only.
     """
 
     def __init__(self, parts: Parts, cfg, env, run_dir: Optional[Path], progress, monitor,
@@ -241,7 +242,6 @@ class Session:
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
         self.saver = checkpoint.AsyncSaver()
         self.result = Result(run_dir=run_dir)
-        self._epoch_losses: List[float] = []
 
     @property
     def done(self) -> bool:
@@ -250,7 +250,6 @@ class Session:
     def begin_epoch(self, epoch: int) -> None:
         if epoch != self.pos.epoch:
             self.pos = Position(epoch=epoch, global_step=self.pos.global_step)
-        self._epoch_losses = []
         self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
 
     def before_step(self) -> None:
@@ -258,15 +257,15 @@ class Session:
         if self.lr_policy is not None:
             self.optimizer.set_lr(self.lr_policy.at(self.pos.global_step))
 
-    def after_step(self, loss: float) -> bool:
-        """Bookkeeping after an optimizer step; True when the step limit is reached."""
+    def after_step(self, loss) -> bool:
+        """Bookkeeping after an optimizer step; True when the step limit is reached.
+        `loss`: the step's mean loss, a device tensor (left unread) or a number."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
-        self._epoch_losses.append(loss)
         self.result.step_times.append(time.perf_counter())
         if self.result.first_step_at is None:
             self.result.first_step_at = time.time()
-        measurable = self.env.is_distributed and self.sync.mode == "fused"
+        measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
         self.progress.step(loss, float(self.optimizer.get_lr()),
                            self.sync.comm_seconds if measurable else None)
         self.monitor.step(self.pos.global_step, self.pos.epoch)
@@ -280,8 +279,8 @@ class Session:
     def end_epoch(self, epoch: int) -> Dict[str, Any]:
         """Global train loss, exact evaluation, history, epoch-end checkpoint."""
         self.progress.pause()
-        total, n = all_reduce_sum([sum(self._epoch_losses), len(self._epoch_losses)], self.env,
-                                  self.monitor.phase)
+        losses = self.progress.epoch_losses()
+        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / max(n, 1)}
         average_buffers(self.parts.model, self.env, self.monitor.phase)
         if self.parts.eval_data is not None:

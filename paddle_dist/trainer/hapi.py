@@ -43,8 +43,11 @@ class _Bridge(paddle.callbacks.Callback):
             # Each micro-batch's loss is divided by its group's size, so the summed
             # gradient is that of the group's mean loss (the epoch's last group may be short).
             self.loss.divisor = min(self.k, len(self.sampler) - step)
+        if self.k > 1:       # only the group's last backward() sends gradients (overlap)
+            self.session.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
 
     def on_train_batch_end(self, step, logs=None):
+        # hapi has read the loss on the host already (its logs hold numpy): a number here.
         self.group_losses.append(to_float(logs["loss"]) * self.loss.divisor)
         if (step + 1) % self.k and step + 1 != len(self.sampler):
             return                          # hapi accumulates: no optimizer step yet

@@ -10,6 +10,7 @@ the last run under `no_sync()` for the same effect.
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import paddle
 
@@ -33,7 +34,7 @@ def run(session: Session) -> None:
         for group in groups(loader, k):
             session.before_step()
             loss = step(model, parts.loss, group, session.optimizer, reducer_on,
-                        session.amp, session.scaler)
+                        session.amp, session.scaler, session.sync.arm)
             if session.after_step(loss):
                 break
         session.end_epoch(epoch)
@@ -54,21 +55,28 @@ def groups(batches, k: int):
 
 
 def step(model, loss_fn, group, optimizer, reducer_on: bool, precision: AmpPlan = AmpPlan(),
-         scaler=None) -> float:
-    """One optimizer step over the micro-batches in `group`; returns their mean loss.
+         scaler=None, arm: Callable[[bool], None] = lambda final: None) -> paddle.Tensor:
+    """One optimizer step over the micro-batches in `group`; returns their mean loss as a
+    detached float64 tensor on the device (read it on the host only when it is needed:
+    on a GPU every read waits for the queued work, see logger.read_values).
 
     Each micro-batch's mean loss is divided by the group's size, so the summed gradient
     is that of the mean loss over all the group's samples (equal micro-batch sizes).
-    `precision` and `scaler`: mixed precision and its loss scaling (amp.py)."""
-    total = 0.0
+    `precision` and `scaler`: mixed precision and its loss scaling (amp.py); `arm(final)`
+    tells the gradient sync whether an optimizer step follows the coming backward()."""
+    total = None
     for i, (x, y) in enumerate(group):
         quiet = reducer_on and i < len(group) - 1
+        if len(group) > 1:
+            arm(i == len(group) - 1)
         with model.no_sync() if quiet else contextlib.nullcontext():
             with autocast(precision):
                 loss = loss_fn(model(x), y)
             part = loss / len(group) if len(group) > 1 else loss
             (scaler.scale(part) if scaler is not None else part).backward()
-        total += float(loss)
+        # Summed in float64, like Python floats: the same mean as reading each loss would give.
+        value = loss.detach().astype("float64")
+        total = value if total is None else total + value
     if scaler is not None:
         scaler.step(optimizer)      # averages, then skips the step on inf/nan
         scaler.update()

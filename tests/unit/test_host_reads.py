@@ -1,0 +1,96 @@
+"""The training loop reads nothing back from the device per step.
+
+On a GPU every `float(tensor)`, `.numpy()`, `.item()` or `.tolist()` waits for the device
+to finish all queued work. The loop trainer keeps its losses on the device and reads them
+once per log point (`train.log_every`); this test counts the reads made while stepping.
+"""
+
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_dist
+from paddle_dist import logger, runtime
+from paddle_dist.logger import Progress, read_values
+from paddle_dist.trainer import common, loop
+
+STEPS, LOG_EVERY, BATCH = 100, 10, 4
+READERS = ("numpy", "item", "tolist", "__float__")
+# Reads made inside these count: the optimizer step and its per-step bookkeeping.
+STEP_CODE = {loop.step.__code__, common.Session.before_step.__code__,
+             common.Session.after_step.__code__, Progress.step.__code__}
+
+
+class Points(paddle.io.Dataset):
+    """A tiny regression set held in memory."""
+
+    def __init__(self, n: int):
+        rng = np.random.default_rng(0)
+        self.x = rng.standard_normal((n, 4)).astype("float32")
+        self.y = (self.x @ np.ones((4, 1), "float32")).astype("float32")
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __len__(self):
+        return len(self.x)
+
+    def batch(self, indices):
+        return self.x[indices], self.y[indices]
+
+
+def _in_step(frame) -> bool:
+    while frame is not None:
+        if frame.f_code in STEP_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The host reads of paddle.Tensors made inside a training step, by method name (a
+    read made by another, such as `__float__` calling `item`, counts once)."""
+    seen, depth = [], [0]
+    for name in READERS:
+        original = getattr(paddle.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if depth[0] == 0 and _in_step(sys._getframe(1)):
+                seen.append(_name)
+            depth[0] += 1
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        monkeypatch.setattr(paddle.Tensor, name, counted)
+    return seen
+
+
+def test_the_loop_reads_losses_once_per_log_point(reads, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "_ENV", None)        # this process's env, detected afresh
+    handlers = list(logger.get().handlers)
+    monkeypatch.setattr(logger.get(), "handlers", handlers)   # fit() replaces them
+    cfg = paddle_dist.load_config(overrides=[
+        "train.api=loop", f"train.batch_size={BATCH}", "train.epochs=1",
+        f"train.log_every={LOG_EVERY}", "checkpoint.every_epochs=0",
+        f"output.run_dir={tmp_path / 'run'}"])
+    paddle_dist.setup(cfg)
+    result = paddle_dist.fit(paddle.nn.Linear(4, 1), Points(STEPS * BATCH), config=cfg,
+                             task="regression")
+    assert result.steps == STEPS
+    assert len(reads) <= STEPS // LOG_EVERY + 2, f"{len(reads)} host reads in {STEPS} steps"
+    assert len(result.losses) == STEPS and all(type(v) is float for v in result.losses)
+    assert result.metrics["train_loss"] == pytest.approx(np.mean(result.losses), rel=1e-6)
+
+
+def test_read_values_reads_every_tensor_in_one_go(monkeypatch):
+    calls = []
+    numpy = paddle.Tensor.numpy
+    monkeypatch.setattr(paddle.Tensor, "numpy", lambda self: calls.append(1) or numpy(self))
+    values = [paddle.to_tensor(0.5), 2, np.float32(0.25), paddle.to_tensor([1.5], dtype="float64")]
+    assert read_values(values) == [0.5, 2.0, 0.25, 1.5]
+    assert len(calls) == 1
