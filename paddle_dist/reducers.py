@@ -165,15 +165,17 @@ def _open_local(env, keys: List[str], chunk: int, phase):
             reducer, created = shm.ShmReducer.create(path, world, chunk), str(path)
         except OSError:
             pass
-    paths = _gather(env, created, phase)
-    if rank != leader and paths[leader]:
-        try:
-            reducer = shm.ShmReducer.attach(Path(paths[leader]), local_rank, world, chunk)
-        except OSError:
-            reducer = None
-    ready = all(_gather(env, reducer is not None or world == 1, phase))
-    if created:
-        os.unlink(created)
+    try:
+        paths = _gather(env, created, phase)
+        if rank != leader and paths[leader]:
+            try:
+                reducer = shm.ShmReducer.attach(Path(paths[leader]), local_rank, world, chunk)
+            except OSError:
+                reducer = None
+        ready = all(_gather(env, reducer is not None or world == 1, phase))
+    finally:            # whatever happens (a peer dies during set-up): nothing left behind
+        if created:
+            os.unlink(created)
     if not ready and reducer is not None:
         reducer.close()
         reducer = None

@@ -3,19 +3,34 @@
 gloo moves every gradient through loopback TCP: about 0.5 GB/s per all-reduce between
 two local processes here, 3.3 ms for an MLP's 1.6 MB, longer than the step's own compute.
 Memory copies run at ~25 GB/s. So ranks that share a machine exchange gradients through a
-segment in /dev/shm instead: each rank copies its array into its own slot, announces it,
-and once every slot is written, sums all of them in rank order. Every rank computes the
-same sum from the same numbers in the same order, so all ranks end bit-identical.
+segment in /dev/shm instead, as a reduce-scatter followed by an all-gather: each rank
+copies its array into its own slot; rank q sums slice q of every slot, in rank order, and
+publishes that sum; then every rank copies all W summed slices. Each rank reads and writes
+about 4 times the array per all-reduce, whatever W (summing every slot on every rank read
+W times the array: the machine moved W² arrays, slower than gloo at 8 ranks). Every sum is
+computed once, from the same numbers in the same order (slot 0 + slot 1 + ...), and copied
+to every rank, so all ranks end bit-identical.
 
 The segment (one file, unlinked as soon as every rank has mapped it, so nothing is left
 in /dev/shm even when the job is killed):
-    int64 written[W] | int64 read[W] | int64 pid[W]     (each block padded to 64 bytes)
-    float32 slots[2][W][chunk]                           two buffers, used by turns
+    int64 written[W] | reduced[W] | gathered[W] | pid[W]   (each block padded to 64 bytes)
+    float32 slots[2][W][chunk rounded up to 16]            two buffers, used by turns
+A round of L elements is cut into W slices, slice q = [bounds[q], bounds[q+1]) from
+`slice_bounds(L, W)`, the same on every rank. Rank q's sum of slice q goes back over
+slice q of its own slot, a place that no other rank reads before the sum is announced:
+    slots[b][q] = | q's piece, slice 0 | ... | SUM of slice q | ... | q's piece, slice W-1 |
 
-Round r (one chunk of the array): wait until every rank has read round r-2 (the last
-user of buffer r % 2), write this rank's slot, set written[rank] = r, wait until every
-written[] >= r, sum the W slots, set read[rank] = r. A rank that waits checks now and
-then that its peers are alive, and raises PeerGone when one has died.
+Round n (one chunk of the array) uses buffer b = n % 2:
+  1. wait until every gathered[] >= n-2 (the last round that used buffer b is over
+     everywhere; normally true at once, see `_round`);
+  2. write scale * this rank's piece into slots[b][rank]; written[rank] = n;
+  3. wait until every written[] >= n; sum slice `rank` of slots[b][0], [1], ... into the
+     caller's arrays, copy it over slice `rank` of slots[b][rank]; reduced[rank] = n;
+  4. wait until every reduced[] >= n; copy slice q of slots[b][q], for every other q, into
+     the caller's arrays; gathered[rank] = n.
+A rank that waits spins a little (not at all when ranks outnumber the cores), then yields
+the CPU, then sleeps between looks; now and then it checks that its peers are alive, and
+raises PeerGone when one has died.
 
 This relies on a core's stores becoming visible to the others in program order (x86-64's
 memory model): `supported()` is false elsewhere, and gloo is used there.
@@ -32,15 +47,21 @@ import mmap
 import os
 import platform
 import time
+from bisect import bisect_right
 from pathlib import Path
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 import numpy as np
 
 SHM_DIR = Path("/dev/shm")
 CHUNK = 1 << 22            # elements per slot and round (16 MiB of float32)
 _BLOCK = 8                 # int64 per 64-byte line
+_COUNTERS = 4              # header blocks: written, reduced, gathered, pid
+_ALIGN = 16                # float32 per 64-byte line: slots and slices start on a line, so
+                           # two ranks never write to the same line at once
 _CHECK_EVERY = 2000        # waiting iterations between liveness checks of the peers
+_SPINS = 200               # waiting iterations on the CPU before yielding it
+_YIELDS = 2000             # waiting iterations before sleeping between looks
 
 
 class PeerGone(RuntimeError):
@@ -66,7 +87,7 @@ def host_key() -> str:
 
 
 def _header_len(world: int) -> int:
-    return 3 * _lines(world) * 64
+    return _COUNTERS * _lines(world) * 64
 
 
 def _lines(world: int) -> int:
@@ -74,7 +95,40 @@ def _lines(world: int) -> int:
 
 
 def segment_bytes(world: int, chunk: int) -> int:
-    return _header_len(world) + 2 * world * chunk * 4
+    """The segment's size: what `create` reserves and every rank maps.
+
+    Example:
+        segment_bytes(2, 1 << 20)    # 256 + 2 buffers * 2 slots * 4 MiB
+    """
+    return _header_len(world) + 2 * world * _slot_len(chunk) * 4
+
+
+def _slot_len(chunk: int) -> int:
+    return -(-chunk // _ALIGN) * _ALIGN
+
+
+def slice_bounds(length: int, world: int) -> List[int]:
+    """Where each rank's slice of a round of `length` elements starts, and the last ends:
+    equal parts rounded up to whole 64-byte lines (the last ranks get less, or nothing).
+
+    Example:
+        slice_bounds(100, 3)    # [0, 48, 96, 100]
+    """
+    step = -(-length // (world * _ALIGN)) * _ALIGN
+    return [min(q * step, length) for q in range(world + 1)]
+
+
+def _split(pieces: List[Tuple[np.ndarray, int]], bounds: List[int]
+           ) -> Iterator[Tuple[np.ndarray, int, int]]:
+    """The pieces (view, offset in the slot) cut at the slice bounds: (part of a view,
+    its offset, the rank whose slice holds it)."""
+    for view, at in pieces:
+        start, end = at, at + len(view)
+        while start < end:
+            owner = bisect_right(bounds, start) - 1    # the last slice starting at or before
+            stop = min(end, bounds[owner + 1])
+            yield view[start - at:stop - at], start, owner
+            start = stop
 
 
 class ShmReducer:
@@ -85,12 +139,14 @@ class ShmReducer:
         self.map = mmap.mmap(fd, segment_bytes(world, chunk))
         os.close(fd)
         width = _lines(world) * _BLOCK
-        header = np.frombuffer(self.map, dtype=np.int64, count=3 * width)
-        self.written, self.read = header[:world], header[width:width + world]
-        self.pids = header[2 * width:2 * width + world]
+        header = np.frombuffer(self.map, dtype=np.int64, count=_COUNTERS * width)
+        self.written, self.reduced, self.gathered, self.pids = (
+            header[k * width:k * width + world] for k in range(_COUNTERS))
         self.slots = np.frombuffer(self.map, dtype=np.float32, offset=_header_len(world),
-                                   count=2 * world * chunk).reshape(2, world, chunk)
+                                   count=2 * world * _slot_len(chunk)).reshape(2, world, -1)
         self.round = 0
+        # More ranks than cores: a rank that spins keeps the one it waits for off the CPU.
+        self.spins = _SPINS if world <= len(os.sched_getaffinity(0)) else 0
         self.pids[rank] = os.getpid()
 
     @classmethod
@@ -131,28 +187,48 @@ class ShmReducer:
         return rounds
 
     def _round(self, pieces: List[Tuple[np.ndarray, int]], scale: float) -> None:
-        """One round: `pieces` are (view, offset in the slot)."""
+        """One round (steps 1-4 of the module docstring): `pieces` are (view, offset in
+        the slot). Step 1's wait normally passes at once: this rank got past step 4 of the
+        previous round only once every rank had announced step 3 of it, hence finished
+        the round before, the last that used this buffer."""
         self.round += 1
-        slots = self.slots[self.round % 2]
-        self._wait(self.read, self.round - 2)
+        n, slots = self.round, self.slots[self.round % 2]
+        parts = list(_split(pieces, slice_bounds(sum(len(v) for v, _ in pieces), self.world)))
+        self._wait(self.gathered, n - 2)
         for view, at in pieces:
             np.multiply(view, np.float32(scale), out=slots[self.rank, at:at + len(view)])
-        self.written[self.rank] = self.round
-        self._wait(self.written, self.round)
-        for view, at in pieces:           # rank 0 + rank 1 + ... on every rank
-            end = at + len(view)
+        self.written[self.rank] = n
+        self._wait(self.written, n)
+        for view, at, owner in parts:
+            if owner == self.rank:
+                self._reduce(slots, view, at)
+        self.reduced[self.rank] = n
+        self._wait(self.reduced, n)
+        for view, at, owner in parts:
+            if owner != self.rank:
+                np.copyto(view, slots[owner, at:at + len(view)])
+        self.gathered[self.rank] = n
+
+    def _reduce(self, slots: np.ndarray, view: np.ndarray, at: int) -> None:
+        """Sum this part of every slot into `view` (slot 0 + slot 1 + ...: the same
+        additions in the same order as a rank summing everything itself), then publish it
+        in this rank's own slot."""
+        end = at + len(view)
+        if self.world == 1:
+            np.copyto(view, slots[0, at:end])
+        else:
             np.add(slots[0, at:end], slots[1, at:end], out=view)
-            for rank in range(2, self.world):
-                np.add(view, slots[rank, at:end], out=view)
-        self.read[self.rank] = self.round
+        for rank in range(2, self.world):
+            np.add(view, slots[rank, at:end], out=view)
+        np.copyto(slots[self.rank, at:end], view)
 
     def _wait(self, counters: np.ndarray, target: int) -> None:
         spins = 0
         while counters.min() < target:
             spins += 1
-            if spins > 2000:
+            if spins > _YIELDS:
                 time.sleep(0.0001)
-            elif spins > 200:
+            elif spins > self.spins:
                 os.sched_yield()
             if spins % _CHECK_EVERY == 0:
                 self._check_peers(counters, target)
@@ -164,7 +240,7 @@ class ShmReducer:
                                "shared-memory all-reduce")
 
     def close(self) -> None:
-        self.slots = self.written = self.read = self.pids = None
+        self.slots = self.written = self.reduced = self.gathered = self.pids = None
         self.map.close()
 
 

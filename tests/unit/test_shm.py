@@ -1,4 +1,9 @@
-"""paddle_dist.shm: the shared-memory all-reduce, between real processes (no paddle)."""
+"""paddle_dist.shm: the shared-memory all-reduce, between real processes (no paddle).
+
+Every rank runs in a child process, so a protocol that hangs fails the test at a join's
+timeout instead of hanging it. The parent makes the segment, waits until every rank has
+mapped it and unlinks it before the first round, as `sync.open_shm` does.
+"""
 
 import multiprocessing as mp
 import os
@@ -11,6 +16,8 @@ from paddle_dist import shm
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs x86-64 and /dev/shm")
 CTX = mp.get_context("spawn")     # fresh interpreters: nothing inherited but the arguments
+TIMEOUT = 60
+SCALE = 0.5
 
 
 def _inputs(rank, sizes, step):
@@ -18,51 +25,141 @@ def _inputs(rank, sizes, step):
     return [rng.standard_normal(n).astype(np.float32) for n in sizes]
 
 
-def _rank_main(path, rank, world, chunk, sizes, steps, out):
+def _expected(world, sizes, step):
+    """The reference: ((a0*s) + (a1*s)) + (a2*s) ... in rank order, in float32."""
+    parts = [np.concatenate(_inputs(r, sizes, step) + [np.zeros(0, np.float32)])
+             * np.float32(SCALE) for r in range(world)]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def _rounds(chunk, plan):
+    return sum(max(1, -(-sum(sizes) // chunk)) for sizes in plan)
+
+
+def _rank_main(path, rank, world, chunk, plan, out, attached):
     reducer = shm.ShmReducer.attach(path, rank, world, chunk)
+    attached.send(rank)
     results, rounds = [], 0
-    for step in range(steps):
+    for step, sizes in enumerate(plan):
         arrays = _inputs(rank, sizes, step)
-        rounds += reducer.all_reduce(arrays, scale=0.5)
-        results.append(np.concatenate(arrays))
-    np.save(out, np.stack(results))
-    os._exit(0 if rounds == steps * -(-sum(sizes) // chunk) else 3)
+        rounds += reducer.all_reduce(arrays, scale=SCALE)
+        results.append(np.concatenate(arrays + [np.zeros(0, np.float32)]))
+    np.savez(out, *results)
+    os._exit(0 if rounds == _rounds(chunk, plan) else 3)
 
 
-def _run(tmp_path, world, chunk, sizes, steps):
-    path = shm.new_path("test")
-    reducer = shm.ShmReducer.create(path, world, chunk)
-    procs = [CTX.Process(target=_rank_main, args=(path, r, world, chunk, sizes, steps,
-                                                  str(tmp_path / f"r{r}.npy")))
-             for r in range(1, world)]
+def _start(path, targets):
+    """Start one process per (target, args) and unlink the segment once all have mapped it
+    (each says so through its own pipe: a send is written at once, even if it dies next)."""
+    pipes = [CTX.Pipe(duplex=False) for _ in targets]
+    procs = [CTX.Process(target=target, args=args + (send,))
+             for (target, args), (_, send) in zip(targets, pipes)]
+    for p in procs:
+        p.start()
+    try:
+        for receive, _ in pipes:
+            assert receive.poll(TIMEOUT), "a rank did not attach"
+            receive.recv()
+    finally:
+        os.unlink(path)
+    return procs
+
+
+def _join(procs):
     try:
         for p in procs:
-            p.start()
-        mine = []
-        for step in range(steps):
-            arrays = _inputs(0, sizes, step)
-            reducer.all_reduce(arrays, scale=0.5)
-            mine.append(np.concatenate(arrays))
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
+            p.join(timeout=TIMEOUT)
+        return [p.exitcode for p in procs]
     finally:
         for p in procs:
             p.kill()
-        os.unlink(path)
-        reducer.close()
-    return [np.stack(mine)] + [np.load(tmp_path / f"r{r}.npy") for r in range(1, world)]
 
 
-def test_three_ranks_get_the_same_sums_over_many_rounds(tmp_path):
-    sizes, steps = [700, 5, 1300], 4           # 2005 elements in rounds of 256: 8 rounds a step
-    results = _run(tmp_path, world=3, chunk=256, sizes=sizes, steps=steps)
-    for other in results[1:]:
-        assert np.array_equal(results[0], other)          # bit for bit on every rank
-    for step in range(steps):
-        parts = [np.concatenate(_inputs(r, sizes, step)) * np.float32(0.5) for r in range(3)]
-        expected = (parts[0] + parts[1]) + parts[2]       # rank order
-        assert np.array_equal(results[0][step], expected)
+def _run(tmp_path, world, chunk, plan):
+    path = shm.new_path("test")
+    shm.ShmReducer.create(path, world, chunk).close()
+    outs = [str(tmp_path / f"r{r}.npz") for r in range(world)]
+    procs = _start(path, [(_rank_main, (path, r, world, chunk, plan, outs[r]))
+                                 for r in range(world)])
+    assert _join(procs) == [0] * world
+    return [np.load(out) for out in outs]
+
+
+def _no_segment_left():
+    return not list(shm.SHM_DIR.glob(f"paddle_dist-test-{os.getpid()}-*"))
+
+
+def _check(results, world, plan):
+    for step, sizes in enumerate(plan):
+        expected = _expected(world, sizes, step)
+        for rank in range(world):
+            found = results[rank][f"arr_{step}"]
+            assert found.dtype == np.float32 and np.array_equal(found, expected), (rank, step)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_every_rank_gets_the_rank_order_sums_over_many_rounds(tmp_path, world):
+    # 2008 elements in rounds of 250 (not a multiple of 16, nor of any world): 9 rounds a
+    # step, the last one 8 elements long; zero-length and tiny arrays among the others.
+    plan = [[700, 5, 0, 1300, 3]] * 3
+    _check(_run(tmp_path, world, chunk=250, plan=plan), world, plan)
+    assert _no_segment_left()
+
+
+@pytest.mark.parametrize("world", [3, 8])
+def test_pieces_shorter_than_the_world_and_empty_calls(tmp_path, world):
+    plan = [[3], [0], [], [1, 0, 2], [40, 9], [7] * 5]
+    _check(_run(tmp_path, world, chunk=16, plan=plan), world, plan)
+    assert _no_segment_left()
+
+
+def test_slices_cover_the_round_in_whole_lines():
+    assert shm.slice_bounds(100, 3) == [0, 48, 96, 100]
+    assert shm.slice_bounds(5, 3) == [0, 5, 5, 5]
+    assert shm.slice_bounds(0, 4) == [0] * 5
+    for length in range(0, 300, 7):
+        bounds = shm.slice_bounds(length, 8)
+        assert bounds[0] == 0 and bounds[-1] == length and bounds == sorted(bounds)
+        assert all(b % 16 == 0 for b in bounds[:-1] if b < length)
+
+
+def _survivor(path, rank, world, out, attached):
+    reducer = shm.ShmReducer.attach(path, rank, world, 16)
+    attached.send(rank)
+    try:
+        for _ in range(4):
+            reducer.all_reduce([np.ones(16, np.float32)])
+    except shm.PeerGone as exc:
+        with open(out, "w") as f:
+            f.write(str(exc))
+        os._exit(7)
+    os._exit(0)
+
+
+def _die(path, rank, world, announced, attached):
+    """Take part in round 1, then announce `announced` steps of round 2 and die."""
+    reducer = shm.ShmReducer.attach(path, rank, world, 16)
+    attached.send(rank)
+    reducer.all_reduce([np.ones(16, np.float32)])
+    for counter in [reducer.written, reducer.reduced][:announced]:
+        counter[rank] = 2
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("announced", [0, 1, 2])   # dies before writing, after, after summing
+def test_a_peer_that_dies_is_reported_by_every_survivor(tmp_path, announced):
+    path = shm.new_path("test")
+    shm.ShmReducer.create(path, 3, 16).close()
+    outs = [str(tmp_path / f"r{r}.txt") for r in range(2)]
+    procs = _start(path, [(_survivor, (path, 0, 3, outs[0])), (_survivor, (path, 1, 3, outs[1])),
+                             (_die, (path, 2, 3, announced))])
+    assert _join(procs) == [7, 7, -signal.SIGKILL]
+    for out in outs:
+        assert open(out).read().startswith(f"rank 2 (pid {procs[2].pid}) died")
+    assert _no_segment_left()
 
 
 def _die_after_writing(path):
@@ -81,7 +178,7 @@ def test_a_peer_that_dies_is_reported_not_waited_for():
         with pytest.raises(shm.PeerGone, match="rank 1"):
             reducer.all_reduce([np.ones(16, np.float32)])
     finally:
-        peer.join(timeout=60)
+        peer.join(timeout=TIMEOUT)
         os.unlink(path)
         reducer.close()
     assert peer.exitcode == -signal.SIGKILL
