@@ -5,6 +5,7 @@ Usage:
     python tools/bench_train.py --model lenet --nprocs 2 [--reps 3] [--json out.json]
     python tools/bench_train.py --model mlp --nprocs 2 --variants paddle_dist,paddle_dist_hapi
     python tools/bench_train.py --model mlp --variant bf16=sync.compress=bf16
+    python tools/bench_train.py --model lenet --variants paddle_dist,paddle_dataparallel,no_sync
 
 What is measured: samples/s over `--steps` optimizer steps after `--warmup` steps, timed
 inside rank 0 (start-up, data generation and evaluation excluded). Every process runs one
@@ -15,6 +16,8 @@ medians.
 - efficiency = samples/s at N ranks / (N x samples/s of the same variant on 1 process)
 - vs ref = samples/s at N ranks / that of paddle_dataparallel at N ranks (and vs
   paddle_dist: / that of paddle_dist)
+- vs no_sync = samples/s at N ranks / that of no_sync (when measured): the share of the
+  bound that is left once the ranks talk to each other
 All are medians of the ratios within each rep (the samples/s columns are medians).
 
 Variants (--variants, comma-separated):
@@ -27,14 +30,20 @@ Variants (--variants, comma-separated):
 - paddle_dataparallel: the raw recipe, written below: init_parallel_env, DataParallel,
   DistributedBatchSampler + DataLoader, Adam
 - torch_ddp: the same model and loop in PyTorch with DistributedDataParallel (gloo)
+- no_sync: the upper bound. N independent 1-rank paddle_dist processes started together,
+  no process group and no communication, each with the same per-rank batch; its samples/s
+  is their sum. What N ranks would reach if syncing cost nothing and the machine's cores,
+  caches and memory bandwidth were the only limit
 - NAME=key=value,key=value (--variant, repeatable): paddle_dist with these config overrides
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
+from paddle_dist.supervisor import die_with_parent, process_table  # noqa: E402  (paddle-free)
 
 PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {
@@ -56,6 +66,7 @@ PADDLE_DIST_VARIANTS = {
     "paddle_dist_hapi_dpsync": ["train.api=hapi", "sync.mode=dataparallel", "data.batched=false"],
 }
 OTHER_VARIANTS = ("paddle_dataparallel", "torch_ddp")
+NO_SYNC = "no_sync"     # N separate 1-rank paddle_dist processes: the bound for N ranks
 REFERENCE = "paddle_dataparallel"
 DEFAULT_STEPS = {"lenet": 300, "mlp": 1000}
 LR = 0.001
@@ -120,7 +131,7 @@ def _custom_variant(text: str):
 
 
 def _variant_names(args) -> List[str]:
-    known = list(PADDLE_DIST_VARIANTS) + list(OTHER_VARIANTS) + list(args.custom)
+    known = list(PADDLE_DIST_VARIANTS) + list(OTHER_VARIANTS) + [NO_SYNC] + list(args.custom)
     if args.variants:
         names = [n.strip() for n in args.variants.split(",") if n.strip()]
     else:
@@ -141,34 +152,91 @@ def _have_torch() -> bool:
 
 
 # ---------------------------------------------------------------- the driver
-def run_once(args, name: str, world: int, workdir: Path) -> float:
-    """Start one run of `name` on `world` ranks; return its samples/s."""
-    out = workdir / f"{name}-{world}-{time.monotonic_ns()}.json"
+def run_once(args, name: str, world: int, workdir: Path) -> List[dict]:
+    """Start one run of `name` on `world` ranks; return the reports of its rank 0
+    ({"samples_per_s": ..., "world": ...}): one, or for no_sync one per process."""
+    stamp = f"{name}-{world}-{time.monotonic_ns()}"
     kind = name if name in OTHER_VARIANTS else "paddle_dist"
     overrides = PADDLE_DIST_VARIANTS.get(name, args.custom.get(name, []))
-    worker = [str(Path(__file__).resolve()), "--worker", kind, "--model", args.model,
-              "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--out", str(out), "--overrides", ",".join(overrides)]
-    if world == 1:
-        cmd = [sys.executable] + worker
-    elif kind == "torch_ddp":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-               "--master_port", str(free_port("127.0.0.1"))] + worker
+
+    def worker(out: Path) -> List[str]:
+        return [str(Path(__file__).resolve()), "--worker", kind, "--model", args.model,
+                "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                "--out", str(out), "--overrides", ",".join(overrides)]
+
+    if name == NO_SYNC:
+        outs = [workdir / f"{stamp}-p{i}.json" for i in range(world)]
+        cmds = [[sys.executable] + worker(out) for out in outs]
     else:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(world),
-               "--log_dir", str(workdir / "logs"), "--log_level", "ERROR"] + worker
-    env = dict(os.environ, **THREADS)
-    proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
-    if proc.returncode != 0 or not out.is_file():
-        tail = "\n".join(proc.stdout.splitlines()[-15:])
-        raise RuntimeError(f"{name} on {world} rank(s) failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(out.read_text())["samples_per_s"]
+        outs = [workdir / f"{stamp}.json"]
+        cmds = [_job_command(args, kind, world, workdir) + worker(outs[0])]
+    failed = run_together(cmds, dict(os.environ, **THREADS), workdir, args.timeout)
+    if failed or not all(out.is_file() for out in outs):
+        code, output = failed or (0, "(no result file written)")
+        raise RuntimeError(f"{name} on {world} rank(s) failed (exit {code}):\n{output}")
+    return [json.loads(out.read_text()) for out in outs]
 
 
-def measure(args) -> Dict[str, Dict[int, List[float]]]:
+def _job_command(args, kind: str, world: int, workdir: Path) -> List[str]:
+    """What starts `world` ranks of one job (the worker's argv follows)."""
+    if world == 1:
+        return [sys.executable]
+    if kind == "torch_ddp":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+                "--master_port", str(free_port("127.0.0.1"))]
+    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(world),
+            "--log_dir", str(workdir / "logs"), "--log_level", "ERROR"]
+
+
+def run_together(cmds: List[List[str]], env: dict, workdir: Path, timeout: float):
+    """Start every command at once and wait for all; None when all succeeded, else
+    (exit code, last lines of output) of the first that failed. Past `timeout`,
+    subprocess.TimeoutExpired is raised. Each command runs in a session of its own, and
+    whatever is left of it at the end (a rank that outlived its launcher) is killed: no
+    stray process slows the next run; the commands die with this process. Output goes to
+    files in `workdir`: a pipe nobody reads while another command is awaited could fill
+    and stall its writer.
+
+    Example:
+        run_together([[sys.executable, "-c", "pass"]] * 2, dict(os.environ), Path("."), 60)  # None
+    """
+    logs = [workdir / f"output-{time.monotonic_ns()}-{i}.log" for i in range(len(cmds))]
+    procs = []
+    try:
+        for cmd, log in zip(cmds, logs):
+            with open(log, "w") as sink:
+                procs.append(subprocess.Popen(cmd, env=env, cwd=workdir, stdout=sink,
+                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                              preexec_fn=die_with_parent))
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    finally:
+        for proc in procs:
+            _end_session(proc)
+    for proc, log in zip(procs, logs):
+        if proc.returncode != 0:
+            return proc.returncode, "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    return None
+
+
+def _end_session(proc: subprocess.Popen) -> None:
+    """Kill `proc` if it still runs, and every other process of its session."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid, state, _, session in process_table():
+        if session == proc.pid and state != "Z":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def measure(args):
+    """(samples/s per variant and world size, one per rep; each variant's worker reports
+    at N ranks: the world size its processes saw)."""
     runs = {name: {1: [], args.nprocs: []} for name in args.names}
     worlds = [args.nprocs] if args.parallel_only else sorted({1, args.nprocs})
+    seen: Dict[str, List[int]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
         for rep in range(args.reps):
             # Each rep starts with another variant: a run's position in the sequence
@@ -176,16 +244,20 @@ def measure(args) -> Dict[str, Dict[int, List[float]]]:
             order = args.names[rep % len(args.names):] + args.names[:rep % len(args.names)]
             for world in worlds if rep % 2 == 0 else worlds[::-1]:
                 for name in order:
-                    value = run_once(args, name, world, Path(tmp))
+                    reports = run_once(args, name, world, Path(tmp))
+                    value = sum(r["samples_per_s"] for r in reports)
                     runs[name][world].append(value)
+                    if world == args.nprocs:
+                        seen[name] = [r["world"] for r in reports]
                     print(f"rep {rep + 1}/{args.reps}  {name:<22} {world} rank(s)  "
                           f"{value:>10,.0f} samples/s", flush=True)
-    return runs
+    return runs, seen
 
 
-def summarise(args, runs) -> dict:
+def summarise(args, runs, seen) -> dict:
     """Medians; the ratios are medians of per-rep ratios (runs of one rep ran minutes apart
-    at most, so the machine's drift cancels out of them)."""
+    at most, so the machine's drift cancels out of them). `process_worlds`: the world size
+    each process of the N-rank run reported ([N] for a job, [1] * N for no_sync)."""
     n = args.nprocs
     out = {}
     for name, by_world in runs.items():
@@ -193,8 +265,10 @@ def summarise(args, runs) -> dict:
         out[name] = {"samples_per_s": statistics.median(by_world[n]),
                      "samples_per_s_1rank": statistics.median(by_world[1]) if by_world[1] else None,
                      "efficiency": statistics.median(per_rep) if per_rep else None,
+                     "process_worlds": seen[name],
                      "runs": {str(k): v for k, v in by_world.items()}}
-    for key, base in (("vs_reference", REFERENCE), ("vs_paddle_dist", "paddle_dist")):
+    for key, base in (("vs_reference", REFERENCE), ("vs_paddle_dist", "paddle_dist"),
+                      ("vs_no_sync", NO_SYNC)):
         if base in runs:
             for name, entry in out.items():
                 entry[key] = statistics.median(
@@ -204,13 +278,15 @@ def summarise(args, runs) -> dict:
 
 def table(args, variants: dict) -> str:
     n = args.nprocs
+    keys = ["vs_reference", "vs_paddle_dist"] + (["vs_no_sync"] if NO_SYNC in variants else [])
     lines = [f"| variant | 1 rank (samples/s) | {n} ranks (samples/s) | efficiency | vs ref | "
-             "vs paddle_dist |", "|---|---:|---:|---:|---:|---:|"]
+             "vs paddle_dist |" + (" vs no_sync |" if len(keys) == 3 else ""),
+             "|---|---:|---:|---:" + "|---:" * len(keys) + "|"]
     for name, v in variants.items():
-        ref, ours = (f"{v[key]:.2f}x" if key in v else "-" for key in ("vs_reference", "vs_paddle_dist"))
+        ratios = " | ".join(f"{v[key]:.2f}x" if key in v else "-" for key in keys)
         one, eff = v["samples_per_s_1rank"], v["efficiency"]
         lines.append(f"| {name} | {'-' if one is None else f'{one:,.0f}'} | {v['samples_per_s']:,.0f} | "
-                     f"{'-' if eff is None else f'{eff:.2f}'} | {ref} | {ours} |")
+                     f"{'-' if eff is None else f'{eff:.2f}'} | {ratios} |")
     return "\n".join(lines)
 
 
@@ -235,7 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{PROG}: {args.model}, batch {args.batch}/rank, {args.warmup} + {args.steps} steps, "
           f"{'' if args.parallel_only else '1 and '}{args.nprocs} ranks, {args.reps} reps: {', '.join(args.names)}", flush=True)
     try:
-        variants = summarise(args, measure(args))
+        variants = summarise(args, *measure(args))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

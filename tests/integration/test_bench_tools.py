@@ -3,6 +3,10 @@ not speed)."""
 
 import json
 
+import pytest
+
+from paddle_dist import netns
+
 from .procs import check, run
 
 TINY = ["--steps", "4", "--warmup", "2", "--reps", "1", "--batch", "16"]
@@ -124,3 +128,60 @@ def test_the_median_interval_is_the_binomial_one_and_covers_the_median():
         hits += low <= true_median <= high
     assert 0.95 <= hits / 2000 <= 0.99
     assert tool.chunk_ratios([1, 1, 2, 2, 9], [1, 2, 1, 1, 9], 2) == [2 / 3, 2.0]
+
+
+def test_bench_train_no_sync_runs_separate_processes_as_the_bound(tmp_path):
+    out = tmp_path / "bound.json"
+    result = check(run(["tools/bench_train.py", "--model", "mlp", "--nprocs", "2", *TINY,
+                        "--variants", "paddle_dist,no_sync", "--json", str(out)], timeout=300))
+    found = json.loads(out.read_text())["variants"]
+    # Two processes, neither in a process group: each saw a world of one.
+    assert found["no_sync"]["process_worlds"] == [1, 1]
+    assert found["paddle_dist"]["process_worlds"] == [2]
+    for name, v in found.items():
+        assert abs(v["vs_no_sync"] - v["runs"]["2"][0] / found["no_sync"]["runs"]["2"][0]) < 1e-9
+        assert v["efficiency"] > 0, name
+    assert found["no_sync"]["vs_no_sync"] == 1.0
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| vs no_sync |") and len(table) == 1 + 2
+    assert all(row.count("|") == table[0].count("|") for row in table)
+
+
+def test_bench_link_trains_across_two_shaped_hosts_and_cleans_up(tmp_path):
+    reason = netns.unavailable_reason(shaping=True)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "link.json"
+    result = check(run(["tools/bench_link.py", "--model", "lenet", "--link", "100mbit", "--steps", "5",
+                        "--batch", "16", "--reps", "1", "--variants", "dataparallel,fused",
+                        "--json", str(out)], timeout=400))
+    found = json.loads(out.read_text())
+    if found["status"] == "skipped":            # the kernel refused namespaces to root
+        pytest.skip(found["reason"])
+    assert found["status"] == "ok" and found["link"] == "100mbit"
+    assert set(found["variants"]) == {"dataparallel", "fused"}
+    # Two hosts: two namespaces with their own addresses, and every job's ranks talked
+    # over the veth pair between them.
+    names = [host["namespace"] for host in found["hosts"]]
+    assert len(set(names)) == 2 and {h["ip"] for h in found["hosts"]} == {netns.IP_A, netns.IP_B}
+    for name, v in found["variants"].items():
+        assert v["samples_per_s"] > 0 and v["world_size"] == 2 and v["steps"] == 5, name
+        assert v["link_bytes"][0] > 0, name
+    assert found["variants"]["dataparallel"]["vs_reference"] == 1.0
+    assert "| fused | sync.mode=fused |" in result.stdout
+    assert not set(names) & set(netns.netns_names())
+
+
+def test_bench_link_refuses_bad_input_and_skips_where_it_cannot_run(tmp_path):
+    for args in (["--link", "fast"], ["--model", "resnet"], ["--ranks-per-host", "3"],
+                 ["--variants", "nope"], ["--variant", "x"], ["--variant", "y=sync.mode=bogus"],
+                 ["--variant", "fused=sync.compress=bf16"]):
+        result = run(["tools/bench_link.py", *args], timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "bench_link: error" in result.stderr
+    # Without iproute2 on the PATH: one line saying why, exit 0, "skipped" in the JSON.
+    out = tmp_path / "skipped.json"
+    result = check(run(["tools/bench_link.py", "--json", str(out)], env={"PATH": str(tmp_path)},
+                       timeout=60))
+    assert "skipped" in result.stdout and "iproute2" in result.stdout
+    assert json.loads(out.read_text())["status"] == "skipped"
