@@ -116,8 +116,8 @@ class DistConfig:
 class SyncConfig:
     mode: str = "auto"             # overlap: buckets all-reduced during backward() as they fill |
                                    # fused: one exchange at the optimizer step | auto: fused when
-                                   # every rank is on this machine's CPUs (shared memory) or
-                                   # compressing, else overlap | dataparallel: Paddle's reducer
+                                   # every rank is on this machine's CPUs (shared memory), else
+                                   # overlap | dataparallel: Paddle's reducer
     transport: str = "auto"        # CPU: auto (shm on one machine, hierarchical across machines
                                    # with several ranks each, else backend) | shm | hierarchical
                                    # (shm within a host + backend between hosts) | backend (the
@@ -125,7 +125,7 @@ class SyncConfig:
     bucket_mb: float = 0.0         # cap on one buffer in MiB; 0 = the mode's default: one buffer
                                    # (fused), 25 (overlap; small models: ~4 buckets)
     compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
-                                   # (half the bytes; approximate, opt-in; fused mode)
+                                   # over the backend (half the bytes; approximate, opt-in)
 
 
 @dataclass
@@ -434,9 +434,6 @@ def _validate_sync(cfg: Config) -> None:
         raise ConfigError("sync.compress, sync.bucket_mb and sync.transport apply to paddle_dist's "
                           "own sync (sync.mode=auto|overlap|fused); paddle.DataParallel's reducer "
                           "has its own buckets")
-    if s.mode == "overlap" and s.compress != "none":
-        raise ConfigError("sync.compress works at the optimizer step; use sync.mode=fused (or "
-                          "auto) with it")
     if s.transport in ("shm", "hierarchical") and s.compress != "none":
         raise ConfigError(f"sync.compress casts the backend's buffers; sync.transport={s.transport} "
                           "exchanges float32 through shared memory, so use sync.transport=auto or backend")

@@ -201,8 +201,8 @@ class AsyncExchange:
     The stop flag is read one step late: reading it at once would make the host wait for
     the device; the previous step's flag finished long ago."""
 
-    def __init__(self, world: int, collective_fn: Callable = dist.all_reduce):
-        self.world, self.all_reduce = world, collective_fn
+    def __init__(self, world: int, collective_fn: Callable = dist.all_reduce, wire=None):
+        self.world, self.all_reduce, self.wire = world, collective_fn, wire   # wire: 16-bit dtype
         self.pending: list = []
         self.flag: Optional[paddle.Tensor] = None    # the last step's flag sum, on the device
         self.calls = 0
@@ -216,6 +216,8 @@ class AsyncExchange:
         if stop is not None:
             parts.append(paddle.full([1], stop, dtype=grads[0].dtype))
         flat = paddle.concat(parts)
+        if self.wire is not None and flat.dtype == paddle.float32:
+            flat = flat.astype(self.wire)                  # sync.compress: half the bytes
         self.pending.append((self.all_reduce(flat, sync_op=False), flat, params, stop is not None))
         self.calls += 1
 
@@ -224,6 +226,7 @@ class AsyncExchange:
         late = float(self.flag.numpy()[0]) if self.flag is not None else 0.0
         for task, flat, params, flagged in self.pending:
             task.wait()
+            flat = flat.astype(params[0].grad.dtype if params[0].grad is not None else params[0].dtype)
             if flagged:
                 self.flag, flat = flat[-1:], flat[:-1]
             _write_back(flat / self.world, params)

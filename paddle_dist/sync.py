@@ -14,7 +14,7 @@ Modes (config `sync.mode`):
   communication thread (CPU) or NCCL's stream (GPUs): overlap.py.
 - `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
 - `auto` (default): fused when every rank is on this machine's CPUs (shared memory
-  is faster than the thread's hand-off), and when compressing; overlap otherwise.
+  is faster than the thread's hand-off); overlap otherwise.
 - `dataparallel`: Paddle's own reducer inside backward().
 
 Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
@@ -108,7 +108,9 @@ class GradSync(ClipGradBase):
     def _setup(self, params) -> None:
         cpu = self.env.device == "cpu"
         float32 = all(p.dtype == paddle.float32 for p in params)
-        if cpu and float32 and self.compress == "none":
+        if cpu and float32 and self.compress == "bf16":
+            self.reducer = reducers.BackendReducer(compress="bf16")  # compressed: the backend
+        elif cpu and float32 and self.compress == "none":
             count = sum(int(p.size) for p in params) + 1          # + the stop flag
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
         self.mode = self._resolve_mode(cpu and float32)
@@ -116,15 +118,15 @@ class GradSync(ClipGradBase):
             self.reducer = None           # the step's Paddle buffers: bucket_mb, compress
         if self.mode == "overlap":
             scale = 1.0 / self.env.world_size
-            exchange = ThreadExchange(self.reducer, scale) if cpu else AsyncExchange(self.env.world_size)
+            exchange = ThreadExchange(self.reducer, scale) if cpu else \
+                AsyncExchange(self.env.world_size, wire=HALF.get(self.compress))
             cap = self.bucket_bytes or int(DEFAULT_BUCKET_MB * 2 ** 20)
             self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps)
 
     def _resolve_mode(self, float32_cpu: bool) -> str:
         """overlap / fused for mode auto (and fused where overlap cannot run)."""
-        if self.compress != "none" or (self.env.device == "cpu" and self.reducer is None) \
-                or (self.env.device == "cpu" and not float32_cpu):
-            return "fused"                # 16-bit casts and odd dtypes: the step's Paddle path
+        if self.env.device == "cpu" and (self.reducer is None or not float32_cpu):
+            return "fused"                # odd dtypes: the step's Paddle path
         if self.mode == "auto":
             return "fused" if isinstance(self.reducer, shm.ShmReducer) else "overlap"
         return self.mode

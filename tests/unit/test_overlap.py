@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist import overlap
+from paddle_dist import overlap, reducers
 from paddle_dist.comm import PeerFailure
 
 
@@ -169,3 +169,11 @@ def test_gpu_path_sends_async_and_reads_the_stop_flag_one_step_late():
         for p in net.parameters():
             p.clear_gradient()
     assert seen == [0.0, 2.0, 0.0]                 # step 1's request, seen at step 2
+
+
+def test_bf16_bits_round_like_paddle():
+    values = np.random.RandomState(0).standard_normal(10000).astype(np.float32) * 1e3
+    values[:4] = [1.0, 1.00390625, 1.01171875, 0.0]      # exact, two ties, zero
+    ours = reducers.to_bf16_bits(values)
+    theirs = np.from_dlpack(paddle.to_tensor(values).astype("bfloat16").view(paddle.uint16))
+    np.testing.assert_array_equal(ours, theirs)
