@@ -20,7 +20,8 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
 
-# The numbers in docs/benchmarks.md (about 45 minutes on 2 cores; run nothing else meanwhile).
+# The numbers in docs/benchmarks.md (about 80 minutes on 2 cores; run nothing else meanwhile;
+# bench_link needs root and skips otherwise).
 # PyTorch, when installed in the venv, adds the torch_ddp variant.
 BENCH_OUT ?= bench-results
 bench: $(STAMP)
@@ -38,6 +39,15 @@ bench: $(STAMP)
 	for m in lenet mlp; do $(PY) tools/bench_overhead.py --model $$m \
 		--variants paddle_dist_dpsync,paddle_dist_hapi_dpsync --json $(BENCH_OUT)/overhead_$$m.json; done
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
+	for n in 2 4 8; do for m in lenet mlp; do $(PY) tools/bench_train.py --model $$m --nprocs $$n --reps 2 \
+		--variants paddle_dist,paddle_dataparallel,no_sync --json $(BENCH_OUT)/scale_$${m}_$$n.json; done; done
+	for t in backend shm; do for n in 4 8; do $(PY) -m paddle_dist.launch --nprocs $$n --log_dir $(BENCH_OUT)/log \
+		tools/allreduce_perf.py -b 64K -e 16M -f 4 --transport $$t --json $(BENCH_OUT)/ranks$${n}_$$t.json; done; done
+	$(PY) tools/bench_link.py --model lenet --link 100mbit --reps 3 \
+		--variant overlap_bf16=sync.mode=overlap,sync.compress=bf16 --json $(BENCH_OUT)/link_lenet.json
+	$(PY) tools/bench_link.py --model lenet --link 100mbit --reps 3 --ranks-per-host 2 --variants dataparallel \
+		--variant hierarchical=sync.mode=overlap --variant flat=sync.mode=overlap,sync.transport=backend \
+		--json $(BENCH_OUT)/link_lenet_2x2.json
 	$(PY) tools/plot_bench.py $(BENCH_OUT) docs/img
 
 # OpenMPI (mpirun tests), iproute2 (two-host tests in network namespaces) and Chromium

@@ -187,10 +187,12 @@ class ThreadExchange:
         return float(self.flag[0])
 
     def close(self) -> None:
+        """Let the thread end. An idle one ends at once; one still inside a collective (the
+        rank is stopping for another reason) is a daemon and is not waited for long."""
         with self.cond:
             self.jobs.append(None)
             self.cond.notify_all()
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=0.5)
 
 
 class AsyncExchange:

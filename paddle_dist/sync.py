@@ -69,7 +69,7 @@ class GradSync(ClipGradBase):
     """
 
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
-                 want_stop: Callable[[], bool] = lambda: False, mode: str = "fused",
+                 want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
                  accumulate_steps: int = 1):
         super().__init__()

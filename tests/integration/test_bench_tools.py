@@ -63,8 +63,10 @@ def test_bench_startup_and_the_charts(tmp_path):
     check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
                "tools/allreduce_perf.py", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1",
                "--json", str(results / "allreduce_backend.json")], timeout=120))
+    # The ranks chart reads bench_train's output at each N (here N = 2 only).
+    (results / "scale_lenet_2.json").write_text((results / "train_lenet.json").read_text())
     check(run(["tools/plot_bench.py", str(results), str(tmp_path / "img")], timeout=120))
-    for name in ("throughput_vs_ranks.png", "busbw_vs_size.png"):
+    for name in ("throughput_vs_ranks.png", "busbw_vs_size.png", "scaling_vs_ranks.png"):
         png = (tmp_path / "img" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
 

@@ -136,7 +136,9 @@ def _finish(proc, killer, lines):
     return "".join(lines) + out, err
 
 
-@pytest.mark.parametrize("mode", ["fused", "dataparallel"])    # the stop flag: every step / ~1 s
+# The stop flag: with the gradients (fused: the one exchange; overlap: the first bucket,
+# on the communication thread) / in an all-reduce of its own about once a second.
+@pytest.mark.parametrize("mode", ["fused", "overlap", "dataparallel"])
 def test_sigterm_saves_a_checkpoint_and_exits_75(mode, tmp_path):
     proc, killer, lines = _start_and_wait_for_training(
         TWO_RANKS["launch"] + JOB + ["-o", "train.epochs=50", "-o", "train.log_every=1",
