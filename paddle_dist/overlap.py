@@ -47,7 +47,9 @@ def plan_buckets(params, cap_bytes: int) -> List[list]:
     model's first bucket leaves early in backward().
 
     Example:
-        plan_buckets([w1, b1, w2, b2], cap_bytes=25 << 20)   # e.g. [[b2, w2], [b1], [w1]]
+        # LeNet (246 KB): a quarter is 61 KB, so the classifier's small tensors share the
+        # first bucket, its 192 KB weight goes alone, and the convolutions come last.
+        plan_buckets(lenet.parameters(), cap_bytes=25 << 20)   # 3 buckets
     """
     order = [p for p in reversed(list(params)) if not p.stop_gradient]
     sizes = [int(p.size) * p.element_size() for p in order]

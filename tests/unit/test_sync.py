@@ -78,3 +78,13 @@ def test_stop_check_interval_bounds():
     assert sync.stop_check_interval(3.0) == 1
     assert sync.stop_check_interval(0.0) == sync.STOP_CHECK_MAX
     assert sync.stop_check_interval(1e-9) == sync.STOP_CHECK_MAX
+
+
+def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once():
+    import paddle
+
+    for device, expected in (("gpu:0", [0.0, 2.0, 0.0]), ("cpu", [2.0, 0.0, 1.0])):
+        env = SimpleNamespace(is_distributed=True, global_rank=0, backend="nccl", device=device)
+        grad_sync = sync.GradSync(env, mode="fused")
+        seen = [grad_sync._read_flag(paddle.to_tensor([v], dtype="float32")) for v in (2.0, 0.0, 1.0)]
+        assert seen == expected, device
