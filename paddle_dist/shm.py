@@ -28,6 +28,11 @@ Round n (one chunk of the array) uses buffer b = n % 2:
      caller's arrays, copy it over slice `rank` of slots[b][rank]; reduced[rank] = n;
   4. wait until every reduced[] >= n; copy slice q of slots[b][q], for every other q, into
      the caller's arrays; gathered[rank] = n.
+A small round (world x length <= SMALL_ROUND floats, e.g. LeNet's 62k on 2 or 4 ranks)
+skips step 4's wait: at step 3 every rank sums every slot over the whole round (the same
+additions, the same bits) and sets reduced[rank] = gathered[rank] = n. Reading W times a
+small array costs less than a second wait for every rank, which on a busy machine can
+mean waiting for a rank to be scheduled.
 A rank that waits spins a little (not at all when ranks outnumber the cores), then yields
 the CPU, then sleeps between looks; now and then it checks that its peers are alive, and
 raises PeerGone when one has died.
@@ -62,6 +67,7 @@ _ALIGN = 16                # float32 per 64-byte line: slots and slices start on
 _CHECK_EVERY = 2000        # waiting iterations between liveness checks of the peers
 _SPINS = 200               # waiting iterations on the CPU before yielding it
 _YIELDS = 2000             # waiting iterations before sleeping between looks
+SMALL_ROUND = 1 << 18      # world x length (floats) up to which every rank sums every slot
 
 
 class PeerGone(RuntimeError):
@@ -134,8 +140,8 @@ def _split(pieces: List[Tuple[np.ndarray, int]], bounds: List[int]
 class ShmReducer:
     """One rank's view of the shared segment; see the module docstring for the protocol."""
 
-    def __init__(self, fd: int, rank: int, world: int, chunk: int):
-        self.rank, self.world, self.chunk = rank, world, chunk
+    def __init__(self, fd: int, rank: int, world: int, chunk: int, small_round: int = SMALL_ROUND):
+        self.rank, self.world, self.chunk, self.small_round = rank, world, chunk, small_round
         self.map = mmap.mmap(fd, segment_bytes(world, chunk))
         os.close(fd)
         width = _lines(world) * _BLOCK
@@ -150,7 +156,8 @@ class ShmReducer:
         self.pids[rank] = os.getpid()
 
     @classmethod
-    def create(cls, path: Path, world: int, chunk: int = CHUNK) -> "ShmReducer":
+    def create(cls, path: Path, world: int, chunk: int = CHUNK,
+               small_round: int = SMALL_ROUND) -> "ShmReducer":
         """Rank 0: make the segment (its space reserved now: a full /dev/shm raises
         OSError here instead of SIGBUS later)."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -160,11 +167,12 @@ class ShmReducer:
             os.close(fd)
             os.unlink(path)
             raise
-        return cls(fd, 0, world, chunk)
+        return cls(fd, 0, world, chunk, small_round)
 
     @classmethod
-    def attach(cls, path: Path, rank: int, world: int, chunk: int = CHUNK) -> "ShmReducer":
-        return cls(os.open(path, os.O_RDWR), rank, world, chunk)
+    def attach(cls, path: Path, rank: int, world: int, chunk: int = CHUNK,
+               small_round: int = SMALL_ROUND) -> "ShmReducer":
+        return cls(os.open(path, os.O_RDWR), rank, world, chunk, small_round)
 
     def all_reduce(self, arrays: List[np.ndarray], scale: float = 1.0) -> int:
         """Replace each 1-D float32 array by the sum over all ranks of `scale` times it, in
@@ -193,12 +201,21 @@ class ShmReducer:
         the round before, the last that used this buffer."""
         self.round += 1
         n, slots = self.round, self.slots[self.round % 2]
-        parts = list(_split(pieces, slice_bounds(sum(len(v) for v, _ in pieces), self.world)))
+        length = sum(len(v) for v, _ in pieces)
         self._wait(self.gathered, n - 2)
         for view, at in pieces:
             np.multiply(view, np.float32(scale), out=slots[self.rank, at:at + len(view)])
         self.written[self.rank] = n
         self._wait(self.written, n)
+        if length * self.world <= self.small_round:
+            # Small: every rank sums everything itself (the same additions in the same
+            # order, so the same bits): one wait for all ranks instead of two, which
+            # costs more than the extra reading when the round is this small.
+            for view, at in pieces:
+                self._reduce(slots, view, at, publish=False)
+            self.reduced[self.rank] = self.gathered[self.rank] = n
+            return
+        parts = list(_split(pieces, slice_bounds(length, self.world)))
         for view, at, owner in parts:
             if owner == self.rank:
                 self._reduce(slots, view, at)
@@ -209,7 +226,7 @@ class ShmReducer:
                 np.copyto(view, slots[owner, at:at + len(view)])
         self.gathered[self.rank] = n
 
-    def _reduce(self, slots: np.ndarray, view: np.ndarray, at: int) -> None:
+    def _reduce(self, slots: np.ndarray, view: np.ndarray, at: int, publish: bool = True) -> None:
         """Sum this part of every slot into `view` (slot 0 + slot 1 + ...: the same
         additions in the same order as a rank summing everything itself), then publish it
         in this rank's own slot."""
@@ -220,7 +237,8 @@ class ShmReducer:
             np.add(slots[0, at:end], slots[1, at:end], out=view)
         for rank in range(2, self.world):
             np.add(view, slots[rank, at:end], out=view)
-        np.copyto(slots[self.rank, at:end], view)
+        if publish:
+            np.copyto(slots[self.rank, at:end], view)
 
     def _wait(self, counters: np.ndarray, target: int) -> None:
         spins = 0

@@ -39,8 +39,13 @@ def _rounds(chunk, plan):
     return sum(max(1, -(-sum(sizes) // chunk)) for sizes in plan)
 
 
-def _rank_main(path, rank, world, chunk, plan, out, attached):
-    reducer = shm.ShmReducer.attach(path, rank, world, chunk)
+# small_round for ShmReducer: rounds of world x length up to it sum every slot on every
+# rank; above it they reduce-scatter and all-gather. The tests run every mix of the two.
+GATHER, MIXED, SUM_ALL = 0, 100, 1 << 30
+
+
+def _rank_main(path, rank, world, chunk, plan, small, out, attached):
+    reducer = shm.ShmReducer.attach(path, rank, world, chunk, small_round=small)
     attached.send(rank)
     results, rounds = [], 0
     for step, sizes in enumerate(plan):
@@ -78,11 +83,11 @@ def _join(procs):
             p.kill()
 
 
-def _run(tmp_path, world, chunk, plan):
+def _run(tmp_path, world, chunk, plan, small=GATHER):
     path = shm.new_path("test")
     shm.ShmReducer.create(path, world, chunk).close()
     outs = [str(tmp_path / f"r{r}.npz") for r in range(world)]
-    procs = _start(path, [(_rank_main, (path, r, world, chunk, plan, outs[r]))
+    procs = _start(path, [(_rank_main, (path, r, world, chunk, plan, small, outs[r]))
                                  for r in range(world)])
     assert _join(procs) == [0] * world
     return [np.load(out) for out in outs]
@@ -100,19 +105,22 @@ def _check(results, world, plan):
             assert found.dtype == np.float32 and np.array_equal(found, expected), (rank, step)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-def test_every_rank_gets_the_rank_order_sums_over_many_rounds(tmp_path, world):
+@pytest.mark.parametrize("world,small", [(1, GATHER), (2, GATHER), (3, GATHER), (4, GATHER),
+                                         (8, GATHER), (2, MIXED), (3, MIXED), (2, SUM_ALL),
+                                         (8, SUM_ALL)])
+def test_every_rank_gets_the_rank_order_sums_over_many_rounds(tmp_path, world, small):
     # 2008 elements in rounds of 250 (not a multiple of 16, nor of any world): 9 rounds a
     # step, the last one 8 elements long; zero-length and tiny arrays among the others.
+    # MIXED: the 8-element rounds sum every slot, the others reduce-scatter.
     plan = [[700, 5, 0, 1300, 3]] * 3
-    _check(_run(tmp_path, world, chunk=250, plan=plan), world, plan)
+    _check(_run(tmp_path, world, chunk=250, plan=plan, small=small), world, plan)
     assert _no_segment_left()
 
 
-@pytest.mark.parametrize("world", [3, 8])
-def test_pieces_shorter_than_the_world_and_empty_calls(tmp_path, world):
+@pytest.mark.parametrize("world,small", [(3, GATHER), (8, GATHER), (8, MIXED)])
+def test_pieces_shorter_than_the_world_and_empty_calls(tmp_path, world, small):
     plan = [[3], [0], [], [1, 0, 2], [40, 9], [7] * 5]
-    _check(_run(tmp_path, world, chunk=16, plan=plan), world, plan)
+    _check(_run(tmp_path, world, chunk=16, plan=plan, small=small), world, plan)
     assert _no_segment_left()
 
 
@@ -127,7 +135,7 @@ def test_slices_cover_the_round_in_whole_lines():
 
 
 def _survivor(path, rank, world, out, attached):
-    reducer = shm.ShmReducer.attach(path, rank, world, 16)
+    reducer = shm.ShmReducer.attach(path, rank, world, 16, small_round=GATHER)
     attached.send(rank)
     try:
         for _ in range(4):
@@ -141,7 +149,7 @@ def _survivor(path, rank, world, out, attached):
 
 def _die(path, rank, world, announced, attached):
     """Take part in round 1, then announce `announced` steps of round 2 and die."""
-    reducer = shm.ShmReducer.attach(path, rank, world, 16)
+    reducer = shm.ShmReducer.attach(path, rank, world, 16, small_round=GATHER)
     attached.send(rank)
     reducer.all_reduce([np.ones(16, np.float32)])
     for counter in [reducer.written, reducer.reduced][:announced]:
