@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Dict, List, Mapping
 
 class ClusterEnvironment:
@@ -144,9 +145,24 @@ class OpenMPI(ExternalEngine):
     @property
     def master(self):
         # mpirun names no rendezvous address itself: MASTER_ADDR/MASTER_PORT (passed with
-        # -x), else PADDLE_MASTER, else "" and paddle_variables() refuses. A guessed
-        # address would only hang.
-        return _master_pair(self.env) or self.env.get("PADDLE_MASTER", "")
+        # -x), else PADDLE_MASTER. When every rank is on this host (`mpirun -n 8 python
+        # train.py`) nothing needs guessing: loopback, and a port derived from the MPI
+        # job's id, the same on every rank and different for two jobs side by side.
+        # Otherwise "" and paddle_variables() refuses: a guessed address would only hang.
+        given = _master_pair(self.env) or self.env.get("PADDLE_MASTER", "")
+        job = self.env.get("OMPI_MCA_ess_base_jobid") or self.env.get("PMIX_NAMESPACE", "")
+        if given or not job or self.local_world_size != self.world_size:
+            return given
+        return f"127.0.0.1:{job_port(job)}"
+
+
+def job_port(job: str) -> int:
+    """A rendezvous port from a job's id: 20000-32767, below Linux's ephemeral ports.
+
+    Example:
+        job_port("1156907009")   # the same number on every rank of that mpirun
+    """
+    return 20000 + zlib.crc32(job.encode()) % 12768
 
 
 # Slurm numbers ordinary job steps 0, 1, ... and keeps the values from 0xfffffff0

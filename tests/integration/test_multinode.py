@@ -130,6 +130,16 @@ def test_mpirun_runs_train_py(tmp_path):
 
 
 @needs_mpirun
+def test_bare_mpirun_on_one_host_needs_no_variables(tmp_path):
+    """MindSpore's `mpirun -n 8 python train.py`: every rank on this host, no MASTER_*."""
+    result = check(run(["mpirun", "-n", "2", "--allow-run-as-root", PY, "train.py"] + JOB
+                       + ["-o", f"output.run_dir={tmp_path}"], timeout=180))
+    assert len(_digests(tmp_path)) == 1
+    assert json.loads((tmp_path / "metrics.json").read_text())["world_size"] == 2
+    assert "2 rank(s) via openmpi" in result.stdout + result.stderr
+
+
+@needs_mpirun
 def test_mpirun_mode_with_a_hostfile(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")

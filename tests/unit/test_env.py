@@ -531,6 +531,34 @@ def test_mpirun_master_falls_back_to_paddle_master_then_nothing():
     assert detect(gpu_info=CPU_BUILD, environ=half).master == ""
 
 
+def _bare_mpirun(rank, job="1156907009", size="2", local_size="2"):
+    """`mpirun -n 2 python train.py` on one host: no MASTER_* at all."""
+    return {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": size,
+            "OMPI_COMM_WORLD_LOCAL_RANK": rank, "OMPI_COMM_WORLD_LOCAL_SIZE": local_size,
+            "OMPI_MCA_ess_base_jobid": job}
+
+
+def test_bare_mpirun_on_one_host_meets_on_loopback_at_a_port_of_the_job():
+    masters = {detect(gpu_info=CPU_BUILD, environ=_bare_mpirun(r)).master for r in ("0", "1")}
+    assert len(masters) == 1                              # every rank finds the same one
+    host, port = masters.pop().split(":")
+    assert host == "127.0.0.1" and 20000 <= int(port) < 32768
+    other = detect(gpu_info=CPU_BUILD, environ=_bare_mpirun("0", job="1156972545")).master
+    assert other != f"{host}:{port}"                      # two jobs side by side differ
+    pmix = {k: v for k, v in _bare_mpirun("0").items() if "jobid" not in k}
+    assert detect(gpu_info=CPU_BUILD, environ=dict(pmix, PMIX_NAMESPACE="prterun-h-81@1")).master \
+        .startswith("127.0.0.1:")                         # Open MPI 5: PMIx's namespace
+    given = dict(_bare_mpirun("0"), MASTER_ADDR="127.0.0.1", MASTER_PORT="6170")
+    assert detect(gpu_info=CPU_BUILD, environ=given).master == "127.0.0.1:6170"
+
+
+def test_bare_mpirun_across_hosts_invents_no_address():
+    env = detect(gpu_info=CPU_BUILD, environ=_bare_mpirun("3", size="4", local_size="2"))
+    assert env.master == ""
+    with pytest.raises(UserError, match="openmpi started 4 ranks but no rendezvous address"):
+        paddle_variables(env)
+
+
 def test_srun_two_nodes_of_two_tasks():
     env = detect(gpu_info=CPU_BUILD, environ=SRUN_2x2_RANK3)
     assert env.launcher == "slurm"
