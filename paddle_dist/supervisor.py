@@ -109,12 +109,12 @@ def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int]):
         if code != 0 and state in (None, "running"):
             return rank, code
     for rank, record in sorted(status.items()):
-        if record.get("state") == "running" and not _alive(record.get("pid")):
+        if record.get("state") == "running" and not pid_alive(record.get("pid")):
             return rank, None
     return None
 
 
-def _alive(pid) -> bool:
+def pid_alive(pid) -> bool:
     if not pid:
         return False
     try:
