@@ -230,7 +230,8 @@ class AsyncExchange:
         late = float(self.flag.numpy()[0]) if self.flag is not None else 0.0
         for task, flat, params, flagged in self.pending:
             task.wait()
-            flat = flat.astype(params[0].grad.dtype if params[0].grad is not None else params[0].dtype)
+            if flat.dtype != params[0].dtype:          # sent in 16 bits (sync.compress)
+                flat = flat.astype(params[0].dtype)
             if flagged:
                 self.flag, flat = flat[-1:], flat[:-1]
             _write_back(flat / self.world, params)

@@ -106,10 +106,6 @@ class HierReducer:
         self.local.all_reduce(arrays, 1.0 if self.leaders is not None else 0.0)
         return rounds
 
-    def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
-
 
 def open_reducer(env, transport: str, count: int, phase=None):
     """The reducer of float32 CPU gradients for `transport` (auto | shm | hierarchical |

@@ -113,7 +113,7 @@ class GradSync(ClipGradBase):
         elif cpu and float32 and self.compress == "none":
             count = sum(int(p.size) for p in params) + 1          # + the stop flag
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
-        self.mode = self._resolve_mode(cpu and float32)
+        self.mode = self._resolve_mode()
         if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
             self.reducer = None           # the step's Paddle buffers: bucket_mb, compress
         if self.mode == "overlap":
@@ -123,10 +123,10 @@ class GradSync(ClipGradBase):
             cap = self.bucket_bytes or int(DEFAULT_BUCKET_MB * 2 ** 20)
             self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps)
 
-    def _resolve_mode(self, float32_cpu: bool) -> str:
+    def _resolve_mode(self) -> str:
         """overlap / fused for mode auto (and fused where overlap cannot run)."""
-        if self.env.device == "cpu" and (self.reducer is None or not float32_cpu):
-            return "fused"                # odd dtypes: the step's Paddle path
+        if self.env.device == "cpu" and self.reducer is None:
+            return "fused"                # no float32 CPU transport: the step's Paddle path
         if self.mode == "auto":
             return "fused" if isinstance(self.reducer, shm.ShmReducer) else "overlap"
         return self.mode

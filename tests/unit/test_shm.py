@@ -2,7 +2,7 @@
 
 Every rank runs in a child process, so a protocol that hangs fails the test at a join's
 timeout instead of hanging it. The parent makes the segment, waits until every rank has
-mapped it and unlinks it before the first round, as `sync.open_shm` does.
+mapped it and unlinks it before the first round, as `reducers.open_shm` does.
 """
 
 import multiprocessing as mp
