@@ -29,7 +29,6 @@ Command line (errors are one line on stderr, exit code 2):
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -58,9 +57,6 @@ REQUIRED_META = ("global_step", "epoch", "step_in_epoch", "world_size", "model")
 RESERVED_META = ("format", "optimizer_scalars", "rng")   # meta.json keys of our own
 # Every zip entry gets this time stamp, so the same state always gives the same bytes.
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-# Config keys a run and its resume may differ in without training anything differently.
-VOLATILE_KEYS = ("output", "checkpoint", "faults", "train.epochs", "train.max_steps",
-                 "train.log_every", "dist.max_restarts")
 FIX = "resume from another checkpoint (give its directory) or start fresh with checkpoint.resume=none"
 
 # The package imports this module (through its trainers) before `python -m
@@ -570,24 +566,6 @@ def weights_digest(model) -> str:
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(value.numpy()).tobytes())
     return digest.hexdigest()
-
-
-def config_hash(cfg_dict: Dict[str, Any]) -> str:
-    """sha256 (16 hex digits) of the config without the keys a resume may change
-    (VOLATILE_KEYS: output, checkpoint, faults, epochs, max_steps, log_every, max_restarts).
-
-    Example:
-        config_hash(cfg.to_dict())   # -> '3f9a0c1d2b4e5f60'
-    """
-    kept = copy.deepcopy(cfg_dict)
-    for key in VOLATILE_KEYS:
-        section, _, leaf = key.partition(".")
-        if not leaf:
-            kept.pop(section, None)
-        elif isinstance(kept.get(section), dict):
-            kept[section].pop(leaf, None)
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- export and command line

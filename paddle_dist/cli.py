@@ -109,8 +109,12 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         first = launcher.hostfile_first_host(cfg.dist.hostfile) if cfg.dist.hostfile else "127.0.0.1"
         cfg.dist.master = f"{first}:{launcher.free_port()}"
         p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
-    run_dir = rundir.create(cfg).resolve()
+    world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
+    choice = rundir.choose(cfg, world, rundir.own_command(), hold=cfg.dist.node_rank == 0)
+    run_dir = choice.path
     cfg.output.run_dir = str(run_dir)
+    if choice.note:
+        print(f"paddle_dist: {choice.note}", flush=True)
     print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
     _tell_other_nodes(cfg, script, script_args)
     code = 0
@@ -122,7 +126,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
             print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
                   "checkpoint", flush=True)
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
-            _clear_status(run_dir)
+            rundir.clear_status(run_dir)
         code = _start(p, cfg, here, facts, run_dir, script, script_args)
         if code in (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
             break
@@ -172,11 +176,6 @@ def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
         args = kept + ["-o", f"dist.node_rank={node}"]
         print("  " + " ".join(shlex.quote(a) for a in ["python", os.path.relpath(script)] + args),
               flush=True)
-
-
-def _clear_status(run_dir: Path) -> None:
-    for path in (run_dir / "status").glob("rank*.json"):
-        path.unlink()
 
 
 def launch_main(argv: Optional[List[str]] = None) -> int:

@@ -11,8 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +25,11 @@ import yaml
 
 from .errors import ConfigError
 
+# Keys a run and its resume may differ in without training anything differently: where
+# and how the job is started, watched and written, and how long it runs. (The world
+# size, part of dist, is checked on its own when a checkpoint is loaded.)
+VOLATILE_KEYS = ("output", "checkpoint", "faults", "dist", "train.epochs", "train.max_steps",
+                 "train.log_every")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = "mnist_lenet"
 
@@ -494,3 +502,22 @@ def replace_key(cfg: Config, dotted: str, value: Any) -> Config:
 def dump(cfg: Config, path: Path) -> None:
     """Write the resolved config as YAML, loadable again with `load(path)`."""
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def config_hash(cfg_dict: Dict[str, Any]) -> str:
+    """sha256 (16 hex digits) of the config without the keys a resume may change
+    (VOLATILE_KEYS: output, checkpoint, faults, dist, epochs, max_steps, log_every).
+    Equal hashes: the same experiment (a run continues only a run with its hash).
+
+    Example:
+        config_hash(cfg.to_dict())   # -> '3f9a0c1d2b4e5f60'
+    """
+    kept = copy.deepcopy(cfg_dict)
+    for key in VOLATILE_KEYS:
+        section, _, leaf = key.partition(".")
+        if not leaf:
+            kept.pop(section, None)
+        elif isinstance(kept.get(section), dict):
+            kept[section].pop(leaf, None)
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -3,17 +3,21 @@
 - A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
   failed, stopped, hung, preempted), step, phase, last progress time, and for a failure
   the exception and its traceback. Launchers read these to name the root cause.
-- A watchdog thread: a rank whose training code makes no progress for
-  `dist.hang_timeout` seconds (outside collectives, where it would only be waiting for
-  someone else) is declared hung, its stack is logged, and it exits with EXIT_HANG.
+- A hang watchdog: a rank whose training code makes no progress for `dist.hang_timeout`
+  seconds (outside collectives, where it would only be waiting for someone else) is
+  declared hung, its stack is logged and recorded, and it is stopped (reported as
+  EXIT_HANG). The watchdog is a process of its own (paddle_dist/_deadline.py) reading the
+  rank's heartbeat from shared memory, so a rank stuck in native code that holds the GIL
+  is caught too; the stack comes from faulthandler, which needs no GIL.
 - A deadline for the rendezvous: a rank whose peers never arrive is stopped with a
   message instead of waiting forever (SIGKILL from a watchdog process; launchers
   report EXIT_RENDEZVOUS).
 - SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
   step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
 - Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above:
-  raise, exit (code 1), kill (SIGKILL), hang (stall in training code), slowsave (the
-  checkpoint of that step takes SLOW_SAVE_S longer to write).
+  raise, exit (code 1), kill (SIGKILL), hang (stall in training code), nativehang (stall
+  in a C call that holds the GIL), slowsave (the checkpoint of that step takes
+  SLOW_SAVE_S longer to write).
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
@@ -24,17 +28,24 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import faulthandler
 import json
+import mmap
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
+
+from ._deadline import BEAT_FORMAT, BEAT_SIZE
 
 # Exit codes (documented in docs/faults.md).
 EXIT_FAILED = 1          # a rank raised
@@ -45,7 +56,7 @@ EXIT_PEER = 5            # this rank stopped because another one failed
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
-FAULT_KINDS = ("raise", "exit", "kill", "hang", "slowsave")
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave")
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
 
 
@@ -88,8 +99,31 @@ def stop_signals():
     return (signal.SIGTERM, signal.SIGUSR1)
 
 
+class Heartbeat:
+    """A rank's progress where its watchdog process reads it: a few bytes of shared memory
+    (_deadline.BEAT_FORMAT). Writing is one struct.pack_into, cheap enough for every step
+    and every collective."""
+
+    def __init__(self):
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix=f"paddle_dist-beat-{os.getpid()}-", dir=folder)
+        try:
+            os.ftruncate(fd, BEAT_SIZE)
+            self.map = mmap.mmap(fd, BEAT_SIZE)
+        finally:
+            os.close(fd)
+
+    def write(self, progress: float, step: int, epoch: int, in_collective: bool) -> None:
+        struct.pack_into(BEAT_FORMAT, self.map, 0, progress, step, epoch, int(in_collective))
+
+    def close(self) -> None:
+        self.map.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
 class Monitor:
-    """This rank's status file, watchdog, stop requests and injected faults."""
+    """This rank's status file, hang watchdog, stop requests and injected faults."""
 
     def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
         self.env, self.hang_timeout = env, hang_timeout
@@ -100,24 +134,51 @@ class Monitor:
         self.last_progress = time.monotonic()
         self.stop_asked = False
         self._written = 0.0
-        self._done = threading.Event()
-        self._main = threading.main_thread().ident
+        self._heartbeat: Optional[Heartbeat] = None
 
     # ------------------------------------------------------------ life cycle
     @contextlib.contextmanager
     def running(self):
-        """Install signal handlers and the watchdog for the duration of training."""
+        """Install signal handlers and the hang watchdog for the duration of training."""
         old = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals()}
         self.phase_name = "train"
         self._write("running", force=True)
-        watchdog = threading.Thread(target=self._watch, name="paddle_dist-watchdog", daemon=True)
-        watchdog.start()
+        watchdog = self._start_watchdog() if self.hang_timeout else None
         try:
             yield self
         finally:
-            self._done.set()
+            if watchdog is not None:
+                self._stop_watchdog(watchdog)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _start_watchdog(self) -> subprocess.Popen:
+        """The hang watchdog process (module docstring), and faulthandler ready to write
+        this rank's stacks for it on SIGUSR2."""
+        self._heartbeat = Heartbeat()
+        self._beat()
+        self._stacks = open(f"{self._heartbeat.path}.stack", "w")
+        faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
+        script = Path(__file__).with_name("_deadline.py")
+        return subprocess.Popen(
+            [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
+             str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
+             self._stacks.name, self.log_path], stdin=subprocess.PIPE)
+
+    def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
+        watchdog.stdin.close()             # the watchdog exits quietly
+        watchdog.wait()
+        faulthandler.unregister(signal.SIGUSR2)
+        self._stacks.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._stacks.name)
+        self._heartbeat.close()
+        self._heartbeat = None
+
+    def _beat(self) -> None:
+        self.last_progress = time.monotonic()
+        if self._heartbeat is not None:
+            self._heartbeat.write(self.last_progress, self.step_no, self.epoch, self.phase_name == "comm")
 
     def _on_stop_signal(self, signum, frame):
         self.stop_asked = True
@@ -129,7 +190,7 @@ class Monitor:
     def step(self, step: int, epoch: int) -> None:
         """Called after every optimizer step: progress for the watchdog, then any injected fault."""
         self.step_no, self.epoch = step, epoch
-        self.last_progress = time.monotonic()
+        self._beat()
         self._write("running")
         if self._fault_due(step) and self.fault[2] == step:
             self._inject(self.fault[0])
@@ -145,17 +206,18 @@ class Monitor:
 
     def beat(self) -> None:
         """Progress that is not an optimizer step (an evaluation batch)."""
-        self.last_progress = time.monotonic()
+        self._beat()
 
     @contextlib.contextmanager
     def phase(self, name: str):
         """Mark time spent waiting for other ranks ("comm"): the watchdog never blames it."""
         previous, self.phase_name = self.phase_name, name
+        self._beat()
         try:
             yield
         finally:
             self.phase_name = previous
-            self.last_progress = time.monotonic()
+            self._beat()
 
     def _inject(self, kind: str) -> None:
         if kind == "raise":
@@ -166,6 +228,10 @@ class Monitor:
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "hang":
             threading.Event().wait()   # a stall in user code: no progress, no collective
+        if kind == "nativehang":       # a C call that never returns and keeps the GIL
+            libc = ctypes.PyDLL(None)
+            while True:
+                libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
         # slowsave acts in save_delay()
 
     # ------------------------------------------------------------ outcomes
@@ -181,23 +247,6 @@ class Monitor:
         if message:
             info["message"] = message
         self._write(state, force=True, **info)
-
-    def _watch(self) -> None:
-        while not self._done.wait(1.0):
-            if not self.hang_timeout or self.phase_name == "comm":
-                continue
-            silent = time.monotonic() - self.last_progress
-            if silent > self.hang_timeout:
-                self._declare_hung(silent)
-
-    def _declare_hung(self, silent: float) -> None:
-        message = (f"rank {self.env.global_rank} silent for {silent:.0f} s at step {self.step_no} "
-                   f"(dist.hang_timeout={self.hang_timeout:g})")
-        frame = sys._current_frames().get(self._main)
-        stack = "".join(traceback.format_stack(frame)) if frame else ""
-        self._write("hung", force=True, message=message, traceback=stack[-4000:])
-        print(f"paddle_dist: {message}; stopping the job\n{stack}", file=sys.stderr, flush=True)
-        os._exit(EXIT_HANG)
 
     # ------------------------------------------------------------ status file
     def _write(self, state: str, force: bool = False, **extra: Any) -> None:

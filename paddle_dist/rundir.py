@@ -1,34 +1,123 @@
-"""The run directory's name and creation (no paddle needed: launchers create it too).
+"""Which directory a job writes to: given, continued or new (no paddle needed: launchers
+choose it too). The rule, also in docs/faults.md ("Which run a command continues"):
+
+- `output.run_dir` given: that directory (it must not hold a finished run).
+- `checkpoint.resume=auto` (the default): the newest run under `<output.root>/<output.name>-*`
+  of the same experiment (the same config hash, see config.config_hash, and world size, as
+  recorded in its run.json) that no live job holds. Unfinished: the job continues it, from
+  its latest checkpoint if it has one. Finished: a new run starts, and says so.
+- otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
+  `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>`, with a suffix if taken.
+- the other machines of a multi-node job keep their ranks' logs and status in
+  `<output.root>/<output.name>-<master>`; rank 0 alone reads checkpoints and sends them.
+
+The process that chooses (paddle_dist's launcher; rank 0 of a job started without it) holds
+the run with an flock on `<run>/.lock` until it exits, and chooses while holding
+`<output.root>/.lock`: two jobs started at the same time never share a run directory.
 
 Example:
-    run_dir = create(cfg)    # runs/mnist_lenet-20260101-120000, or output.run_dir
+    choice = choose(cfg, world_size=2, command=invoking_command())
+    choice.path, choice.note     # runs/mnist_lenet-20261123-061500, "continuing ..." or ""
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
+from .config import config_hash
 from .errors import UserError
 
+RUN_FILE = "run.json"
+LOCK = ".lock"
+_HELD: Dict[Path, int] = {}      # run directory -> the descriptor holding its lock
 
-def create(cfg) -> Path:
-    """Create and return the run directory `cfg.output` names (see runtime.make_run_dir)."""
+
+@dataclass
+class Choice:
+    path: Path
+    note: str = ""               # what to tell the user (a continued run, a finished one)
+
+
+def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True) -> Choice:
+    """The run directory for `cfg` (module docstring), created if new.
+
+    `hold`: this process is the job's chooser; it locks the run and records run.json
+    (identity and the command that started it). Ranks started by a paddle_dist launcher
+    and the other machines of a multi-node job pass False: their launcher holds it.
+    """
     named = cfg.output.run_dir
-    if not named and cfg.dist.nnodes > 1:
-        # Every machine must agree on the name without talking: derive it from the master.
+    if not named and cfg.dist.nnodes > 1 and cfg.dist.node_rank > 0:
         named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
+    identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
+                "world_size": world_size}
     if named:
-        path = Path(named)
-        if path.exists() and not path.is_dir():
-            raise UserError(f"output.run_dir {path} is a file; give a directory")
-        if (path / "metrics.json").exists():
-            raise UserError(f"output.run_dir {path} already holds a finished run; "
-                            "choose another output.run_dir or remove that one")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.output.root) / f"{cfg.output.name}-{stamp}"
+        path = _given(Path(named), hold)
+        if hold:
+            _record(path, identity, command, continues=False)
+        return Choice(path.resolve())
+    root = Path(cfg.output.root)
+    root.mkdir(parents=True, exist_ok=True)
+    auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
+    with _locked(root / LOCK):
+        previous = _previous(root, identity) if auto else None
+        if previous is not None and not _finished(previous):
+            if hold:
+                _record(previous, identity, command, continues=True)
+            clear_status(previous)
+            return Choice(previous.resolve(), _continuing(previous))
+        if previous is not None:
+            release(previous)
+        path = _new(root, cfg.output.name)
+        if hold:
+            _hold(path)
+            _record(path, identity, command, continues=auto)
+    note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"
+            if previous is not None else "")
+    return Choice(path.resolve(), note)
+
+
+def _given(path: Path, hold: bool) -> Path:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"output.run_dir {path} is a file; give a directory")
+    if _finished(path):
+        raise UserError(f"output.run_dir {path} already holds a finished run; "
+                        "choose another output.run_dir or remove that one")
+    path.mkdir(parents=True, exist_ok=True)
+    if hold and not _hold(path):
+        raise UserError(f"output.run_dir {path} is in use by another job ({_holder(path)}); "
+                        "wait for it to end or choose another output.run_dir")
+    return path
+
+
+def _previous(root: Path, identity: dict) -> Optional[Path]:
+    """The newest run of this experiment under `root` that no live job holds (now held
+    by this process), or None."""
+    runs = []
+    for path in root.glob(f"{glob_escape(identity['name'])}-*"):
+        info = read_run(path)
+        if info and all(info.get(key) == value for key, value in identity.items()):
+            runs.append((info.get("created", 0), path))
+    for _, path in sorted(runs, reverse=True):
+        if _hold(path):
+            return path
+    return None
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _new(root: Path, name: str) -> Path:
+    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, n = base, 1
     while True:
         try:
@@ -37,3 +126,180 @@ def create(cfg) -> Path:
         except FileExistsError:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
+
+
+def _finished(path: Path) -> bool:
+    return (path / "metrics.json").exists()
+
+
+def _continuing(path: Path) -> str:
+    from_where = ("from its latest checkpoint" if any((path / "checkpoints").glob("ckpt_*"))
+                  else "from the start (it stopped before its first checkpoint)")
+    attempt = read_run(path).get("attempts", 1)
+    return f"continuing the unfinished run {path} (same config and world size; attempt {attempt}) {from_where}"
+
+
+def clear_status(path: Path) -> None:
+    """A continued run starts with no status records: the last attempt's would be read as
+    this one's."""
+    for record in (path / "status").glob("rank*.json"):
+        record.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ run.json
+def read_run(path: Path) -> dict:
+    """A run's run.json ({} when it has none or it cannot be read)."""
+    try:
+        info = json.loads((Path(path) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _record(path: Path, identity: dict, command: Sequence[str], continues: bool) -> None:
+    """Write run.json: the identity, the command and whether running it again continues
+    the run (it does when the run was chosen by the rule, not named)."""
+    info = read_run(path)
+    info.update(identity)
+    info.setdefault("created", time.time())
+    info["attempts"] = info.get("attempts", 0) + 1
+    if command:
+        info["command"] = list(command)
+    info["same_command_continues"] = continues or info.get("same_command_continues", False)
+    tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path / RUN_FILE)
+
+
+def resume_command(path: Path) -> str:
+    """The exact command that continues run `path` ("" when unknown): the command that
+    started it, when that finds the run again by itself; otherwise that command naming
+    the run (`-o output.run_dir=...`) and, when there is a checkpoint, resuming from it.
+
+    Example:
+        resume_command(Path("runs/mnist_lenet-20261123-061500"))   # 'python train.py -o dist.nprocs=2'
+    """
+    info = read_run(path)
+    command = [str(word) for word in info.get("command", [])]
+    if not command:
+        return ""
+    if not info.get("same_command_continues"):
+        command = drop_overrides(command, ("output.run_dir", "checkpoint.resume"))
+        command += ["-o", f"output.run_dir={Path(path).resolve()}"]
+        if any((Path(path) / "checkpoints").glob("ckpt_*")):
+            command += ["-o", "checkpoint.resume=auto"]
+    return shlex.join(command)
+
+
+def drop_overrides(argv: Sequence[str], keys: Sequence[str]) -> List[str]:
+    """`argv` without the overrides (-o KEY=..., -oKEY=..., --override KEY=...,
+    --override=KEY=...) of `keys`."""
+    kept: List[str] = []
+    i = 0
+    while i < len(argv):
+        word, pair, width = argv[i], None, 1
+        if word in ("-o", "--override") and i + 1 < len(argv):
+            pair, width = argv[i + 1], 2
+        elif word.startswith("--override="):
+            pair = word.split("=", 1)[1]
+        elif word.startswith("-o") and not word.startswith("--") and len(word) > 2:
+            pair = word[2:]
+        if pair is None or pair.split("=", 1)[0].strip() not in keys:
+            kept += argv[i:i + width]
+        i += width
+    return kept
+
+
+def own_command(argv: Optional[Sequence[str]] = None) -> List[str]:
+    """This process's command line as a shell would run it: `python train.py -o ...`."""
+    argv = list(sys.argv if argv is None else argv)
+    return [_python()] + argv if argv and argv[0].endswith(".py") else argv
+
+
+def invoking_command(argv: Optional[Sequence[str]] = None) -> List[str]:
+    """The command line that started this job: under a launcher that runs the script on
+    each rank (paddle.distributed.launch, mpirun), the nearest parent process whose
+    command names this script; else this process's own (own_command)."""
+    argv = list(sys.argv if argv is None else argv)
+    script = os.path.basename(argv[0]) if argv else ""
+    pid = os.getppid()
+    for _ in range(4):
+        if pid <= 1:
+            break
+        words = _cmdline(pid)
+        if script.endswith(".py") and any(os.path.basename(w) == script for w in words):
+            return words
+        pid = _parent(pid)
+    return own_command(argv)
+
+
+def _python() -> str:
+    """How this interpreter is named on the command line: `python` or `python3` when that
+    finds it on PATH, else its full path."""
+    for name in ("python", "python3"):
+        if shutil.which(name) == sys.executable:
+            return name
+    return sys.executable
+
+
+def _cmdline(pid: int) -> List[str]:
+    try:
+        return [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+# ------------------------------------------------------------------ locks
+class _locked:
+    """Hold an exclusive flock on `path` for a block (blocking: choosing takes milliseconds)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def _hold(path: Path) -> bool:
+    """Lock run `path` for this process until release() or exit; False if a live process
+    holds it. The lock file records the holder's pid and host, for messages."""
+    path = Path(path).resolve()
+    if path in _HELD:
+        return True
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+    _HELD[path] = fd
+    return True
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid, host = (path / LOCK).read_text().split()[:2]
+        return f"pid {pid} on {host}"
+    except (OSError, ValueError):
+        return "another process"
+
+
+def release(path: Path) -> None:
+    """Let go of run `path` (a no-op unless this process holds it)."""
+    fd = _HELD.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)

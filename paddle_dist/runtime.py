@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import paddle
@@ -26,7 +26,6 @@ from . import faults, netcheck, rundir, supervisor
 from .errors import UserError
 
 _ENV: Optional[envlib.DistEnv] = None
-_FAILED = "error: "
 
 
 def setup(cfg) -> envlib.DistEnv:
@@ -124,22 +123,42 @@ def quiet_paddle():
 
 
 def make_run_dir(cfg, env) -> Path:
-    """The run directory, created by rank 0 and agreed on by every rank.
+    """The run directory: the one paddle_dist's launcher chose for this machine's ranks;
+    otherwise the one rank 0 chooses (rundir.choose: given, continued or new), agreed on by
+    every rank. Rank 0 of a job that no paddle_dist launcher started holds the run until
+    rundir.release() or its exit."""
+    if env.supervised and cfg.output.run_dir:
+        return rundir.choose(cfg, env.world_size, hold=False).path
 
-    `output.run_dir` is used as given (it must not hold a finished run); otherwise
-    `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>` with a suffix if taken.
+    def decide() -> str:
+        hold = not env.supervised
+        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command() if hold else (),
+                               hold=hold)
+        if choice.note:
+            print(f"paddle_dist: {choice.note}", flush=True)
+        return str(choice.path)
+
+    return Path(from_rank0(cfg, env, decide)).resolve()
+
+
+def from_rank0(cfg, env, decide: Callable[[], Any]) -> Any:
+    """`decide()`, run by rank 0 alone; its result, or the UserError it raised, is sent to
+    every rank (the others wait, within dist.rendezvous_timeout).
+
+    Example:
+        path = from_rank0(cfg, env, lambda: checkpoint.resolve_resume("auto", run_dir))
     """
-    chosen = [""]
+    box: List[Any] = [None]
     if env.is_main:
         try:
-            chosen = [str(rundir.create(cfg))]
+            box = [(True, decide())]
         except UserError as exc:
-            chosen = [f"{_FAILED}{exc}"]
+            box = [(False, exc)]
     if env.is_distributed:
-        # The other ranks wait here for rank 0's choice, or for its error.
         with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg), _status_file(env, cfg),
                              env.global_rank):
-            dist.broadcast_object_list(chosen, src=0)
-    if chosen[0].startswith(_FAILED):
-        raise UserError(chosen[0][len(_FAILED):])
-    return Path(chosen[0]).resolve()
+            dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import faults
+from . import faults, rundir
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # how long survivors get to notice a failure before SIGKILL
@@ -83,7 +83,7 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     if status and all(r.get("state") == "preempted" for r in status.values()):
         return Report(faults.EXIT_PREEMPTED, [
             "paddle_dist: the job stopped on request after saving a checkpoint "
-            f"(exit {faults.EXIT_PREEMPTED}); run it again to resume"])
+            f"(exit {faults.EXIT_PREEMPTED})"])
     bad = sorted((r for r in status.values() if r.get("state") in ("failed", "hung")),
                  key=lambda r: r.get("time", 0))
     if bad:
@@ -174,7 +174,7 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
         if settled or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
-    print(root_cause(status).text, file=sys.stderr, flush=True)
+    print(with_resume(root_cause(status), run_dir).text, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ processes
@@ -299,8 +299,7 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     finally:
         everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
     logs = {r: str(log_dir / f"workerlog.{r}") for r in range(64) if (log_dir / f"workerlog.{r}").exists()}
-    return _finish(proc.returncode, request, read_status(run_dir), launcher_exit_codes(err_path),
-                   logs, err_path)
+    return _finish(proc.returncode, request, run_dir, launcher_exit_codes(err_path), logs, err_path)
 
 
 class _Grace:
@@ -361,7 +360,7 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
     codes = {rank: p.returncode for rank, p in enumerate(procs)}
     logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in codes}
     worst = next((c for c in codes.values() if c), 0)
-    return _finish(worst, request, read_status(run_dir), codes, logs)
+    return _finish(worst, request, run_dir, codes, logs)
 
 
 def _tee(stream, path: Path) -> None:
@@ -401,19 +400,29 @@ def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
             p.join(timeout=5)
     codes = {rank: p.exitcode for rank, p in enumerate(procs)}
     worst = next((c for c in codes.values() if c), 0)
-    return _finish(worst, request, read_status(run_dir), codes, {})
+    return _finish(worst, request, run_dir, codes, {})
 
 
-def _finish(code: int, request: Optional[str], status: Dict[int, dict], exit_codes: Dict[int, int],
+def _finish(code: int, request: Optional[str], run_dir: Optional[Path], exit_codes: Dict[int, int],
             logs: Dict[int, str], launcher_log: Optional[Path] = None) -> int:
     if code == 0 and not request:
         return 0
+    status = read_status(run_dir)
     if request == "interrupt":
-        print("paddle_dist: interrupted; every rank was stopped", file=sys.stderr, flush=True)
-        return faults.EXIT_INTERRUPTED
-    report = root_cause(status, exit_codes, launcher_code=code or 1, logs=logs)
+        report = Report(faults.EXIT_INTERRUPTED, ["paddle_dist: interrupted; every rank was stopped"])
+    else:
+        report = root_cause(status, exit_codes, launcher_code=code or 1, logs=logs)
     if not status and not exit_codes and launcher_log is not None:
         report.lines += [f"  launcher log: {launcher_log}"] + \
             [f"  | {line}" for line in _tail(str(launcher_log), 8)]
-    print(report.text, file=sys.stderr, flush=True)
+    print(with_resume(report, run_dir).text, file=sys.stderr, flush=True)
     return report.code
+
+
+def with_resume(report: Report, run_dir: Optional[Path]) -> Report:
+    """`report` ending with the exact command that continues the run (rundir.resume_command),
+    when the job can be continued and the command is known."""
+    command = rundir.resume_command(run_dir) if run_dir and report.code != faults.EXIT_USAGE else ""
+    if command:
+        report.lines.append(f"paddle_dist: to continue this run, run: {command}")
+    return report

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 
 import paddle
 
-from .. import amp, checkpoint, faults, logger, runtime, supervisor
+from .. import amp, checkpoint, faults, logger, rundir, runtime, supervisor
 from .. import config as configlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
@@ -65,6 +65,14 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     started = time.perf_counter()
     precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
     run_dir = runtime.make_run_dir(cfg, env)
+    try:
+        return _monitored(parts, cfg, env, run_dir, precision, started)
+    finally:
+        rundir.release(run_dir)   # a process that fits again may choose this run
+
+
+def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, started: float) -> Result:
+    """train() in its run directory: status records, the run, config.yaml and metrics.json."""
     log = logger.setup(run_dir, env)
     if env.is_main:
         # Without its run_dir, the saved config repeats the run into a new directory.
@@ -96,7 +104,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
     grad_sync.attach(optimizer)
-    digest = checkpoint.config_hash(cfg.to_dict())
+    digest = configlib.config_hash(cfg.to_dict())
     start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
     micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                             cfg.train.drop_last)
@@ -147,11 +155,18 @@ def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int, log) -> Optional
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
-    """(start position, history so far, checkpoint path) from `checkpoint.resume`."""
-    path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
-    if path is None:
+    """(start position, history so far, checkpoint path) from `checkpoint.resume`.
+
+    Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
+    machines need neither a copy of the files nor the same run directory path."""
+    def read():
+        path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
+        return checkpoint.load(path) if path is not None else None
+
+    state = runtime.from_rank0(cfg, env, read)
+    if state is None:
         return Position(), [], None
-    state = checkpoint.load(path)
+    path = state.path
     checkpoint.check_compatible(state, env.world_size, parts.name, parts.model)
     checkpoint.restore(state, parts.model, optimizer, rng=True)
     meta = state.meta

@@ -7,6 +7,7 @@ Each command starts in its own session; afterwards every process still in that s
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,10 +15,15 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import pytest
+
 from paddle_dist.supervisor import process_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="needs OpenMPI's mpirun (apt-get install openmpi-bin; "
+                                         "make test installs it when run as root)")
 
 
 def session_members(sid: int) -> List[int]:

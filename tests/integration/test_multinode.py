@@ -7,7 +7,6 @@ are checked for leftovers (procs.run).
 """
 
 import json
-import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 from .netns import two_hosts  # noqa: F401  (fixture)
-from .procs import PY, check, run
+from .procs import PY, check, needs_mpirun, run
 
 JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32", "-o", "train.max_steps=20",
        "-o", "checkpoint.every_epochs=0", "-o", "dist.rendezvous_timeout=60"]
@@ -27,13 +26,13 @@ def _digests(run_dir, ranks=2):
     return {r["weights_sha256"] for r in records}
 
 
-def _both(hosts, commands, timeout=180):
+def _both(hosts, commands, timeout=180, succeed=True):
     """Run one command per namespace at the same time (each bounded and checked for
-    leftover processes by procs.run); both must succeed."""
+    leftover processes by procs.run); both must succeed, unless `succeed` is False."""
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
         futures = [pool.submit(run, hosts.cmd(ns, [PY] + argv), timeout) for ns, argv in commands]
         results = [f.result() for f in futures]
-    for result in results:
+    for result in results if succeed else ():
         check(result)
     return results
 
@@ -69,8 +68,12 @@ def _two_by_two(hosts, run_dir, port, sync):
     _both(hosts, [(hosts.a, nodes + ["-o", "dist.node_rank=0", "-o", f"dist.host={hosts.ip_a}"]),
                   (hosts.b, nodes + ["-o", "dist.node_rank=1", "-o", f"dist.host={hosts.ip_b}"])],
           timeout=240)
+    return _final(run_dir)
+
+
+def _final(run_dir):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
+    return dict(sorted(np.load(run_dir / "checkpoints" / latest / "model.npz").items()))
 
 
 def test_hierarchical_sync_across_two_hosts_of_two_ranks(two_hosts, tmp_path):
@@ -84,6 +87,37 @@ def test_hierarchical_sync_across_two_hosts_of_two_ranks(two_hosts, tmp_path):
     assert "over backend" in (tmp_path / "flat" / "logs" / "rank0.log").read_text()
     assert hier.keys() == flat.keys()
     assert max(float(np.abs(hier[k] - flat[k]).max()) for k in hier) <= 1e-6
+
+
+def test_resume_across_hosts_with_separate_run_directories(two_hosts, tmp_path):
+    """No shared storage: each host writes under a root of its own. After rank 1 (host b)
+    is killed, the same commands continue the run: rank 0 reads the checkpoint and sends
+    the state, and host b, which never had a checkpoint, ends with rank 0's weights, equal
+    to an uninterrupted run's."""
+    roots = {two_hosts.a: tmp_path / "a", two_hosts.b: tmp_path / "b"}
+    job = ["train.py"] + JOB + ["-o", "dist.nnodes=2", "-o", f"dist.master={two_hosts.ip_a}:6174",
+                                "-o", "checkpoint.every_steps=5"]
+
+    def commands(extra=()):
+        return [(ns, job + ["-o", f"dist.node_rank={node}", "-o", f"output.root={roots[ns]}", *extra])
+                for node, ns in enumerate((two_hosts.a, two_hosts.b))]
+
+    killed = _both(two_hosts, commands(["-o", "faults.inject=kill:1:12"]), succeed=False)
+    assert killed[0].returncode != 0 and killed[1].returncode == 137, killed[0].stderr
+    _both(two_hosts, commands())
+    [run_a] = [d for d in roots[two_hosts.a].iterdir() if d.is_dir()]
+    [run_b] = [d for d in roots[two_hosts.b].iterdir() if d.is_dir()]
+    assert not list(roots[two_hosts.b].rglob("ckpt_*"))      # host b never had a checkpoint
+    for log in (run_a / "logs" / "rank0.log", run_b / "logs" / "rank1.log"):
+        assert f"resuming from {run_a}/checkpoints/ckpt_000000010" in log.read_text()
+    digests = [json.loads((d / "status" / f"rank{r}.json").read_text())["weights_sha256"]
+               for d, r in ((run_a, 0), (run_b, 1))]
+    assert digests[0] == digests[1]
+    clean = tmp_path / "clean"
+    check(run(["train.py", "-o", "dist.nprocs=2"] + JOB + ["-o", "checkpoint.every_steps=5",
+                                                        "-o", f"output.run_dir={clean}"], timeout=180))
+    assert max(float(np.abs(a - b).max()) for a, b in
+               zip(_final(run_a).values(), _final(clean).values())) <= 1e-6
 
 
 def test_master_nobody_serves_fails_within_the_timeout(two_hosts, tmp_path):
@@ -107,11 +141,6 @@ def test_missing_interface_is_named_with_the_fix(two_hosts, tmp_path):
 
 
 # ------------------------------------------------------------------ OpenMPI
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
-                                  reason="needs OpenMPI's mpirun (apt-get install openmpi-bin; "
-                                         "make test installs it when run as root)")
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,202 @@
+"""Which run a command continues (paddle_dist/rundir.py): the rule, the locks that keep
+two jobs apart, and the command a report prints to continue a run.
+
+Other processes here are real ones (they hold locks or show their command line); each is
+bounded by a timeout and ends before its test does.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from paddle_dist import config as configlib
+from paddle_dist import rundir
+from paddle_dist.errors import UserError
+
+PY = sys.executable
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cfg_for(tmp_path, *overrides):
+    cfg = configlib.load(None, ["output.name=job", f"output.root={tmp_path / 'runs'}", *overrides])
+    return cfg
+
+
+def choose(cfg, world=2, command=("python", "train.py")):
+    choice = rundir.choose(cfg, world, list(command))
+    rundir.release(choice.path)       # as a job that ended would
+    return choice
+
+
+def finish(path):
+    (path / "metrics.json").write_text("{}")
+
+
+def runs(tmp_path):
+    return sorted(d.name for d in (tmp_path / "runs").iterdir() if d.is_dir())
+
+
+def test_a_first_run_is_new_and_records_what_it_is(tmp_path):
+    choice = choose(cfg_for(tmp_path), command=["python", "train.py", "-o", "dist.nprocs=2"])
+    info = rundir.read_run(choice.path)
+    assert choice.path.name.startswith("job-") and choice.note == ""
+    assert info["world_size"] == 2 and info["attempts"] == 1 and info["same_command_continues"]
+    assert info["config_hash"] == configlib.config_hash(cfg_for(tmp_path).to_dict())
+    assert info["command"] == ["python", "train.py", "-o", "dist.nprocs=2"]
+
+
+def test_an_unfinished_run_is_continued_from_where_it_stopped(tmp_path):
+    first = choose(cfg_for(tmp_path)).path
+    (first / "status").mkdir()
+    (first / "status" / "rank1.json").write_text('{"rank": 1, "state": "failed"}')
+    (first / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
+    again = choose(cfg_for(tmp_path, "train.epochs=9", "dist.nprocs=2", "checkpoint.every_steps=5"))
+    assert again.path == first and runs(tmp_path) == [first.name]
+    assert "continuing the unfinished run" in again.note and "attempt 2" in again.note
+    assert "from its latest checkpoint" in again.note
+    assert not list((first / "status").glob("rank*.json"))    # the last attempt's records go
+    assert rundir.read_run(first)["attempts"] == 2
+
+
+def test_a_finished_run_is_never_continued(tmp_path):
+    first = choose(cfg_for(tmp_path)).path
+    finish(first)
+    again = choose(cfg_for(tmp_path))
+    assert again.path != first and len(runs(tmp_path)) == 2
+    assert again.note == f"the last run of this config, {first}, had finished; starting a new run in {again.path}"
+
+
+@pytest.mark.parametrize("change", [["train.lr=0.01"], ["model.name=mlp"], ["output.name=other"]])
+def test_another_experiment_starts_a_new_run(tmp_path, change):
+    first = choose(cfg_for(tmp_path)).path
+    assert choose(cfg_for(tmp_path, *change)).path != first
+
+
+def test_another_world_size_starts_a_new_run(tmp_path):
+    first = choose(cfg_for(tmp_path), world=2).path
+    assert choose(cfg_for(tmp_path), world=4).path != first
+    assert choose(cfg_for(tmp_path), world=2).path == first
+
+
+def test_resume_none_or_a_path_always_starts_a_new_run(tmp_path):
+    first = choose(cfg_for(tmp_path)).path
+    assert choose(cfg_for(tmp_path, "checkpoint.resume=none")).path != first
+    other = choose(cfg_for(tmp_path, f"checkpoint.resume={first}"))
+    assert other.path != first and not rundir.read_run(other.path)["same_command_continues"]
+
+
+def test_the_newest_run_of_the_experiment_decides(tmp_path):
+    old = choose(cfg_for(tmp_path)).path                      # unfinished, but older
+    newer = choose(cfg_for(tmp_path, "checkpoint.resume=none")).path
+    finish(newer)
+    latest = choose(cfg_for(tmp_path))
+    assert latest.path not in (old, newer) and str(newer) in latest.note
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from paddle_dist import config, rundir
+    cfg = config.load(None, ["output.name=job", "output.root={runs}"])
+    print(rundir.choose(cfg, 2, ["python", "train.py"]).path, flush=True)
+    sys.stdin.read()          # holds the run until the test closes its stdin
+""")
+
+
+def test_a_run_held_by_a_live_job_is_never_shared(tmp_path):
+    script = HOLDER.format(root=ROOT, runs=tmp_path / "runs")
+    holder = subprocess.Popen([PY, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = holder.stdout.readline().strip()
+        mine = rundir.choose(cfg_for(tmp_path), 2, ["python", "train.py"])
+        assert str(mine.path) != held
+        rundir.release(mine.path)
+        shutil.rmtree(mine.path)      # leaves the held run the newest of the experiment
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # Its holder gone (exited, or killed: the kernel drops the lock), the run is free.
+    assert str(choose(cfg_for(tmp_path)).path) == held
+
+
+def test_jobs_started_at_the_same_time_get_their_own_runs(tmp_path):
+    """Eight choosers, released together by a pipe: eight different directories."""
+    script = HOLDER.format(root=ROOT, runs=tmp_path / "runs").replace(
+        "print(rundir", "sys.stdin.readline()\nprint(rundir")
+    procs = [subprocess.Popen([PY, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    try:
+        for proc in procs:
+            proc.stdin.write("go\n")
+        for proc in procs:
+            proc.stdin.flush()
+        chosen = [proc.stdout.readline().strip() for proc in procs]
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    assert len(set(chosen)) == 8 and all(chosen), chosen
+
+
+def test_a_named_run_dir_in_use_or_finished_is_refused(tmp_path):
+    script = HOLDER.format(root=ROOT, runs=tmp_path / "runs")
+    holder = subprocess.Popen([PY, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = holder.stdout.readline().strip()
+        with pytest.raises(UserError, match=f"output.run_dir {held} is in use by another job .pid {holder.pid}"):
+            rundir.choose(cfg_for(tmp_path, f"output.run_dir={held}"), 2)
+        # A rank started by paddle_dist's launcher does not hold: its launcher does.
+        assert str(rundir.choose(cfg_for(tmp_path, f"output.run_dir={held}"), 2, hold=False).path) == held
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    finish(tmp_path / "runs" / os.path.basename(held))
+    with pytest.raises(UserError, match="already holds a finished run"):
+        rundir.choose(cfg_for(tmp_path, f"output.run_dir={held}"), 2)
+
+
+def test_the_other_machines_of_a_job_keep_a_local_directory(tmp_path):
+    cfg = cfg_for(tmp_path, "dist.nnodes=2", "dist.node_rank=1", "dist.master=198.18.0.1:6170")
+    choice = rundir.choose(cfg, 4, hold=False)
+    assert choice.path.name == "job-198.18.0.1-6170" and not rundir.read_run(choice.path)
+
+
+# ------------------------------------------------------------------ the command to continue
+def test_resume_command_is_the_same_command_when_it_finds_the_run(tmp_path):
+    command = ["python", "train.py", "-o", "dist.nprocs=2", "-o", "train.lr=0.1 "]
+    path = choose(cfg_for(tmp_path), command=command).path
+    assert shlex.split(rundir.resume_command(path)) == command
+
+
+def test_resume_command_names_a_run_the_command_would_not_find(tmp_path):
+    command = ["python", "train.py", "-o", "checkpoint.resume=none", "--override=output.run_dir=x"]
+    path = choose(cfg_for(tmp_path, "checkpoint.resume=none"), command=command).path
+    assert shlex.split(rundir.resume_command(path)) == ["python", "train.py", "-o", f"output.run_dir={path}"]
+    (path / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
+    assert shlex.split(rundir.resume_command(path))[-2:] == ["-o", "checkpoint.resume=auto"]
+    assert rundir.resume_command(tmp_path) == ""        # no run.json: nothing to say
+
+
+def test_drop_overrides_knows_every_spelling():
+    argv = ["a.py", "-o", "x.y=1", "-ox.y=2", "--override", "x.y=3", "--override=x.y=4",
+            "-o", "x.z=5", "-c", "cfg"]
+    assert rundir.drop_overrides(argv, ["x.y"]) == ["a.py", "-o", "x.z=5", "-c", "cfg"]
+
+
+def test_invoking_command_is_the_launcher_that_runs_the_script(tmp_path):
+    """A rank's parent (paddle.distributed.launch, mpirun) named the script: its command
+    line is the one to run again."""
+    child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist import rundir; " \
+            "print(rundir.invoking_command(['probe.py', '-o', 'a=1']))"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)"
+    out = subprocess.run([PY, "-c", parent, "--nproc_per_node", "2", "probe.py", "-o", "a=1"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == str([PY, "-c", parent, "--nproc_per_node", "2", "probe.py", "-o", "a=1"])
+    # Run by hand: its own command.
+    assert rundir.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
