@@ -59,14 +59,14 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True)
         named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
     identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
                 "world_size": world_size}
+    auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
         path = _given(Path(named), hold)
         if hold:
-            _record(path, identity, command, continues=False)
+            _record(path, identity, command, continues=auto)
         return Choice(path.resolve())
     root = Path(cfg.output.root)
     root.mkdir(parents=True, exist_ok=True)
-    auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     with _locked(root / LOCK):
         previous = _previous(root, identity) if auto else None
         if previous is not None and not _finished(previous):
@@ -158,14 +158,15 @@ def read_run(path: Path) -> dict:
 
 def _record(path: Path, identity: dict, command: Sequence[str], continues: bool) -> None:
     """Write run.json: the identity, the command and whether running it again continues
-    the run (it does when the run was chosen by the rule, not named)."""
+    the run (it does with checkpoint.resume=auto: the rule finds the run, or the command
+    names it)."""
     info = read_run(path)
     info.update(identity)
     info.setdefault("created", time.time())
     info["attempts"] = info.get("attempts", 0) + 1
     if command:
         info["command"] = list(command)
-    info["same_command_continues"] = continues or info.get("same_command_continues", False)
+    info["same_command_continues"] = continues
     tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, path / RUN_FILE)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .rundir import resume_command
 from .supervisor import pid_alive, read_status
 
 PROG = "python -m paddle_dist.runs"
@@ -55,9 +56,10 @@ def describe(run_dir: Path) -> dict:
 
     status = read_status(run_dir)
     newest = latest(run_dir / "checkpoints")
+    state = run_state(status, (run_dir / "metrics.json").is_file())
     return {
         "run": str(run_dir),
-        "state": run_state(status, (run_dir / "metrics.json").is_file()),
+        "state": state,
         "step": max((r.get("step", 0) for r in status.values()), default=0),
         # 1-based, as the console prints it (status files count from 0).
         "epoch": max((r.get("epoch", 0) + 1 for r in status.values()), default=0),
@@ -66,6 +68,8 @@ def describe(run_dir: Path) -> dict:
         "checkpoint_step": _checkpoint_step(newest),
         # The last record any rank wrote; a run with none: when its directory last changed.
         "updated": max((r.get("time", 0) for r in status.values()), default=run_dir.stat().st_mtime),
+        # The exact command that continues it ("" when done, running or unknown).
+        "resume": resume_command(run_dir) if state in ("failed", "preempted", "unknown") else "",
     }
 
 

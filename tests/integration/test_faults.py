@@ -155,6 +155,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_75(mode, tmp_path):
     out, err = _finish(proc, killer, lines)
     assert proc.returncode == 75, err
     assert "stopped on request after saving a checkpoint" in err
+    assert err.strip().splitlines()[-1].endswith(shlex.join(proc.args[1:])), err   # run it again
     meta = json.loads((tmp_path / "checkpoints" / (tmp_path / "checkpoints" / "latest")
                        .read_text().strip() / "meta.json").read_text())
     assert meta["global_step"] >= 1

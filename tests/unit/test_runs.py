@@ -68,6 +68,17 @@ def test_every_state_from_real_status_records(tmp_path):
     assert len(runs.recent(root, 2)) == 2
 
 
+def test_an_unfinished_run_comes_with_the_command_that_continues_it(tmp_path):
+    root = tmp_path / "runs"
+    for name, state, finished in (("failed", "failed", False), ("done", "done", True)):
+        run_dir = _run_dir(root, name, (state, {}), finished=finished)
+        (run_dir / "run.json").write_text(json.dumps(
+            {"command": ["python", "train.py", "-o", "dist.nprocs=2"], "same_command_continues": True}))
+    found = {run["run"].rsplit("/", 1)[1]: run for run in runs.recent(root, 10)}
+    assert found["failed"]["resume"] == "python train.py -o dist.nprocs=2"
+    assert found["done"]["resume"] == ""
+
+
 def test_the_command_prints_a_table_or_json_and_refuses_a_missing_root(tmp_path, capsys):
     root = tmp_path / "runs"
     _run_dir(root, "done", ("done", {"step": 7}), finished=True, checkpoint=7)
