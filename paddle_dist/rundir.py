@@ -102,7 +102,7 @@ def _previous(root: Path, identity: dict) -> Optional[Path]:
     """The newest run of this experiment under `root` that no live job holds (now held
     by this process), or None."""
     runs = []
-    for path in root.glob(f"{glob_escape(identity['name'])}-*"):
+    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
         info = read_run(path)
         if info and all(info.get(key) == value for key, value in identity.items()):
             runs.append((info.get("created", 0), path))
@@ -112,7 +112,7 @@ def _previous(root: Path, identity: dict) -> Optional[Path]:
     return None
 
 
-def glob_escape(text: str) -> str:
+def _glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
@@ -218,20 +218,20 @@ def own_command(argv: Optional[Sequence[str]] = None) -> List[str]:
 
 
 def invoking_command(argv: Optional[Sequence[str]] = None) -> List[str]:
-    """The command line that started this job: under a launcher that runs the script on
-    each rank (paddle.distributed.launch, mpirun), the nearest parent process whose
-    command names this script; else this process's own (own_command)."""
+    """The command line that started this job: under launchers that run the script on
+    each rank (paddle.distributed.launch, mpirun, paddle_dist.launch), the outermost of the
+    parent processes, one above the other, whose commands name this script; else this
+    process's own (own_command)."""
     argv = list(sys.argv if argv is None else argv)
     script = os.path.basename(argv[0]) if argv else ""
+    found: List[str] = []
     pid = os.getppid()
     for _ in range(4):
-        if pid <= 1:
+        words = _cmdline(pid) if pid > 1 and script.endswith(".py") else []
+        if not any(os.path.basename(w) == script for w in words):
             break
-        words = _cmdline(pid)
-        if script.endswith(".py") and any(os.path.basename(w) == script for w in words):
-            return words
-        pid = _parent(pid)
-    return own_command(argv)
+        found, pid = words, _parent(pid)
+    return found or own_command(argv)
 
 
 def _python() -> str:

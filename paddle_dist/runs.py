@@ -1,8 +1,9 @@
 """Recent runs and how each ended: `python -m paddle_dist.runs [--root runs] [-n 10] [--json]`.
 
 Reads what every run leaves behind: its ranks' status files (status/rank<N>.json, written
-by faults.Monitor), metrics.json (written when the run finished) and the latest
-checkpoint. Nothing is written.
+by faults.Monitor), metrics.json (written when the run finished), the latest checkpoint
+and run.json (the command that started it: `--json` gives, for a run that can be
+continued, the exact command that continues it). Nothing is written.
 
 States:
 - done: every rank finished and metrics.json is there;

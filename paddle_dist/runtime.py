@@ -23,6 +23,7 @@ import paddle.distributed as dist
 
 from . import env as envlib
 from . import faults, netcheck, rundir, supervisor
+from .comm import PeerFailure, first_line
 from .errors import UserError
 
 _ENV: Optional[envlib.DistEnv] = None
@@ -125,15 +126,12 @@ def quiet_paddle():
 def make_run_dir(cfg, env) -> Path:
     """The run directory: the one paddle_dist's launcher chose for this machine's ranks;
     otherwise the one rank 0 chooses (rundir.choose: given, continued or new), agreed on by
-    every rank. Rank 0 of a job that no paddle_dist launcher started holds the run until
-    rundir.release() or its exit."""
+    every rank. Rank 0 then holds the run until rundir.release() or its exit."""
     if env.supervised and cfg.output.run_dir:
         return rundir.choose(cfg, env.world_size, hold=False).path
 
     def decide() -> str:
-        hold = not env.supervised
-        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command() if hold else (),
-                               hold=hold)
+        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command())
         if choice.note:
             print(f"paddle_dist: {choice.note}", flush=True)
         return str(choice.path)
@@ -142,23 +140,31 @@ def make_run_dir(cfg, env) -> Path:
 
 
 def from_rank0(cfg, env, decide: Callable[[], Any]) -> Any:
-    """`decide()`, run by rank 0 alone; its result, or the UserError it raised, is sent to
-    every rank (the others wait, within dist.rendezvous_timeout).
+    """`decide()`, run by rank 0 alone; its result is sent to every rank (the others wait,
+    within dist.rendezvous_timeout). If it raises, every rank raises too: a UserError as
+    it is (bad input is the same for all), anything else as itself on rank 0 and as a
+    PeerFailure (a consequence) on the others.
 
     Example:
-        path = from_rank0(cfg, env, lambda: checkpoint.resolve_resume("auto", run_dir))
+        state = from_rank0(cfg, env, lambda: checkpoint.load(path))
     """
     box: List[Any] = [None]
+    failure: Optional[BaseException] = None
     if env.is_main:
         try:
             box = [(True, decide())]
         except UserError as exc:
             box = [(False, exc)]
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for nothing
+            failure = exc
+            box = [(False, PeerFailure(f"rank 0 failed: {type(exc).__name__}: {first_line(exc)}"))]
     if env.is_distributed:
         with faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg), _status_file(env, cfg),
                              env.global_rank):
             dist.broadcast_object_list(box, src=0)
     ok, value = box[0]
+    if failure is not None:
+        raise failure
     if not ok:
         raise value
     return value

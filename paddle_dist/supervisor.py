@@ -412,9 +412,9 @@ def _finish(code: int, request: Optional[str], run_dir: Optional[Path], exit_cod
         report = Report(faults.EXIT_INTERRUPTED, ["paddle_dist: interrupted; every rank was stopped"])
     else:
         report = root_cause(status, exit_codes, launcher_code=code or 1, logs=logs)
-    if not status and not exit_codes and launcher_log is not None:
-        report.lines += [f"  launcher log: {launcher_log}"] + \
-            [f"  | {line}" for line in _tail(str(launcher_log), 8)]
+        if not status and not exit_codes and launcher_log is not None:
+            report.lines += [f"  launcher log: {launcher_log}"] + \
+                [f"  | {line}" for line in _tail(str(launcher_log), 8)]
     print(with_resume(report, run_dir).text, file=sys.stderr, flush=True)
     return report.code
 

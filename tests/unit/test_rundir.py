@@ -189,14 +189,16 @@ def test_drop_overrides_knows_every_spelling():
     assert rundir.drop_overrides(argv, ["x.y"]) == ["a.py", "-o", "x.z=5", "-c", "cfg"]
 
 
-def test_invoking_command_is_the_launcher_that_runs_the_script(tmp_path):
-    """A rank's parent (paddle.distributed.launch, mpirun) named the script: its command
-    line is the one to run again."""
+def test_invoking_command_is_the_outermost_launcher_that_runs_the_script(tmp_path):
+    """A rank under launchers that name the script (paddle_dist.launch starting
+    paddle.distributed.launch starting the rank): the outermost command is the one to run
+    again."""
     child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist import rundir; " \
             "print(rundir.invoking_command(['probe.py', '-o', 'a=1']))"
-    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)"
-    out = subprocess.run([PY, "-c", parent, "--nproc_per_node", "2", "probe.py", "-o", "a=1"],
-                         capture_output=True, text=True, timeout=60).stdout
-    assert out.strip() == str([PY, "-c", parent, "--nproc_per_node", "2", "probe.py", "-o", "a=1"])
+    inner = [PY, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)",
+             "--nproc_per_node", "2", "probe.py", "-o", "a=1"]
+    outer = [PY, "-c", f"import subprocess; subprocess.run({inner!r}, timeout=30)", "--nprocs", "2", "probe.py"]
+    out = subprocess.run(outer, capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == str(outer)
     # Run by hand: its own command.
     assert rundir.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
