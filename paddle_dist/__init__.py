@@ -17,16 +17,18 @@ warnings.filterwarnings("ignore", message="When training, we now always track gl
 from .env import DistEnv, detect  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as load_config  # noqa: E402
 
-__all__ = ["Config", "DistEnv", "detect", "fit", "load_config", "seed_everything", "setup"]
+__all__ = ["Config", "DistEnv", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
 _LAZY = {"fit": "trainer", "setup": "runtime", "seed_everything": "runtime"}
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name == "export":      # the module, callable: paddle_dist.export(net, input_spec, out)
+        return importlib.import_module(".export", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -336,14 +336,15 @@ def augment(images: np.ndarray, keys: np.ndarray, seed: int, epoch: int) -> np.n
     return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def normalise(images: np.ndarray) -> np.ndarray:
-    """uint8 [B, 3, 32, 32] -> float32: /255, minus MEAN, divided by STD, per channel.
+def normalise(images: np.ndarray, mean=MEAN, std=STD) -> np.ndarray:
+    """uint8 [B, C, H, W] -> float32: /255, minus `mean`, divided by `std`, per channel
+    (CIFAR-10's by default).
 
     Example:
         normalise(np.full((1, 3, 32, 32), 255, np.uint8))[0, :, 0, 0]   # [2.059, 2.128, 2.116]
     """
-    mean = np.asarray(MEAN, np.float32).reshape(3, 1, 1)
-    std = np.asarray(STD, np.float32).reshape(3, 1, 1)
+    mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+    std = np.asarray(std, np.float32).reshape(-1, 1, 1)
     return (np.asarray(images, np.float32) / np.float32(255) - mean) / std
 
 

@@ -35,6 +35,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a config value, e.g. -o train.api=hapi (repeatable)")
 
 
+def _eval_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--eval-only", action="store_true",
+                        help="evaluate the checkpoint given by -o checkpoint.resume=PATH on the "
+                             "test set and write metrics.json; train nothing (train.eval_only)")
+
+
 def _devices(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nprocs", type=int, default=None,
                         help="processes on this machine (default: one per --gpus id, else dist.nprocs)")
@@ -44,6 +50,8 @@ def _devices(parser: argparse.ArgumentParser) -> None:
 
 def _load(args, extra: List[str] = ()) -> configlib.Config:
     overrides = list(args.override) + list(extra)
+    if getattr(args, "eval_only", False):
+        overrides.append("train.eval_only=true")
     nprocs, gpus = getattr(args, "nprocs", None), getattr(args, "gpus", None)
     if nprocs is not None:
         if nprocs < 1:
@@ -60,6 +68,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
     parser = _Parser(prog="train.py", description=__doc__.splitlines()[0])
     _common(parser)
+    _eval_only(parser)
     hand = parser.add_argument_group("a rank started by hand, one process per command (tcp:// style)")
     hand.add_argument("--master", help="rank 0's host:port, the same for every rank")
     hand.add_argument("--world-size", type=int, help="number of ranks in the job")
@@ -76,6 +85,7 @@ def spawn_main(argv: Optional[List[str]] = None) -> int:
     """tools/spawn_train.py: the same job through `paddle.distributed.spawn`."""
     parser = _Parser(prog="spawn_train.py", description="Train through paddle.distributed.spawn.")
     _common(parser)
+    _eval_only(parser)
     _devices(parser)
     cfg = _load(parser.parse_args(argv), ["dist.launcher=spawn"])
     if cfg.dist.nprocs is None and not cfg.dist.gpus:
@@ -136,6 +146,12 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
 def _check_data(cfg) -> None:
     """Bad or missing data fails here, once, before any rank starts (and CIFAR-10 is
     downloaded here, once, when data.root is "" and Paddle's cache has none)."""
+    if cfg.data.name == "imagefolder":
+        from . import imagefolder
+
+        imagefolder.parse_floats(cfg.data.mean, "data.mean")
+        imagefolder.parse_floats(cfg.data.std, "data.std")
+        imagefolder.load_imagefolder(cfg.data.root, cfg.data.image_size)
     for split in ("train", "test"):
         if cfg.data.name == "mnist":
             idx.load_mnist(cfg.data.root, split)

@@ -36,12 +36,16 @@ DEFAULT_CONFIG = "mnist_lenet"
 
 @dataclass
 class DataConfig:
-    name: str = "mnist"            # mnist | cifar10 | synthetic | linear
+    name: str = "mnist"            # mnist | cifar10 | imagefolder | synthetic | linear
     root: str = ""                 # mnist: IDX directory; "" = the bundled 4,000/1,000 subset.
                                    # cifar10: cifar-10-python.tar.gz, cifar-10-batches-py/ or
                                    # cifar-10-batches-bin/ (or a directory holding one); "" =
                                    # Paddle's cache (~/.cache/paddle/dataset/cifar), downloaded once
-    augment: bool = True           # cifar10 training: random crop (4-pixel padding) + flip
+    augment: bool = True           # training images: cifar10 random crop (4-pixel padding) + flip;
+                                   # imagefolder random flip
+    image_size: int = 32           # imagefolder: shorter side resized to this, centre-cropped square
+    mean: str = "0.485,0.456,0.406"  # imagefolder: per-channel (RGB) mean and std after scaling
+    std: str = "0.229,0.224,0.225"   # to [0, 1] (one number: every channel)
     num_samples: int = 4096        # synthetic / linear: training samples (synthetic images
                                    # take the model's input shape: 1x28x28, or 3x32x32 for resnets)
     num_eval_samples: int = 1024   # synthetic / linear: evaluation samples
@@ -53,13 +57,16 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "lenet"            # lenet | mlp | linear | resnet18 (CIFAR form: 3x3 stem, no
-                                   # max-pool) | resnet50 (paddle.vision's, 10 classes)
+                                   # max-pool) | resnet50 (paddle.vision's)
+    num_classes: int = 0           # 0 = the data's: 10, or imagefolder's class folders
 
 
 @dataclass
 class TrainConfig:
     api: str = "loop"              # loop (manual DataParallel) | hapi (paddle.Model.fit)
-    epochs: int = 5
+    epochs: int = 5                # 0: evaluate only (see eval_only)
+    eval_only: bool = False        # evaluate checkpoint.resume's checkpoint on the test set on
+                                   # every rank (exact counts), write metrics.json, train nothing
     batch_size: int = 64           # per rank; the global batch is batch_size * world_size
     eval_batch_size: int = 500     # per rank
     optimizer: str = "adam"        # adam | sgd | momentum
@@ -175,7 +182,7 @@ class Config:
 
 
 CHOICES = {
-    "data.name": ("mnist", "cifar10", "synthetic", "linear"),
+    "data.name": ("mnist", "cifar10", "imagefolder", "synthetic", "linear"),
     "model.name": ("lenet", "mlp", "linear", "resnet18", "resnet50"),
     "train.api": ("loop", "hapi"),
     "train.optimizer": ("adam", "sgd", "momentum"),
@@ -199,12 +206,13 @@ MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classi
 MODEL_INPUTS = {"linear": (10,), "mlp": (1, 28, 28), "lenet": (1, 28, 28),
                 "resnet18": (3, 32, 32), "resnet50": (3, 32, 32)}
 DATA_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+ANY_SIZE_MODELS = ("resnet18", "resnet50")     # 3-channel images of any size (8 px and up)
 DATA_TASKS = {"linear": "regression", "mnist": "classification", "cifar10": "classification",
-              "synthetic": "classification"}
-POSITIVE = ("train.epochs", "train.batch_size", "train.eval_batch_size", "train.log_every",
+              "synthetic": "classification", "imagefolder": "classification"}
+POSITIVE = ("data.image_size", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
 POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch", "train.loss_scale")
-NON_NEGATIVE = ("dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
+NON_NEGATIVE = ("model.num_classes", "train.epochs", "dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
@@ -382,12 +390,21 @@ def validate(cfg: Config) -> None:
     if not (math.isfinite(cfg.train.lr) and cfg.train.lr > 0):
         raise ConfigError(f"train.lr must be a finite number > 0 (got {cfg.train.lr!r})")
     _validate_fault(cfg.faults.inject)
+    if evaluates_only(cfg) and str(cfg.checkpoint.resume).strip().lower() in ("auto", "none", ""):
+        raise ConfigError("evaluating only (train.eval_only, --eval-only or train.epochs=0) needs "
+                          "the checkpoint to evaluate: add -o checkpoint.resume=PATH (a run "
+                          "directory, its best/ or checkpoints/, or one ckpt_* directory)")
     _validate_nodes(cfg.dist)
     _validate_sync(cfg)
     _validate_schedule(cfg.train)
     for name in cfg.dist.nccl.extra:
         if not name.startswith("NCCL_"):
             raise ConfigError(f"dist.nccl.extra.{name}: only NCCL_* variables belong here")
+
+
+def evaluates_only(cfg: Config) -> bool:
+    """True when the job evaluates a checkpoint and trains nothing."""
+    return cfg.train.eval_only or cfg.train.epochs == 0
 
 
 def _validate_nodes(d: DistConfig) -> None:
@@ -423,6 +440,10 @@ def check_pairing(cfg: Config) -> None:
         raise ConfigError(f"model.name={cfg.model.name} takes {_dims(MODEL_INPUTS[cfg.model.name])} "
                           f"inputs but data.name={cfg.data.name} has {_dims(shape)} images; use "
                           f"model.name={' or '.join(fits)}")
+    if cfg.data.name == "imagefolder" and cfg.model.name not in ANY_SIZE_MODELS:
+        raise ConfigError(f"model.name={cfg.model.name} takes {_dims(MODEL_INPUTS[cfg.model.name])} "
+                          f"inputs but data.name=imagefolder has 3x{cfg.data.image_size}x"
+                          f"{cfg.data.image_size} images; use model.name={' or '.join(ANY_SIZE_MODELS)}")
 
 
 def _dims(shape) -> str:

@@ -13,10 +13,10 @@ import math
 import numpy as np
 import paddle
 
-from . import cifar
+from . import cifar, imagefolder
 from .idx import BUNDLED_MNIST, MNIST_FILES, NUM_CLASSES, find_mnist_file, load_mnist, read_idx
 
-__all__ = ["ArrayDataset", "CifarDataset", "cifar10_dataset", "BUNDLED_MNIST", "MNIST_FILES", "NUM_CLASSES", "find_mnist_file",
+__all__ = ["ArrayDataset", "CifarDataset", "cifar10_dataset", "imagefolder_datasets", "BUNDLED_MNIST", "MNIST_FILES", "NUM_CLASSES", "find_mnist_file",
            "linear_regression", "load_mnist", "mnist_dataset", "read_idx", "synthetic_classification"]
 
 MNIST_MEAN = 0.1307
@@ -57,9 +57,9 @@ class ArrayDataset(paddle.io.Dataset):
 
 
 class CifarDataset(paddle.io.Dataset):
-    """CIFAR-10 images kept as uint8 [N, 3, 32, 32]; each batch is gathered, augmented
-    (training: random crop with 4-pixel padding and a horizontal flip) and normalised in
-    a few vectorised numpy ops.
+    """Images kept as uint8 [N, 3, H, W] (CIFAR-10's, or an image folder's); each batch is
+    gathered, augmented (training; CIFAR-10: random crop with 4-pixel padding and a
+    horizontal flip) and normalised (mean, std) in a few vectorised numpy ops.
 
     The augmentation of a sample is a function of (seed, epoch, sample index) only
     (cifar.augment): the same on a re-run or a resume, whatever the world size, and
@@ -70,10 +70,12 @@ class CifarDataset(paddle.io.Dataset):
         ds.set_epoch(3); x, y = ds.batch([0, 5])   # x float32 [2, 3, 32, 32], y int64 [2, 1]
     """
 
-    def __init__(self, images, labels, augment: bool = False, seed: int = 0):
+    def __init__(self, images, labels, augment: bool = False, seed: int = 0,
+                 mean=cifar.MEAN, std=cifar.STD, transform=cifar.augment):
         super().__init__()
         self.images, self.labels = images, np.asarray(labels, dtype=np.int64).reshape(-1, 1)
         self.augment, self.seed, self.epoch = augment, seed, 0
+        self.mean, self.std, self.transform = mean, std, transform
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -89,8 +91,19 @@ class CifarDataset(paddle.io.Dataset):
         idx = np.asarray(indices, dtype=np.int64)
         images = self.images[idx]
         if self.augment:
-            images = cifar.augment(images, idx, self.seed, self.epoch)
-        return cifar.normalise(images), self.labels[idx]
+            images = self.transform(images, idx, self.seed, self.epoch)
+        return cifar.normalise(images, self.mean, self.std), self.labels[idx]
+
+
+def imagefolder_datasets(cfg):
+    """(train, val, class names) of `data.name: imagefolder` (see imagefolder.py): the
+    same in-memory batches as CIFAR-10's, with the config's size, mean, std and a flip."""
+    d = cfg.data
+    mean, std = imagefolder.parse_floats(d.mean, "data.mean"), imagefolder.parse_floats(d.std, "data.std")
+    (train_x, train_y), (val_x, val_y), classes = imagefolder.load_imagefolder(d.root, d.image_size)
+    train = CifarDataset(train_x, train_y, augment=d.augment, seed=cfg.train.seed, mean=mean, std=std,
+                         transform=imagefolder.flip)
+    return train, CifarDataset(val_x, val_y, mean=mean, std=std), classes
 
 
 def cifar10_dataset(root, split, augment=False, seed=0):

@@ -2,7 +2,8 @@
 
 Example:
     net = build("lenet")      # LeNet-style CNN for [N, 1, 28, 28] inputs
-    net = build("resnet18")   # CIFAR-form ResNet-18 for [N, 3, 32, 32] inputs
+    net = build("resnet18")   # CIFAR-form ResNet-18 for [N, 3, 32, 32] inputs (or larger)
+    net = build("resnet18", num_classes=5)
 """
 
 from __future__ import annotations
@@ -73,13 +74,18 @@ def cifar_resnet(depth: int, num_classes: int = 10) -> nn.Layer:
 
 # name -> constructor; config.MODEL_TASKS says what each is for (its loss and metric),
 # config.MODEL_INPUTS the shape of one input sample.
-REGISTRY: Dict[str, Callable[[], nn.Layer]] = {
+# Classifiers take num_classes.
+REGISTRY: Dict[str, Callable[..., nn.Layer]] = {
     "linear": LinearNet, "mlp": MLP, "lenet": LeNet,
-    "resnet18": lambda: cifar_resnet(18), "resnet50": lambda: cifar_resnet(50),
+    "resnet18": lambda num_classes=10: cifar_resnet(18, num_classes),
+    "resnet50": lambda num_classes=10: cifar_resnet(50, num_classes),
 }
 
 
-def build(name: str) -> nn.Layer:
+def build(name: str, num_classes: int = 0) -> nn.Layer:
+    """A fresh model; `num_classes` 0 keeps its default (10)."""
+    if num_classes and MODEL_TASKS[_known(name)] == "classification":
+        return REGISTRY[name](num_classes=num_classes)
     return REGISTRY[_known(name)]()
 
 

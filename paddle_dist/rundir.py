@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .config import config_hash
+from .config import config_hash, evaluates_only
 from .errors import UserError
 
 RUN_FILE = "run.json"
@@ -58,7 +58,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True)
     if not named and cfg.dist.nnodes > 1 and cfg.dist.node_rank > 0:
         named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
     identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
-                "world_size": world_size}
+                "world_size": world_size, "job": "eval" if evaluates_only(cfg) else "train"}
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
         path = _given(Path(named), hold)

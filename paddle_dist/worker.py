@@ -14,29 +14,32 @@ from .trainer.common import Parts, default_loss, optimizer_factory
 
 
 def build_datasets(cfg):
-    """(train, eval) datasets for `data.name`; one builder for both trainers."""
+    """(train, eval, class names or None) for `data.name`; one builder for both trainers."""
     d = cfg.data
+    if d.name == "imagefolder":
+        return data.imagefolder_datasets(cfg)
     if d.name == "mnist":
         flatten = cfg.model.name == "mlp"
         return (data.mnist_dataset(d.root, "train", flatten=flatten),
-                data.mnist_dataset(d.root, "test", flatten=flatten))
+                data.mnist_dataset(d.root, "test", flatten=flatten), None)
     if d.name == "cifar10":
         return (data.cifar10_dataset(d.root, "train", augment=d.augment, seed=cfg.train.seed),
-                data.cifar10_dataset(d.root, "test"))
+                data.cifar10_dataset(d.root, "test"), None)
     if d.name == "synthetic":
         shape = models.input_shape(cfg.model.name)
         return (data.synthetic_classification(d.num_samples, shape, seed=d.seed),
-                data.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1))
+                data.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1), None)
     return (data.linear_regression(d.num_samples, seed=d.seed),
-            data.linear_regression(d.num_eval_samples, seed=d.seed + 1))
+            data.linear_regression(d.num_eval_samples, seed=d.seed + 1), None)
 
 
 def build_parts(cfg) -> Parts:
     configlib.check_pairing(cfg)
-    train_data, eval_data = build_datasets(cfg)
+    train_data, eval_data, classes = build_datasets(cfg)
     task = models.task_of(cfg.model.name)
-    return Parts(model=models.build(cfg.model.name), train_data=train_data, eval_data=eval_data,
-                 loss=default_loss(task), task=task, name=cfg.model.name,
+    net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
+    return Parts(model=net, train_data=train_data, eval_data=eval_data,
+                 loss=default_loss(task), task=task, name=cfg.model.name, classes=classes,
                  optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay))
 
 

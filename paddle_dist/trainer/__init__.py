@@ -28,10 +28,11 @@ from ..errors import ConfigError
 from ..schedule import LrPolicy
 from ..sync import GradSync, PeerFailure
 from . import hapi, loop
-from .common import (Parts, Position, Result, Session, default_loss, make_optimizer,
+from .common import (Parts, Position, Result, Session, default_loss, evaluate, make_optimizer,
                      optimizer_factory, steps_per_epoch, total_steps)
 
 TRAINERS = {"loop": loop, "hapi": hapi}
+IMAGE_DATA = ("mnist", "cifar10", "imagefolder")     # what paddle_dist.export knows how to feed
 
 
 def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
@@ -77,6 +78,8 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
     if env.is_main:
         # Without its run_dir, the saved config repeats the run into a new directory.
         configlib.dump(configlib.replace_key(cfg, "output.run_dir", ""), run_dir / "config.yaml")
+        if parts.classes:
+            (run_dir / "classes.json").write_text(json.dumps(parts.classes))
     monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running():
         try:
@@ -95,6 +98,9 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
     if env.is_main:
         _write_metrics(run_dir, result, cfg, env)
         _summary(log, result, run_dir)
+        built_in = parts.name in configlib.MODEL_TASKS       # not a fit() of the user's own model
+        if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
+            log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
     return result
 
 
@@ -106,6 +112,9 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     grad_sync.attach(optimizer)
     digest = configlib.config_hash(cfg.to_dict())
     start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    if configlib.evaluates_only(cfg):
+        grad_sync.close()
+        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed)
     micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                             cfg.train.drop_last)
     per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
@@ -140,6 +149,21 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     return result
 
 
+def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Position,
+                   checkpoint_path: str) -> Result:
+    """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
+    if parts.eval_data is None:
+        raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
+    log.info(f"paddle_dist: evaluating {checkpoint_path} on {len(parts.eval_data)} test samples "
+             f"with {env.world_size} rank(s); nothing is trained")
+    found = evaluate(parts.model, parts.eval_data, parts.loss, parts.task, env,
+                     cfg.train.eval_batch_size, monitor.beat, monitor.phase, cfg.data.batched)
+    metrics = {"epoch": at.epoch, **{f"eval_{k}": v for k, v in found.items()}}
+    result = Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
+    log.info("evaluated: " + ", ".join(f"{k[5:]} {v:.6g}" for k, v in metrics.items() if k.startswith("eval_")))
+    return result
+
+
 def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int, log) -> Optional[LrPolicy]:
     """The lr policy when it changes anything (else the optimizer keeps its own rate)."""
     base = float(optimizer.get_lr())
@@ -167,7 +191,9 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     if state is None:
         return Position(), [], None
     path = state.path
-    checkpoint.check_compatible(state, env.world_size, parts.name, parts.model)
+    # Evaluating needs the weights only: any number of ranks may read them.
+    world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
+    checkpoint.check_compatible(state, world, parts.name, parts.model)
     checkpoint.restore(state, parts.model, optimizer, rng=True)
     meta = state.meta
     if meta.get("config_hash") not in (None, digest):
@@ -194,6 +220,8 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
         "api": cfg.train.api,
         "history": result.history,
     }
+    if configlib.evaluates_only(cfg):
+        metrics.update(eval_only=True, checkpoint=result.resumed_from)
     path = Path(run_dir) / "metrics.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(metrics, indent=1))

@@ -34,6 +34,7 @@ class Parts:
     optimizer: Union[paddle.optimizer.Optimizer, Callable]
     task: str = "classification"      # classification (accuracy) | regression (loss only)
     name: str = ""                    # model name recorded in checkpoints
+    classes: Optional[List[str]] = None   # class names, saved in <run>/classes.json
 
 
 @dataclass

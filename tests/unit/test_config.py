@@ -210,7 +210,7 @@ def test_value_outside_the_choices_is_an_error(item, key):
 
 
 @pytest.mark.parametrize("item, key", [
-    ("train.epochs=0", "train.epochs"),
+    ("train.epochs=-1", "train.epochs"),
     ("train.batch_size=-1", "train.batch_size"),
     ("dist.nprocs=0", "dist.nprocs"),
     ("checkpoint.keep_last=-1", "checkpoint.keep_last"),

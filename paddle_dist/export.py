@@ -1,0 +1,211 @@
+"""From a trained run to an inference model: `python -m paddle_dist.export RUN_OR_CHECKPOINT`.
+
+Writes, with `paddle.jit.save`, a static inference model for Paddle Inference (C++ or
+Python) and FastDeploy, and beside it `deploy.json`: what a deployer needs to feed it
+(input name and shape, layout, colour, scaling, mean and std) and to read its output
+(class names). The batch size is left dynamic. Optimizer state is not exported.
+
+    <out>/model.json        the program (Paddle 3's PIR format)
+    <out>/model.pdiparams   the weights
+    <out>/deploy.json       input and preprocessing, class names, where it came from
+
+Which weights: of a run directory, `best/` when it has one, else its latest checkpoint; or
+exactly the checkpoint (a ckpt_* directory, or a checkpoints/ or best/ root) given. The
+model and data come from the run's config.yaml (`-c` for a checkpoint kept elsewhere).
+
+For your own model, the Python API does the same (this module is callable):
+    paddle_dist.export(net, [InputSpec([None, 3, 64, 64], "float32", "image")], "out/")
+
+`python -m paddle_dist.checkpoint export RUN model.pdparams` is the other way out of a run:
+the weights alone, for `paddle.load` and `set_state_dict` in Python.
+
+Example:
+    $ python -m paddle_dist.export runs/mnist_lenet-20261123-061500
+    paddle_dist: exported runs/mnist_lenet-20261123-061500/best/ckpt_000000315 to runs/mnist_lenet-20261123-061500/export
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import types
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import config as configlib
+from .errors import UserError
+
+PROG = "python -m paddle_dist.export"
+DEPLOY_FILE = "deploy.json"
+MODEL_PREFIX = "model"
+INPUT_NAME = "image"
+
+
+def export(net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None) -> Path:
+    """Save `net` for inference in directory `out` (which must not exist yet, or be empty):
+    model.json and model.pdiparams from paddle.jit.save, and deploy.json holding `info`
+    plus the input spec. Written under a temporary name and renamed: a failure leaves
+    nothing behind.
+
+    Example:
+        export(net, [paddle.static.InputSpec([None, 1, 28, 28], "float32", "image")], "out")
+    """
+    import paddle
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists; choose another output directory or remove it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir()
+    except OSError as exc:
+        raise UserError(f"cannot write to {out} ({exc.strerror or exc}); choose a writable directory") from None
+    try:
+        was_training = net.training
+        net.eval()
+        try:
+            paddle.jit.save(net, str(tmp / MODEL_PREFIX), input_spec=list(input_spec))
+        finally:
+            if was_training:
+                net.train()
+        inputs = [{"name": spec.name, "shape": [-1 if d is None else int(d) for d in spec.shape],
+                   "dtype": str(spec.dtype).replace("paddle.", "")} for spec in input_spec]
+        deploy = {"format": 1, "model_file": f"{MODEL_PREFIX}.json",
+                  "params_file": f"{MODEL_PREFIX}.pdiparams", "inputs": inputs, **(info or {})}
+        (tmp / DEPLOY_FILE).write_text(json.dumps(deploy, indent=1))
+        if out.exists():
+            out.rmdir()              # empty, checked above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def preprocessing(cfg: configlib.Config, classes: Optional[List[str]] = None) -> Dict[str, Any]:
+    """How an image becomes the model's input for this config's data (deploy.json's
+    "preprocess"), and the class names (`classes`: an image folder's): what the training
+    data pipeline does, written down. predict.load_images follows it.
+
+    Example:
+        preprocessing(configlib.load("mnist_lenet"))["preprocess"]["mean"]   # [0.1307]
+    """
+    from . import cifar, data, imagefolder, models
+
+    name = cfg.data.name
+    if name == "mnist":
+        pre = {"color": "L", "height": 28, "width": 28, "mean": [data.MNIST_MEAN], "std": [data.MNIST_STD]}
+        classes = [str(d) for d in range(10)]
+    elif name == "cifar10":
+        pre = {"color": "RGB", "height": 32, "width": 32, "mean": list(cifar.MEAN), "std": list(cifar.STD)}
+        classes = list(cifar.LABEL_NAMES)
+    elif name == "imagefolder":
+        size = cfg.data.image_size
+        pre = {"color": "RGB", "height": size, "width": size,
+               "mean": list(imagefolder.parse_floats(cfg.data.mean, "data.mean")),
+               "std": list(imagefolder.parse_floats(cfg.data.std, "data.std"))}
+    elif name == "synthetic":
+        shape = models.input_shape(cfg.model.name)
+        return {"input_shape": list(shape), "classes": [str(c) for c in range(10)], "preprocess": None}
+    else:
+        return {"input_shape": list(models.input_shape(cfg.model.name)), "classes": None, "preprocess": None}
+    channels = 1 if pre["color"] == "L" else 3
+    pre.update(layout="NCHW", scale=1 / 255,
+               resize="shorter side to height (bilinear), then the centre crop of height x width")
+    return {"input_shape": [channels, pre["height"], pre["width"]], "classes": classes, "preprocess": pre}
+
+
+def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] = None) -> Path:
+    """Export a run's (or one checkpoint's) weights; returns the output directory."""
+    from paddle.static import InputSpec
+
+    from . import checkpoint, models
+
+    checkpoint_dir, run_dir = _locate(Path(target))
+    cfg_path = Path(config) if config else run_dir / "config.yaml" if run_dir else None
+    if cfg_path is None or not (config or cfg_path.is_file()):
+        raise UserError(f"no config.yaml beside checkpoint {checkpoint_dir}; give the run's config with -c")
+    cfg = configlib.load(str(cfg_path))
+    classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
+    net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
+    state = checkpoint.load(checkpoint_dir)
+    checkpoint.restore(state, net, rng=False)
+    info = preprocessing(cfg, classes)
+    spec = InputSpec([None, *info.pop("input_shape")], "float32", INPUT_NAME)
+    info = {"model": cfg.model.name, "task": models.task_of(cfg.model.name), **info,
+            "checkpoint": str(checkpoint_dir.resolve()), "global_step": state.meta.get("global_step"),
+            "eval_accuracy": (state.meta.get("history") or [{}])[-1].get("eval_accuracy")}
+    out = Path(out) if out else (run_dir or checkpoint_dir) / "export"
+    return export(net, [spec], out, info)
+
+
+def _classes(run_dir: Optional[Path]) -> List[str]:
+    """An image-folder run's class names (<run>/classes.json, written when it started)."""
+    try:
+        return json.loads((run_dir / "classes.json").read_text())
+    except (OSError, ValueError, TypeError):
+        raise UserError(f"no classes.json in run {run_dir}; export the run directory of an "
+                        "imagefolder run (it records its class names there)") from None
+
+
+def _locate(target: Path):
+    """(checkpoint directory, run directory or None) for a run, a checkpoints root or one
+    checkpoint. A run's best/ comes first."""
+    from .checkpoint import CheckpointError, latest, resolve_resume
+
+    if not target.exists():
+        raise UserError(f"{target} not found; give a run directory (runs/<name>-<time>) or a checkpoint")
+    if (target / "config.yaml").is_file():          # a run
+        found = latest(target / "best") or latest(target / "checkpoints")
+        if found is None:
+            raise UserError(f"run {target} has no checkpoint yet (no best/ nor checkpoints/); "
+                            "train it first, or give a checkpoint directory")
+        return found, target
+    try:
+        found = resolve_resume(str(target), target)
+    except CheckpointError:
+        raise UserError(f"no checkpoint in {target}; give a run directory, or a checkpoint "
+                        "(ckpt_*, or a checkpoints/ or best/ directory)") from None
+    parent = found.parent if found.parent.name in ("checkpoints", "best") else None
+    run_dir = parent.parent if parent is not None and (parent.parent / "config.yaml").is_file() else None
+    return found, run_dir
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="a run directory, or a checkpoint (ckpt_*, checkpoints/, best/)")
+    parser.add_argument("--out", help="output directory (default: <run>/export); must not exist yet")
+    parser.add_argument("-c", "--config", help="the config the checkpoint was trained with "
+                                               "(default: the run's config.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        from .runtime import quiet_paddle
+
+        with quiet_paddle():
+            out = export_run(Path(args.target), Path(args.out) if args.out else None, args.config)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    deploy = json.loads((out / DEPLOY_FILE).read_text())
+    print(f"paddle_dist: exported {deploy['checkpoint']} to {out}")
+    print(f"  predict with: python -m paddle_dist.predict {out} IMAGE...")
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """`paddle_dist.export(net, input_spec, out)` calls export() while
+    `python -m paddle_dist.export` runs main(): one name for both."""
+
+    def __call__(self, net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None) -> Path:
+        return export(net, input_spec, out, info)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    sys.exit(main())

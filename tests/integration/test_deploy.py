@@ -1,0 +1,190 @@
+"""From a trained run to use: export, predict, evaluation only, and image folders.
+
+One trained demo run (LeNet on the bundled MNIST, 2 ranks) is shared by the tests of this
+module; every command runs as a real process on real files.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+from PIL import Image
+
+from paddle_dist import checkpoint, export as export_module, models
+from paddle_dist.data import mnist_dataset
+from paddle_dist.idx import load_mnist
+
+from .procs import check, run
+
+TRAIN = ["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy")
+    result = check(run(TRAIN + ["-o", f"output.root={root / 'runs'}"]))
+    [run_dir] = _runs(root / "runs")
+    assert f"to deploy it: python -m paddle_dist.export {run_dir}" in result.stdout + result.stderr
+    return run_dir
+
+
+def _runs(root):
+    return [d for d in root.iterdir() if d.is_dir()]
+
+
+def _snapshot(folder):
+    """Every file under `folder` with its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+def _dygraph(checkpoint_dir, name="lenet", num_classes=0):
+    net = models.build(name, num_classes)
+    checkpoint.restore(checkpoint.load(checkpoint_dir), net, rng=False)
+    net.eval()
+    return net
+
+
+def test_export_then_predict_gives_the_models_own_answers(demo_run, tmp_path):
+    exported = check(run(["-m", "paddle_dist.export", str(demo_run)]))
+    out = demo_run / "export"
+    assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "model.json", "model.pdiparams"]
+    deploy = json.loads((out / "deploy.json").read_text())
+    best = demo_run / "best" / (demo_run / "best" / "latest").read_text().strip()
+    assert deploy["checkpoint"] == str(best.resolve())                 # best/ first
+    assert deploy["inputs"] == [{"name": "image", "shape": [-1, 1, 28, 28], "dtype": "float32"}]
+    assert deploy["classes"] == [str(d) for d in range(10)]
+    assert deploy["preprocess"]["mean"] == [0.1307] and deploy["preprocess"]["color"] == "L"
+    assert f"python -m paddle_dist.predict {out}" in exported.stdout
+    # 20 bundled test digits as PNG files, as a user would have them.
+    images, labels = load_mnist("", "test")
+    paths = []
+    for i in range(20):
+        paths.append(str(tmp_path / f"digit{i}.png"))
+        Image.fromarray(images[i]).save(paths[-1])
+    predicted = json.loads(check(run(["-m", "paddle_dist.predict", str(out), *paths, "--json", "-k", "2"])).stdout)
+    assert [p["image"] for p in predicted] == paths and all(len(p["top"]) == 2 for p in predicted)
+    top = np.array([p["top"][0]["index"] for p in predicted])
+    # The same weights in dygraph, on the training pipeline's inputs: the same answers.
+    with paddle.no_grad():
+        logits = _dygraph(best)(paddle.to_tensor(mnist_dataset("", "test").x[:20])).numpy()
+    assert (top == logits.argmax(axis=1)).all()
+    probability = np.exp(logits - logits.max(1, keepdims=True))
+    probability /= probability.sum(1, keepdims=True)
+    assert abs(predicted[0]["top"][0]["probability"] - probability[0].max()) < 1e-4
+    # 20 samples of a run with test accuracy p: right within 3 standard deviations.
+    p = deploy["eval_accuracy"]
+    assert abs((top == labels[:20]).mean() - p) <= 3 * math.sqrt(p * (1 - p) / 20) + 0.05
+    lines = check(run(["-m", "paddle_dist.predict", str(out), paths[0], "-k", "2"])).stdout.splitlines()
+    assert lines == [f"{paths[0]}: " + ", ".join(f"{t['class']} ({t['probability']:.3f})"
+                                                   for t in predicted[0]["top"])]
+
+
+def test_bad_input_is_one_line_and_exit_2_and_nothing_is_lost(demo_run, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = {
+        "not found": ["-m", "paddle_dist.export", str(tmp_path / "nowhere")],
+        "already exists": ["-m", "paddle_dist.export", str(demo_run), "--out", str(taken)],
+        "cannot write": ["-m", "paddle_dist.export", str(demo_run), "--out", str(a_file / "out")],
+        "does not fit this model": ["-m", "paddle_dist.export", str(demo_run / "checkpoints"),
+                                    "-c", "configs/mnist_mlp.yaml", "--out", str(tmp_path / "o")],
+        "no readable deploy.json": ["-m", "paddle_dist.predict", str(tmp_path), str(a_file)],
+        "cannot read image": ["-m", "paddle_dist.predict", str(demo_run / "export"), str(a_file)],
+    }
+    if not (demo_run / "export").exists():
+        check(run(["-m", "paddle_dist.export", str(demo_run)]))
+    for words, argv in cases.items():
+        result = run(argv, timeout=120)
+        err = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(err) == 1 and words in err[0], (argv, result.stderr)
+    assert (taken / "keep.txt").read_text() == "mine" and a_file.read_text() == "x"
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
+
+
+def test_the_python_api_exports_a_users_own_model(tmp_path):
+    net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(12, 3))
+    spec = [paddle.static.InputSpec([None, 3, 2, 2], "float32", "x")]
+    out = export_module(net, spec, tmp_path / "mine", info={"classes": ["a", "b", "c"]})
+    deploy = json.loads((out / "deploy.json").read_text())
+    assert deploy["inputs"][0]["shape"] == [-1, 3, 2, 2] and deploy["classes"] == ["a", "b", "c"]
+    loaded = paddle.jit.load(str(out / "model"))
+    x = paddle.rand([5, 3, 2, 2])
+    assert np.allclose(loaded(x).numpy(), net(x).numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("how", [["--eval-only", "-o", "dist.nprocs=2"], ["-o", "train.epochs=0"]])
+def test_evaluate_only_scores_a_checkpoint_and_changes_nothing(demo_run, tmp_path, how):
+    before = _snapshot(demo_run)
+    trained = json.loads((demo_run / "metrics.json").read_text())
+    result = check(run(["train.py", *how, "-o", f"checkpoint.resume={demo_run / 'checkpoints'}",
+                        "-o", f"output.root={tmp_path}"]))
+    [eval_dir] = _runs(tmp_path)
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    # The last checkpoint holds the final weights: the same score, counted exactly once.
+    assert metrics["test_accuracy"] == trained["test_accuracy"] and metrics["test_samples"] == 1000
+    assert metrics["eval_only"] and metrics["checkpoint"].endswith(f"ckpt_{trained['steps']:09d}")
+    assert not (eval_dir / "checkpoints").exists() and "nothing is trained" in result.stdout + result.stderr
+    assert _snapshot(demo_run) == before
+
+
+def _image_tree(root, sizes=((20, 24), (24, 20))):
+    """3 colour classes of small noisy PNG and JPEG images: 12 per class to train on, 4 to
+    evaluate."""
+    rng = np.random.default_rng(0)
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    for split, count in (("train", 12), ("val", 4)):
+        for name, colour in colours.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                h, w = sizes[i % 2]
+                pixels = np.clip(np.array(colour) + rng.normal(0, 40, (h, w, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / (f"{i}.png" if i % 2 else f"{i}.jpg"), quality=95)
+    return root
+
+
+def test_an_image_folder_trains_exports_and_predicts(tmp_path):
+    tree = _image_tree(tmp_path / "shapes")
+    runs = tmp_path / "runs"
+    check(run(["train.py", "-o", "dist.nprocs=2", "-o", "data.name=imagefolder", "-o", f"data.root={tree}",
+               "-o", "model.name=resnet18", "-o", "data.image_size=16", "-o", "train.batch_size=6",
+               "-o", "train.epochs=2", "-o", "train.api=hapi", "-o", "output.name=shapes",
+               "-o", f"output.root={runs}"], timeout=240))
+    [run_dir] = _runs(runs)
+    assert json.loads((run_dir / "classes.json").read_text()) == ["blue", "green", "red"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["test_samples"] == 12 and metrics["world_size"] == 2     # every val image, once
+    digests = {json.loads((run_dir / "status" / f"rank{r}.json").read_text())["weights_sha256"] for r in (0, 1)}
+    assert len(digests) == 1
+    check(run(["-m", "paddle_dist.export", str(run_dir)]))
+    deploy = json.loads((run_dir / "export" / "deploy.json").read_text())
+    assert deploy["classes"] == ["blue", "green", "red"] and deploy["inputs"][0]["shape"] == [-1, 3, 16, 16]
+    paths = sorted(str(p) for p in (tree / "val").rglob("*.*"))
+    predicted = json.loads(check(run(["-m", "paddle_dist.predict", str(run_dir / "export"), *paths,
+                                      "--json"])).stdout)
+    # The dygraph model on the training pipeline's own val batches (its decoding, resizing
+    # and normalisation; the same order: class, then file) gives the same answers.
+    from paddle_dist import config, data
+
+    _, val, classes = data.imagefolder_datasets(config.load(str(run_dir / "config.yaml")))
+    assert [classes.index(Path(p).parent.name) for p in paths] == val.labels.ravel().tolist()
+    with paddle.no_grad():
+        logits = _dygraph(deploy["checkpoint"], "resnet18", 3)(paddle.to_tensor(val.batch(range(12))[0]))
+    assert [p["top"][0]["index"] for p in predicted] == logits.numpy().argmax(1).tolist()
+
+
+def test_an_unusable_image_folder_is_one_line_and_exit_2(tmp_path):
+    tree = _image_tree(tmp_path / "shapes")
+    (tree / "train" / "purple").mkdir()
+    result = run(["train.py", "-o", "dist.nprocs=2", "-o", "data.name=imagefolder", "-o", f"data.root={tree}",
+                  "-o", "model.name=resnet18", "-o", f"output.root={tmp_path / 'runs'}"], timeout=120)
+    err = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(err) == 1, result.stderr
+    assert f"class folder {tree / 'train' / 'purple'} holds no images" in err[0]
+    assert not (tmp_path / "runs").exists()
