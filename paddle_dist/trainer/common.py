@@ -274,8 +274,16 @@ class Session:
             self._stop_for_preemption()
         every = self.cfg.checkpoint.every_steps
         if every and self.pos.global_step % every == 0 and not self.done:
-            self.save(self.pos)
+            self._save_mid_epoch()
         return self.done
+
+    def _save_mid_epoch(self) -> None:
+        """A checkpoint holds one model, so first the ranks' BatchNorm statistics are
+        averaged, as at each epoch's end: every rank resumes from what it would have had
+        (the statistics are running averages, linear in their updates, so averaging them
+        now or only at the epoch's end gives the same numbers there)."""
+        average_buffers(self.parts.model, self.env, self.monitor.phase)
+        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step))
 
     def end_epoch(self, epoch: int) -> Dict[str, Any]:
         """Global train loss, exact evaluation, history, epoch-end checkpoint."""
@@ -334,7 +342,7 @@ class Session:
         self.progress.log.info(f"{what} for step {at.global_step} is being written")
 
     def _stop_for_preemption(self) -> None:
-        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step))
+        self._save_mid_epoch()
         self.saver.wait()
         self.progress.log.info(f"stop requested: checkpoint saved at step {self.pos.global_step}; "
                                "exiting so the job can be requeued")

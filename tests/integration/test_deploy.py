@@ -149,14 +149,25 @@ def _image_tree(root, sizes=((20, 24), (24, 20))):
     return root
 
 
-def test_an_image_folder_trains_exports_and_predicts(tmp_path):
+def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     tree = _image_tree(tmp_path / "shapes")
+    job = ["train.py", "-o", "dist.nprocs=2", "-o", "data.name=imagefolder", "-o", f"data.root={tree}",
+           "-o", "model.name=resnet18", "-o", "data.image_size=16", "-o", "train.batch_size=6",
+           "-o", "train.epochs=2", "-o", "train.api=hapi", "-o", "output.name=shapes",
+           "-o", "checkpoint.every_steps=2"]
     runs = tmp_path / "runs"
-    check(run(["train.py", "-o", "dist.nprocs=2", "-o", "data.name=imagefolder", "-o", f"data.root={tree}",
-               "-o", "model.name=resnet18", "-o", "data.image_size=16", "-o", "train.batch_size=6",
-               "-o", "train.epochs=2", "-o", "train.api=hapi", "-o", "output.name=shapes",
-               "-o", f"output.root={runs}"], timeout=240))
+    check(run(job + ["-o", f"output.root={runs}"], timeout=240))
     [run_dir] = _runs(runs)
+    # Interrupted at step 4 of 6, then the same command: the uninterrupted run's weights.
+    again = tmp_path / "again"
+    failed = run(job + ["-o", f"output.root={again}", "-o", "faults.inject=raise:1:4"], timeout=240)
+    assert failed.returncode == 1, failed.stderr
+    resumed = check(run(job + ["-o", f"output.root={again}"], timeout=240))
+    assert "continuing the unfinished run" in resumed.stdout
+    [resumed_dir] = _runs(again)
+    final = [dict(np.load(d / "checkpoints" / (d / "checkpoints" / "latest").read_text().strip() / "model.npz"))
+             for d in (run_dir, resumed_dir)]
+    assert max(float(np.abs(final[0][k] - final[1][k]).max()) for k in final[0]) <= 1e-6
     assert json.loads((run_dir / "classes.json").read_text()) == ["blue", "green", "red"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["test_samples"] == 12 and metrics["world_size"] == 2     # every val image, once
