@@ -141,7 +141,7 @@ def _finish(proc, killer, lines):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
-    return "".join(lines) + out, err
+    return "".join(lines) + (out or ""), err
 
 
 # The stop flag: with the gradients (fused: the one exchange; overlap: the first bucket,
@@ -203,13 +203,8 @@ def _kill_rank_1_after_a_checkpoint(args, root):
             time.sleep(0.01)    # polling for a file: the job's own progress is the event
         run_dir = next(root.glob("*/checkpoints/latest")).parent.parent
         os.kill(_status(run_dir, 1)["pid"], signal.SIGKILL)
-        err = proc.communicate(timeout=120)[1]
     finally:
-        killer.cancel()
-        left = settled_session(proc.pid)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+        err = _finish(proc, killer, [])[1]
     return proc.returncode, err, run_dir
 
 
