@@ -13,26 +13,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import shlex
-import traceback
 
 from . import config as configlib
 from . import env as envlib
 from . import amp, cifar, faults, idx, launcher, netcheck, preflight, rundir
 from .errors import UserError
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad option is one line on stderr (exit 2) like every other usage error."""
-
-    def error(self, message):
-        raise UserError(f"{self.prog}: {message} (see --help)")
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", default=None,
-                        help="YAML config: a path or a name from configs/ (default: mnist_lenet)")
-    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. -o train.api=hapi (repeatable)")
+from .options import ArgParser, add_config_options, run
 
 
 def _eval_only(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +52,8 @@ def _load(args, extra: List[str] = ()) -> configlib.Config:
 
 def train_main(argv: Optional[List[str]] = None) -> int:
     """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
-    parser = _Parser(prog="train.py", description=__doc__.splitlines()[0])
-    _common(parser)
+    parser = ArgParser(prog="train.py", description=__doc__.splitlines()[0])
+    add_config_options(parser)
     _eval_only(parser)
     hand = parser.add_argument_group("a rank started by hand, one process per command (tcp:// style)")
     hand.add_argument("--master", help="rank 0's host:port, the same for every rank")
@@ -83,8 +69,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
 
 def spawn_main(argv: Optional[List[str]] = None) -> int:
     """tools/spawn_train.py: the same job through `paddle.distributed.spawn`."""
-    parser = _Parser(prog="spawn_train.py", description="Train through paddle.distributed.spawn.")
-    _common(parser)
+    parser = ArgParser(prog="spawn_train.py", description="Train through paddle.distributed.spawn.")
+    add_config_options(parser)
     _eval_only(parser)
     _devices(parser)
     cfg = _load(parser.parse_args(argv), ["dist.launcher=spawn"])
@@ -196,11 +182,11 @@ def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
 
 def launch_main(argv: Optional[List[str]] = None) -> int:
     """`python -m paddle_dist.launch`: run any Paddle script data-parallel."""
-    parser = _Parser(
+    parser = ArgParser(
         prog="python -m paddle_dist.launch",
         description="Run a Paddle training script on N processes with paddle_dist's device "
                     "selection and NCCL settings (the script calls init_parallel_env itself).")
-    _common(parser)
+    add_config_options(parser)
     _devices(parser)
     parser.add_argument("--log_dir", default="log",
                         help="where Paddle's launcher writes every rank's output (default: log)")
@@ -224,30 +210,6 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
 
 def _warn(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def rank_exit_code(exc: BaseException) -> int:
-    """Say how a command or rank ended, in one place: a user error is one line; a peer's
-    failure and a stop request were logged by the trainer already; anything else gets its
-    traceback. Returns the exit code (faults.EXIT_*)."""
-    if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) else 1
-    code = faults.exit_code_of(exc)
-    if isinstance(exc, UserError):
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-    elif code not in (faults.EXIT_PEER, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
-        traceback.print_exception(exc)
-        sys.stderr.flush()
-    return code
-
-
-def run(main, argv: Optional[List[str]] = None) -> None:
-    """Run a command and exit with its code (see rank_exit_code for failures)."""
-    try:
-        code = main(argv)
-    except BaseException as exc:  # noqa: BLE001 - every ending becomes an exit code
-        code = rank_exit_code(exc)
-    sys.exit(code)
 
 
 def launch_entry() -> None:

@@ -234,16 +234,16 @@ def _text(value: Any) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     """`python -m paddle_dist.doctor [--json] [--check [-c CONFIG] [-o KEY=VALUE ...]]`.
     Exit 0 when fine (warnings allowed), 1 when the pre-flight found an error."""
-    from . import cli
     from . import config as configlib
+    from .options import ArgParser, add_config_options
 
-    parser = cli._Parser(prog="python -m paddle_dist.doctor",
+    parser = ArgParser(prog="python -m paddle_dist.doctor",
                          description="Print this machine's environment for a bug report, and "
                                      "check a config against it (--check).")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--check", action="store_true",
                         help="also run the pre-flight check for the config (-c, -o)")
-    cli._common(parser)
+    add_config_options(parser)
     args = parser.parse_args(argv)
     if not args.check and (args.config or args.override):
         raise UserError("-c/-o only apply to the pre-flight check; add --check")
@@ -282,7 +282,7 @@ def _print(data: Dict[str, Any], problems: List[Problem], as_json: bool, checked
 
 
 if __name__ == "__main__":
-    from .cli import run
+    from .options import run
 
     run(main)
 

@@ -52,7 +52,7 @@ def main(cfg) -> trainer.Result:
 def spawn_entry(cfg_dict) -> None:
     """Target of `paddle.distributed.spawn`: the config arrives as a plain dict. Exits with
     paddle_dist's codes (spawn's wrapper would turn every exception into exit 1)."""
-    from .cli import rank_exit_code
+    from .options import rank_exit_code
 
     try:
         main(configlib.from_dict(cfg_dict))

@@ -47,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 

@@ -11,7 +11,6 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, needs_mpirun, run

@@ -297,7 +297,7 @@ def test_async_saver_writes_off_the_calling_thread_one_at_a_time(tmp_path, one_s
         assert release.wait(timeout=60)
         return real_write(root, snap, keep_last)
 
-    monkeypatch.setattr(ck, "write", slow_write)
+    monkeypatch.setattr(ck.io, "write", slow_write)          # what the saver calls
     saver = ck.AsyncSaver()
     saver.submit(tmp_path, ck.snapshot(net, opt, meta(1)), keep_last=0)
     assert ck.latest(tmp_path) is None                # submit returned; the write is blocked

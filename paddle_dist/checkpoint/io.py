@@ -1,0 +1,366 @@
+"""Writing and reading checkpoints: a snapshot on the training thread, the slow disk work
+in the background (AsyncSaver), atomic writes, `latest`, and loading without unpickling.
+
+Saving comes in two halves so that rank 0 never keeps the other ranks waiting inside a
+collective (gloo gives up after a fixed 30 s) while it writes: `snapshot()` copies the
+state to numpy on the training thread (fast) and `write()` does the slow disk work. A
+checkpoint is written under a temporary name, fsynced and renamed into place, so a crash
+mid-save leaves the previous one intact and `latest` always names a whole one.
+
+Example:
+    saver = AsyncSaver()
+    saver.submit(run_dir / "checkpoints", snapshot(net, opt, meta), keep_last=3)
+    saver.wait()                            # re-raises a failed write
+    state = load(run_dir / "checkpoints")   # the newest
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import paddle
+
+from .format import (FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
+                     _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
+                     capture_rng)
+
+
+def snapshot(model, optimizer, meta: Dict[str, Any]) -> Snapshot:
+    """Copy model, optimizer, RNG states and meta out of Paddle now, on the training thread.
+
+    `meta` needs global_step, epoch (0-based, the epoch in progress), step_in_epoch
+    (optimizer steps done in it), world_size and model; more JSON keys may follow.
+
+    Example:
+        snap = snapshot(net, opt, {"global_step": 120, "epoch": 1, "step_in_epoch": 20,
+                                   "world_size": 2, "model": "mlp"})
+    """
+    meta = _checked_meta(meta)
+    opt_arrays, opt_scalars = _flatten(optimizer.state_dict())
+    rng_arrays, rng_info = capture_rng()
+    return Snapshot(model=_to_numpy(model.state_dict()), optimizer=opt_arrays,
+                    optimizer_scalars=_json_copy(opt_scalars, "optimizer state"),
+                    rng=rng_arrays, rng_info=rng_info, meta=meta)
+
+
+def write(root: Path, snap: Snapshot, keep_last: int = 3) -> Path:
+    """Write `snap` as root/ckpt_<global_step>, point `latest` at it, keep the newest
+    `keep_last` (0 = all). Never touches Paddle, so it is safe in a background thread.
+
+    Example:
+        path = write(run_dir / "checkpoints", snapshot(net, opt, meta), keep_last=3)
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / snap.name
+    tmp = root / f".{final.name}.tmp-{_unique()}"
+    tmp.mkdir()
+    try:
+        _write_files(tmp, snap)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _put_in_place(tmp, final)
+    _write_atomic(root / LATEST, final.name)
+    _prune(root, keep_last, final.name)
+    _sweep(root, snap.meta["global_step"])
+    return final
+
+
+def save(root: Path, model, optimizer, meta: Dict[str, Any], keep_last: int = 3) -> Path:
+    """snapshot() and write() in one go, on the calling thread.
+
+    Example:
+        path = save(run_dir / "checkpoints", net, opt, meta, keep_last=3)
+    """
+    return write(root, snapshot(model, optimizer, meta), keep_last)
+
+
+class AsyncSaver:
+    """Writes snapshots in a background thread while training goes on.
+
+    Why: rank 0 must never keep the other ranks waiting inside a collective (gloo gives
+    up after a fixed 30 s) while it writes a big checkpoint. So `submit` never waits: if
+    a write is still running, the new snapshot waits its turn, and a newer one for the
+    same root replaces it (at most one snapshot per root is held besides the one being
+    written). Call it from one thread.
+
+    Example:
+        saver = AsyncSaver()
+        saver.submit(root, snapshot(net, opt, meta), keep_last=3)
+        ...                 # train on
+        saver.close()       # waits for every write; re-raises an error of one
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._pending: Dict[Path, tuple] = {}      # root -> its newest queued write, in order
+        self._error: Optional[BaseException] = None
+        self._path: Optional[Path] = None
+
+    def submit(self, root: Path, snap: Snapshot, keep_last: int = 3,
+               before_write: Optional[Callable[[], None]] = None) -> None:
+        """Queue `snap` for writing (`before_write` runs first, in the writer thread). If
+        an earlier write failed, its error is raised here and `snap` is not written."""
+        self._raise_error()
+        with self._lock:
+            self._pending.pop(Path(root), None)         # the newer snapshot goes last
+            self._pending[Path(root)] = (Path(root), snap, keep_last, before_write)
+            if self._thread is None:
+                # Not a daemon: if training dies, the interpreter still finishes the write.
+                self._thread = threading.Thread(target=self._drain, name="paddle_dist-checkpoint")
+                self._thread.start()
+
+    def wait(self) -> Optional[Path]:
+        """Block until every queued write is done; return the last path, or re-raise."""
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                break
+            thread.join()
+        self._raise_error()
+        return self._path
+
+    def close(self) -> None:
+        """Same as wait(): call it before the process ends."""
+        self.wait()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                job = self._pending.pop(next(iter(self._pending))) if self._pending else None
+                if job is None or self._error is not None:
+                    self._thread = None
+                    return
+            root, snap, keep_last, before_write = job
+            try:
+                if before_write is not None:
+                    before_write()
+                self._path = write(root, snap, keep_last)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                self._error = exc
+
+
+def _write_files(folder: Path, snap: Snapshot) -> None:
+    _save_npz(folder / "model.npz", snap.model)
+    _save_npz(folder / "optimizer.npz", snap.optimizer)
+    _save_npz(folder / "rng.npz", snap.rng)
+    info = dict(snap.meta, format=FORMAT, optimizer_scalars=snap.optimizer_scalars,
+                rng=snap.rng_info)
+    _write_synced(folder / "meta.json", json.dumps(info, indent=1, sort_keys=True))
+    _fsync_dir(folder)
+
+
+def _put_in_place(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`. The same step saved again moves the old copy aside first
+    (a directory cannot be renamed over a full one) and deletes it only afterwards."""
+    aside = None
+    if final.exists():
+        aside = final.with_name(f".{final.name}.old-{_unique()}")
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)      # the rename is durable before `latest` names it
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _prune(root: Path, keep_last: int, current: str) -> None:
+    """Delete all but the newest `keep_last` checkpoints, never the one just written."""
+    if keep_last < 1:
+        return
+    for old in _checkpoint_dirs(root)[:-keep_last]:
+        if old.name == current:
+            continue
+        doomed = old.with_name(f".{old.name}.del-{_unique()}")
+        try:
+            os.replace(old, doomed)   # gone at once: never a half-deleted ckpt_* left behind
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _sweep(root: Path, step: int) -> None:
+    """Delete the temp, set-aside and doomed copies crashed saves left for older steps.
+    None is in use: one process writes a root, one checkpoint at a time, in step order."""
+    for entry in root.iterdir():
+        found = LEFTOVER.fullmatch(entry.name)
+        if found and int(found.group(1)) < step:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _unique() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def latest(root: Path) -> Optional[Path]:
+    """The checkpoint `root/latest` names; if that is missing or gone, the newest
+    `ckpt_*` directory (a crash can land between the two renames); else None.
+
+    Example:
+        latest(run_dir / "checkpoints")   # -> .../checkpoints/ckpt_000000120
+    """
+    root = Path(root)
+    try:
+        name = (root / LATEST).read_text().strip()
+    except (OSError, ValueError):
+        name = ""
+    if name and name == Path(name).name and not name.startswith(".") and (root / name).is_dir():
+        return root / name
+    found = _checkpoint_dirs(root)
+    return found[-1] if found else None
+
+
+def load(path: Path) -> State:
+    """Read a checkpoint: a ckpt_* directory, a checkpoints root (its latest) or a run dir.
+
+    Raises CheckpointError, naming the file and the fix, for anything missing, corrupt
+    or holding pickled objects.
+
+    Example:
+        state = load("runs/x/checkpoints"); state.meta["global_step"]
+    """
+    path = _locate(Path(path))
+    meta = _read_meta(path)
+    meta.pop("format")
+    scalars, rng_info = meta.pop("optimizer_scalars", {}), meta.pop("rng", None)
+    rng = _load_npz(path / "rng.npz")
+    _check_rng(rng, rng_info, path)
+    optimizer = _unflatten(_load_npz(path / "optimizer.npz"), scalars)
+    return State(model=_load_npz(path / "model.npz"), optimizer=optimizer, meta=meta,
+                 rng_arrays=rng, rng_info=rng_info, path=path)
+
+
+def _locate(path: Path) -> Path:
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} not found; give a checkpoint directory "
+                              "(ckpt_*), a checkpoints root or a run directory")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file; give its directory")
+    if NAME.fullmatch(path.name) or (path / "meta.json").exists() or (path / "model.npz").exists():
+        return path
+    for root in (path, path / "checkpoints"):
+        found = latest(root)
+        if found is not None:
+            return found
+    raise CheckpointError(f"no checkpoint in {path}; give a checkpoint directory (ckpt_*), "
+                          "a checkpoints root or a run directory that holds some")
+
+
+def _read_meta(path: Path) -> Dict[str, Any]:
+    file = path / "meta.json"
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: meta.json is missing; {FIX}")
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {file} ({_brief(exc)}); {FIX}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{file} is not a JSON object; {FIX}")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {meta.get('format', 1)} but this "
+                              f"paddle_dist reads format {FORMAT}; {FIX}")
+    return meta
+
+
+def _load_npz(file: Path) -> Dict[str, np.ndarray]:
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {file.parent} is incomplete: {file.name} is missing; {FIX}")
+    try:
+        with open(file, "rb") as f:
+            is_zip = f.read(2) == b"PK"
+        if not is_zip:   # np.load would take any other file for a pickle
+            raise CheckpointError(f"{file} is not an npz archive (corrupt or replaced); {FIX}")
+        with np.load(file, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as exc:
+        if "pickle" not in str(exc):
+            raise CheckpointError(f"cannot read {file} ({_brief(exc)}); {FIX}") from None
+        raise CheckpointError(f"refusing to load {file}: it holds pickled Python objects, which "
+                              f"could run code; {FIX}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"cannot read {file} ({_brief(exc)}); {FIX}") from None
+
+
+def _brief(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _checkpoint_dirs(root: Path) -> List[Path]:
+    """ckpt_* directories under `root`, oldest step first."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    found = [(int(m.group(1)), p) for p in entries if (m := NAME.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def _save_npz(path: Path, arrays: Dict[str, np.ndarray]) -> None:
+    """np.savez's layout (np.load reads it), but with fixed time stamps and no pickling."""
+    with open(path, "wb") as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                entry = zipfile.ZipInfo(f"{name}.npy", date_time=ZIP_TIME)
+                with archive.open(entry, "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and new files in `path` durable (a crash could otherwise lose them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{_unique()}")
+    _write_synced(tmp, text)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def export_pdparams(path: Path, out: Path) -> Path:
+    """Write a checkpoint's weights in Paddle's own format, for `paddle.load`.
+
+    Example:
+        export_pdparams("runs/x/checkpoints", "model.pdparams")
+        net.set_state_dict(paddle.load("model.pdparams"))
+    """
+    weights = {k: paddle.to_tensor(v, place=paddle.CPUPlace()) for k, v in load(path).model.items()}
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{_unique()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        paddle.save(weights, str(tmp))
+        os.replace(tmp, out)    # a reader never sees half a file
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {out} ({_brief(exc)}); choose another output path") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
