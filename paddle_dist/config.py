@@ -1,6 +1,6 @@
 """Typed configuration: defaults -> YAML file -> `-o section.key=value` overrides.
 
-Every key has a typed default below. An unknown key or a value of the wrong type is a
+Every key has a typed default in schema.py (with the comment that explains it). An unknown key or a value of the wrong type is a
 `ConfigError` naming the key (and, for a typo, the closest valid key). Values are parsed
 with `yaml.safe_load`, never `eval`.
 
@@ -17,206 +17,15 @@ import difflib
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import yaml
 
 from .errors import ConfigError
-
-# Keys a run and its resume may differ in without training anything differently: where
-# and how the job is started, watched and written, and how long it runs. (The world
-# size, part of dist, is checked on its own when a checkpoint is loaded.)
-VOLATILE_KEYS = ("output", "checkpoint", "faults", "dist", "train.epochs", "train.max_steps",
-                 "train.log_every")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-DEFAULT_CONFIG = "mnist_lenet"
-
-
-@dataclass
-class DataConfig:
-    name: str = "mnist"            # mnist | cifar10 | imagefolder | synthetic | linear
-    root: str = ""                 # mnist: IDX directory; "" = the bundled 4,000/1,000 subset.
-                                   # cifar10: cifar-10-python.tar.gz, cifar-10-batches-py/ or
-                                   # cifar-10-batches-bin/ (or a directory holding one); "" =
-                                   # Paddle's cache (~/.cache/paddle/dataset/cifar), downloaded once
-    augment: bool = True           # training images: cifar10 random crop (4-pixel padding) + flip;
-                                   # imagefolder random flip
-    image_size: int = 32           # imagefolder: shorter side resized to this, centre-cropped square
-    mean: str = "0.485,0.456,0.406"  # imagefolder: per-channel (RGB) mean and std after scaling
-    std: str = "0.229,0.224,0.225"   # to [0, 1] (one number: every channel)
-    num_samples: int = 4096        # synthetic / linear: training samples (synthetic images
-                                   # take the model's input shape: 1x28x28, or 3x32x32 for resnets)
-    num_eval_samples: int = 1024   # synthetic / linear: evaluation samples
-    seed: int = 0                  # synthetic / linear: data generator seed
-    batched: bool = True           # in-memory datasets: gather each batch with one indexing op
-                                   # (false: paddle.io.DataLoader, per-sample __getitem__ + collate)
-
-
-@dataclass
-class ModelConfig:
-    name: str = "lenet"            # lenet | mlp | linear | resnet18 (CIFAR form: 3x3 stem, no
-                                   # max-pool) | resnet50 (paddle.vision's)
-    num_classes: int = 0           # 0 = the data's: 10, or imagefolder's class folders
-
-
-@dataclass
-class TrainConfig:
-    api: str = "loop"              # loop (manual DataParallel) | hapi (paddle.Model.fit)
-    epochs: int = 5                # 0: evaluate only (see eval_only)
-    eval_only: bool = False        # evaluate checkpoint.resume's checkpoint on the test set on
-                                   # every rank (exact counts), write metrics.json, train nothing
-    batch_size: int = 64           # per rank; the global batch is batch_size * world_size
-    eval_batch_size: int = 500     # per rank
-    optimizer: str = "adam"        # adam | sgd | momentum
-    lr: float = 0.001              # for lr_reference_batch samples per step (see lr_scaling)
-    lr_scaling: str = "none"       # linear | sqrt | none: lr x (global batch / lr_reference_batch),
-                                   # or its square root; global batch = batch_size x ranks x accumulate_steps
-    lr_reference_batch: int = 256  # the global batch `lr` was tuned for
-    warmup_epochs: float = 0.0     # ramp the lr linearly from lr/steps up to its value over these epochs
-    lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step) | step
-    lr_milestones: str = ""        # step: epochs after which the lr is multiplied by lr_gamma, e.g. "30,60"
-    lr_gamma: float = 0.1
-    amp: str = "off"               # off | O1 (autocast per op) | O2 (16-bit weights, fp32 master copy)
-    amp_dtype: str = "auto"        # auto (float16 on GPU, bfloat16 on CPU) | float16 | bfloat16
-    loss_scale: float = 32768.0    # float16: initial dynamic loss scale (bfloat16 needs none)
-    weight_decay: float = 0.0
-    shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
-    drop_last: bool = False
-    seed: int = 2024               # weights and every other random draw
-    max_steps: int = 0             # stop after this many steps in total; 0 = run all epochs
-    accumulate_steps: int = 1      # micro-batches of batch_size per optimizer step; gradients
-                                   # are communicated once per optimizer step
-    early_stop_patience: int = 0   # stop after this many evaluations without a better
-                                   # checkpoint.monitor value; 0 = never
-    log_every: int = 20            # steps between progress lines
-
-
-@dataclass
-class NcclConfig:
-    socket_ifname: str = ""        # NCCL_SOCKET_IFNAME, e.g. "eth0" or "^lo,docker"
-    ib_hca: str = ""               # NCCL_IB_HCA, e.g. "mlx5_0,mlx5_1"
-    ib_disable: Optional[bool] = None   # NCCL_IB_DISABLE
-    p2p_disable: Optional[bool] = None  # NCCL_P2P_DISABLE
-    debug: str = ""                # NCCL_DEBUG: WARN | INFO | TRACE
-    debug_subsys: str = ""         # NCCL_DEBUG_SUBSYS, e.g. "INIT,NET"
-    extra: Dict[str, str] = field(default_factory=dict)  # any other NCCL_* variable
-
-
-@dataclass
-class DistConfig:
-    nprocs: Optional[int] = None   # processes on this machine (default: one per dist.gpus id, else 1);
-                                   # > 1 makes train.py launch them
-    launcher: str = "launch"       # launch (python -m paddle.distributed.launch) | spawn | mpirun
-    start_method: str = "auto"     # spawn launcher: auto (fork on CPU: the ranks reuse this
-                                   # process's `import paddle`; spawn on GPU, as CUDA needs) |
-                                   # spawn | fork | forkserver
-    nnodes: int = 1                # machines in the job (launch mode: each runs train.py once)
-    node_rank: int = 0             # this machine's index, 0 .. nnodes-1
-    master: str = ""               # host:port of node 0's rendezvous; needed when nnodes > 1
-    host: str = ""                 # this machine's address as the others see it; "" = the
-                                   # local address of the route to the master
-    hostfile: str = ""             # mpirun: OpenMPI hostfile ("HOST slots=N" lines)
-    gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
-    backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
-    rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
-    hang_timeout: float = 300.0    # a rank with no progress this long (outside collectives) is hung; 0 = off
-    stop_timeout: float = 60.0     # after SIGTERM, seconds the ranks get to save and stop before SIGKILL
-    max_restarts: int = 0          # restart a failed job from its latest checkpoint up to N times
-    nccl: NcclConfig = field(default_factory=NcclConfig)
-
-
-@dataclass
-class SyncConfig:
-    mode: str = "auto"             # overlap: buckets all-reduced during backward() as they fill |
-                                   # fused: one exchange at the optimizer step | auto: fused when
-                                   # every rank is on this machine's CPUs (shared memory), else
-                                   # overlap | dataparallel: Paddle's reducer
-    transport: str = "auto"        # CPU: auto (shm on one machine, hierarchical across machines
-                                   # with several ranks each, else backend) | shm | hierarchical
-                                   # (shm within a host + backend between hosts) | backend (the
-                                   # process group's all-reduce: gloo, NCCL)
-    bucket_mb: float = 0.0         # cap on one buffer in MiB; 0 = the mode's default: one buffer
-                                   # (fused), 25 (overlap; small models: ~4 buckets)
-    compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
-                                   # over the backend (half the bytes; approximate, opt-in)
-
-
-@dataclass
-class CheckpointConfig:
-    every_epochs: int = 1          # 0 = never
-    every_steps: int = 0           # also every N optimizer steps (mid-epoch); 0 = never
-    keep_last: int = 3
-    resume: str = "auto"           # auto (latest in this run dir, if any) | none | a checkpoint path
-    monitor: str = "eval_accuracy" # the metric that picks <run>/best and early stopping:
-                                   # eval_accuracy (higher is better) | eval_loss | train_loss
-    save_best: bool = True         # keep the best epoch's checkpoint in <run>/best
-
-
-@dataclass
-class OutputConfig:
-    root: str = "runs"             # runs go to <root>/<name>-<timestamp>
-    name: str = ""                 # "" = the config file's stem
-    run_dir: str = ""              # explicit run directory; must not hold a finished run
-
-
-@dataclass
-class FaultsConfig:
-    inject: str = ""               # testing: KIND:RANK:STEP, KIND = raise|exit|kill|hang|slowsave
-
-
-@dataclass
-class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-CHOICES = {
-    "data.name": ("mnist", "cifar10", "imagefolder", "synthetic", "linear"),
-    "model.name": ("lenet", "mlp", "linear", "resnet18", "resnet50"),
-    "train.api": ("loop", "hapi"),
-    "train.optimizer": ("adam", "sgd", "momentum"),
-    "dist.launcher": ("launch", "spawn", "mpirun"),
-    "dist.start_method": ("auto", "spawn", "fork", "forkserver"),
-    "dist.backend": ("auto", "gloo", "nccl"),
-    "sync.mode": ("auto", "overlap", "fused", "dataparallel"),
-    "sync.compress": ("none", "bf16", "fp16"),
-    "sync.transport": ("auto", "shm", "hierarchical", "backend"),
-    "train.lr_scaling": ("none", "linear", "sqrt"),
-    "train.lr_schedule": ("constant", "cosine", "step"),
-    "train.amp": ("off", "O1", "O2"),
-    "train.amp_dtype": ("auto", "float16", "bfloat16"),
-    "checkpoint.monitor": ("eval_accuracy", "eval_loss", "train_loss"),
-}
-# What each built-in model and dataset is for (the model picks its loss and metric).
-MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification",
-               "resnet18": "classification", "resnet50": "classification"}
-# One sample's shape for each model, and for each dataset with a fixed shape (synthetic
-# images take their model's).
-MODEL_INPUTS = {"linear": (10,), "mlp": (1, 28, 28), "lenet": (1, 28, 28),
-                "resnet18": (3, 32, 32), "resnet50": (3, 32, 32)}
-DATA_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-ANY_SIZE_MODELS = ("resnet18", "resnet50")     # 3-channel images of any size (8 px and up)
-DATA_TASKS = {"linear": "regression", "mnist": "classification", "cifar10": "classification",
-              "synthetic": "classification", "imagefolder": "classification"}
-POSITIVE = ("data.image_size", "train.batch_size", "train.eval_batch_size", "train.log_every",
-            "data.num_samples", "data.num_eval_samples")
-POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch", "train.loss_scale")
-NON_NEGATIVE = ("model.num_classes", "train.epochs", "dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
-                "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
-                "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
-                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
-
+from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TASKS, DEFAULT_CONFIG,
+                     FAULT_KINDS, MODEL_INPUTS, MODEL_TASKS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
+                     Config, DistConfig, TrainConfig)
 
 def resolve_path(name_or_path: str) -> Path:
     """A config path, or the name of a file in configs/ ("mnist_mlp" -> configs/mnist_mlp.yaml)."""
@@ -490,8 +299,6 @@ def _validate_schedule(t: TrainConfig) -> None:
 def _validate_fault(spec: str) -> None:
     if not spec:
         return
-    from .faults import FAULT_KINDS
-
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] not in FAULT_KINDS or not all(p.isdigit() for p in parts[1:]):
         raise ConfigError(f"faults.inject {spec!r} must be KIND:RANK:STEP with KIND one of "

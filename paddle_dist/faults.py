@@ -56,7 +56,6 @@ EXIT_PEER = 5            # this rank stopped because another one failed
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
-FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave")
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
 
 

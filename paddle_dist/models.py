@@ -13,7 +13,7 @@ from typing import Callable, Dict
 import paddle
 from paddle import nn
 
-from .config import MODEL_INPUTS, MODEL_TASKS
+from .schema import MODEL_INPUTS, MODEL_TASKS
 from .errors import ConfigError
 
 
@@ -72,8 +72,8 @@ def cifar_resnet(depth: int, num_classes: int = 10) -> nn.Layer:
     return net
 
 
-# name -> constructor; config.MODEL_TASKS says what each is for (its loss and metric),
-# config.MODEL_INPUTS the shape of one input sample.
+# name -> constructor; schema.MODEL_TASKS says what each is for (its loss and metric),
+# schema.MODEL_INPUTS the shape of one input sample.
 # Classifiers take num_classes.
 REGISTRY: Dict[str, Callable[..., nn.Layer]] = {
     "linear": LinearNet, "mlp": MLP, "lenet": LeNet,

@@ -10,7 +10,8 @@ import os
 import pytest
 
 from paddle_dist import env as envlib
-from paddle_dist.config import NcclConfig, load
+from paddle_dist.config import load
+from paddle_dist.schema import NcclConfig
 from paddle_dist.clusters import first_host, tasks_per_node
 from paddle_dist.env import DistEnv, GpuInfo, check_gpus, detect, paddle_variables, parse_gpus
 from paddle_dist.errors import DeviceError, UserError

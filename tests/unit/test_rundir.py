@@ -5,7 +5,6 @@ Other processes here are real ones (they hold locks or show their command line);
 bounded by a timeout and ends before its test does.
 """
 
-import json
 import os
 import shlex
 import shutil
