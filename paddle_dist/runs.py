@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .rundir import resume_command
-from .supervisor import pid_alive, read_status
+from .report import pid_alive, read_status
 
 PROG = "python -m paddle_dist.runs"
 

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 
 import paddle
 
-from .. import amp, checkpoint, faults, logger, rundir, runtime, supervisor
+from .. import amp, checkpoint, faults, logger, report, rundir, runtime
 from .. import config as configlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
@@ -90,7 +90,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
             if state != "preempted":
                 log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "))
             if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
-                supervisor.explain_from_rank(run_dir)
+                report.explain_from_rank(run_dir)
             raise
         # The digest lets anyone check that every rank ended with the same weights.
         monitor.finish("done", weights_sha256=checkpoint.weights_digest(parts.model))
