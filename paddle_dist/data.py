@@ -1,5 +1,5 @@
 """Datasets: MNIST (bundled 4,000/1,000 subset or a full copy; files read by idx.py),
-CIFAR-10 (any of its on-disk forms, read by cifar.py) and synthetic data, in memory, with
+CIFAR-10 (any of its on-disk forms, read by the cifar package) and synthetic data, in memory, with
 one-op batch gathering.
 
 Example:

@@ -230,14 +230,14 @@ def nccl_variables(nccl) -> Dict[str, str]:
     return out
 
 
-def worker_variables(cfg, nprocs: int, cpu_count: Optional[int] = None,
+def worker_variables(nccl, nprocs: int, cpu_count: Optional[int] = None,
                      environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Variables every worker of a job gets: NCCL settings, and one OpenMP thread share
     per rank on CPU unless the user chose OMP_NUM_THREADS (two ranks each grabbing every
     core run slower than one)."""
     user_set = (USER_OMP_NUM_THREADS is not None if environ is None
                 else "OMP_NUM_THREADS" in environ)
-    out = nccl_variables(cfg.dist.nccl)
+    out = nccl_variables(nccl)
     if not user_set:
         cores = cpu_count or os.cpu_count() or 1
         out["OMP_NUM_THREADS"] = str(max(1, cores // max(nprocs, 1)))
@@ -372,11 +372,11 @@ def store_endpoint() -> Tuple[str, int]:
     return (host, int(port)) if host and port.isdigit() else ("", 0)
 
 
-def prepare_process_group(env: DistEnv, cfg) -> None:
+def prepare_process_group(env: DistEnv, nccl) -> None:
     """Export what Paddle reads before `init_parallel_env`: backend, NCCL settings, the
     device flag, and the ranks of a process another engine started (`paddle_variables`).
     Done in the worker too, so a bare `paddle.distributed.launch` gets them."""
-    variables = nccl_variables(cfg.dist.nccl)
+    variables = nccl_variables(nccl)
     variables.update(paddle_variables(env))   # may refuse: nothing is exported then
     if env.backend != "none":
         variables["PADDLE_DISTRI_BACKEND"] = env.backend

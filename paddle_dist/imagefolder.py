@@ -89,8 +89,8 @@ def load_imagefolder(root, size: int):
 
 def flip(images: np.ndarray, keys: np.ndarray, seed: int, epoch: int) -> np.ndarray:
     """Each image flipped left-right with probability 1/2, as a function of (seed, epoch,
-    key) only (see cifar._sample_bits): the same in any batch, on any rank, after a resume."""
-    from .cifar import _sample_bits
+    key) only (see cifar.augmentation._sample_bits): the same in any batch, on any rank, after a resume."""
+    from .cifar.augmentation import _sample_bits
 
     flipped = (_sample_bits(np.asarray(keys, np.int64), seed, epoch) >> np.uint64(63)).astype(bool)
     out = np.array(images)

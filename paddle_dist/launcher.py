@@ -97,7 +97,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     if env.launcher != "standalone" or (alone and not always):  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
-    variables.update(envlib.worker_variables(cfg, nprocs, cpu_count, environ))
+    variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct:

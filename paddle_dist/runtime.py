@@ -36,7 +36,7 @@ def setup(cfg) -> envlib.DistEnv:
         env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
         if env.launcher in ("paddle_launch", "spawn") or env.supervised:
             supervisor.die_with_parent()   # a rank never outlives the launcher that started it
-        envlib.prepare_process_group(env, cfg)
+        envlib.prepare_process_group(env, cfg.dist.nccl)
         _check_network(env, cfg)
         paddle.set_device(env.device)
         if env.is_distributed:

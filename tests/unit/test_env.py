@@ -406,25 +406,25 @@ def test_nccl_variables_from_a_loaded_config():
 @pytest.mark.parametrize("cores, nprocs, threads", [(8, 2, "4"), (8, 3, "2"), (3, 4, "1"),
                                                     (1, 1, "1"), (16, 1, "16")])
 def test_worker_variables_shares_cores_between_ranks(cores, nprocs, threads):
-    out = envlib.worker_variables(load(), nprocs, cpu_count=cores, environ={})
+    out = envlib.worker_variables(load().dist.nccl, nprocs, cpu_count=cores, environ={})
     assert out == {"OMP_NUM_THREADS": threads}
 
 
 def test_worker_variables_keeps_the_users_omp_num_threads():
-    out = envlib.worker_variables(load(), 2, cpu_count=8, environ={"OMP_NUM_THREADS": "3"})
+    out = envlib.worker_variables(load().dist.nccl, 2, cpu_count=8, environ={"OMP_NUM_THREADS": "3"})
     assert "OMP_NUM_THREADS" not in out
 
 
 def test_worker_variables_includes_nccl_settings():
     cfg = load(overrides=["dist.nccl.debug=INFO", "dist.nccl.extra={NCCL_ALGO: Tree}"])
-    out = envlib.worker_variables(cfg, 2, cpu_count=4, environ={})
+    out = envlib.worker_variables(cfg.dist.nccl, 2, cpu_count=4, environ={})
     assert out == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree", "OMP_NUM_THREADS": "2"}
 
 
 def test_worker_variables_shares_cores_when_the_user_did_not_set_omp(environ_before_paddle):
     if "OMP_NUM_THREADS" in environ_before_paddle:
         pytest.skip("OMP_NUM_THREADS was set when the tests started")
-    out = envlib.worker_variables(load(), 2, cpu_count=8)   # the real os.environ
+    out = envlib.worker_variables(load().dist.nccl, 2, cpu_count=8)   # the real os.environ
     assert out.get("OMP_NUM_THREADS") == "4"
 
 
@@ -469,7 +469,7 @@ def test_prepare_process_group_on_gpu(process_group_variables):
                           "dist.nccl.extra={NCCL_ALGO: Ring}"])
     env = DistEnv(launcher="paddle_launch", global_rank=1, local_rank=1, world_size=2,
                   local_world_size=2, device="gpu:1", backend="nccl")
-    envlib.prepare_process_group(env, cfg)
+    envlib.prepare_process_group(env, cfg.dist.nccl)
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "nccl"
     assert os.environ["FLAGS_selected_gpus"] == "1"
     assert os.environ["NCCL_SOCKET_IFNAME"] == "eth0"
@@ -480,7 +480,7 @@ def test_prepare_process_group_on_gpu(process_group_variables):
 def test_prepare_process_group_on_cpu(process_group_variables):
     env = DistEnv(launcher="spawn", global_rank=0, world_size=2, local_world_size=2,
                   device="cpu", backend="gloo")
-    envlib.prepare_process_group(env, load())
+    envlib.prepare_process_group(env, load().dist.nccl)
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "gloo"
     assert "FLAGS_selected_gpus" not in os.environ
     assert "NCCL_SOCKET_IFNAME" not in os.environ
@@ -488,7 +488,7 @@ def test_prepare_process_group_on_cpu(process_group_variables):
 
 def test_prepare_process_group_standalone_sets_nothing(process_group_variables):
     before = dict(os.environ)
-    envlib.prepare_process_group(DistEnv(), load())
+    envlib.prepare_process_group(DistEnv(), load().dist.nccl)
     assert environ_diff(before, os.environ) == []
 
 
@@ -878,7 +878,7 @@ def test_malformed_master_is_a_user_error(master):
 
 def test_prepare_process_group_exports_the_translation(process_group_variables):
     env = detect(gpu_info=FOUR_GPUS, environ=MPIRUN_2x2_RANK3)
-    envlib.prepare_process_group(env, load())
+    envlib.prepare_process_group(env, load().dist.nccl)
     assert os.environ["PADDLE_TRAINER_ID"] == "3"
     assert os.environ["PADDLE_TRAINERS_NUM"] == "4"
     assert os.environ["PADDLE_MASTER"] == "10.0.0.1:29500"
@@ -892,13 +892,13 @@ def test_prepare_process_group_exports_nothing_when_the_master_is_missing(proces
     env = detect(gpu_info=CPU_BUILD, environ=environ)
     before = dict(os.environ)
     with pytest.raises(UserError, match="MASTER_ADDR"):
-        envlib.prepare_process_group(env, load())
+        envlib.prepare_process_group(env, load().dist.nccl)
     assert environ_diff(before, os.environ) == []
 
 
 def test_prepare_process_group_under_paddle_launch_adds_no_ranks(process_group_variables):
     env = detect(gpu_info=CPU_BUILD, environ=LAUNCH_2x2_RANK3)
-    envlib.prepare_process_group(env, load())
+    envlib.prepare_process_group(env, load().dist.nccl)
     assert "PADDLE_TRAINER_ID" not in os.environ
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "gloo"
 
