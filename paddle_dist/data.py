@@ -95,13 +95,13 @@ class CifarDataset(paddle.io.Dataset):
         return cifar.normalise(images, self.mean, self.std), self.labels[idx]
 
 
-def imagefolder_datasets(cfg):
-    """(train, val, class names) of `data.name: imagefolder` (see imagefolder.py): the
-    same in-memory batches as CIFAR-10's, with the config's size, mean, std and a flip."""
-    d = cfg.data
+def imagefolder_datasets(d, seed: int):
+    """(train, val, class names) of `data.name: imagefolder` (see imagefolder.py) from the
+    config's data section `d`: the same in-memory batches as CIFAR-10's, with its size,
+    mean, std and a flip seeded by `seed`."""
     mean, std = imagefolder.parse_floats(d.mean, "data.mean"), imagefolder.parse_floats(d.std, "data.std")
     (train_x, train_y), (val_x, val_y), classes = imagefolder.load_imagefolder(d.root, d.image_size)
-    train = CifarDataset(train_x, train_y, augment=d.augment, seed=cfg.train.seed, mean=mean, std=std,
+    train = CifarDataset(train_x, train_y, augment=d.augment, seed=seed, mean=mean, std=std,
                          transform=imagefolder.flip)
     return train, CifarDataset(val_x, val_y, mean=mean, std=std), classes
 

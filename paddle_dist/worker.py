@@ -17,7 +17,7 @@ def build_datasets(cfg):
     """(train, eval, class names or None) for `data.name`; one builder for both trainers."""
     d = cfg.data
     if d.name == "imagefolder":
-        return data.imagefolder_datasets(cfg)
+        return data.imagefolder_datasets(d, cfg.train.seed)
     if d.name == "mnist":
         flatten = cfg.model.name == "mlp"
         return (data.mnist_dataset(d.root, "train", flatten=flatten),

@@ -183,7 +183,8 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     # and normalisation; the same order: class, then file) gives the same answers.
     from paddle_dist import config, data
 
-    _, val, classes = data.imagefolder_datasets(config.load(str(run_dir / "config.yaml")))
+    cfg = config.load(str(run_dir / "config.yaml"))
+    _, val, classes = data.imagefolder_datasets(cfg.data, cfg.train.seed)
     assert [classes.index(Path(p).parent.name) for p in paths] == val.labels.ravel().tolist()
     with paddle.no_grad():
         logits = _dygraph(deploy["checkpoint"], "resnet18", 3)(paddle.to_tensor(val.batch(range(12))[0]))

@@ -40,7 +40,8 @@ def die_before(spec: str) -> None:
     """Replace OWNER.NAME by a wrapper that SIGKILLs this process at its K-th call."""
     name, k = spec.rsplit(":", 1)
     owner_name, attr = name.split(".")
-    owner = {"checkpoint": checkpoint, "os": os, "shutil": shutil}[owner_name]
+    # checkpoint: the module that writes (checkpoint.io), where its calls look names up.
+    owner = {"checkpoint": checkpoint.io, "os": os, "shutil": shutil}[owner_name]
     real, calls = getattr(owner, attr), itertools.count(1)
 
     def wrapper(*args, **kwargs):
