@@ -6,7 +6,8 @@ thread of the rank itself can run to notice the time.
 
 Usage:
     python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
-        after SECONDS, print MESSAGE, record it in STATUS_FILE and SIGKILL PID.
+        after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
+        the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there.
     python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG
         the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat). When it
         shows no progress for SECONDS outside a collective, ask the rank for its Python
@@ -30,6 +31,7 @@ BEAT_FORMAT = "<dqqq"   # last progress (time.monotonic(): one clock for every p
 BEAT_SIZE = struct.calcsize(BEAT_FORMAT)
 POLL_S = 1.0
 STACK_WAIT_S = 3.0
+QUIT_WAIT_S = 3.0
 
 
 def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0") -> int:
@@ -42,8 +44,29 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
                               "state": "failed", "step": 0, "time": time.time(),
                               "error_type": "RendezvousTimeout", "error": message,
                               "exit_code": EXIT_RENDEZVOUS})
-    os.kill(pid, signal.SIGKILL)
+    _end(pid)
     return 0
+
+
+def _end(pid: int) -> None:
+    """SIGQUIT, which the rank turned into _exit(3) (faults.deadline); SIGKILL if it is
+    still there a few seconds later."""
+    os.kill(pid, signal.SIGQUIT)
+    deadline = time.monotonic() + QUIT_WAIT_S
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str, stack_file: str,

@@ -268,17 +268,21 @@ class Monitor:
 
 @contextlib.contextmanager
 def deadline(seconds: float, message: str, status_file: Optional[Path] = None, rank: int = 0):
-    """Kill this process with `message` if the block is not done in `seconds`.
+    """End this process with `message` and exit code EXIT_RENDEZVOUS (3) if the block is
+    not done in `seconds`.
 
     Used around the rendezvous, where Paddle would otherwise wait forever for a peer. A
     separate watchdog process does it (paddle_dist/_deadline.py): Paddle holds the GIL
-    while it waits, so no thread here could. The rank's status file, when given, records
-    the failure (exit code EXIT_RENDEZVOUS) for the launcher's report.
+    while it waits, so no thread here could. It sends SIGQUIT, whose handler here is libc's
+    `_exit` itself, set through ctypes: it needs no GIL, and `_exit(SIGQUIT)` is
+    `_exit(3)` on Linux, so the shell sees 3 however the rank was started. The rank's
+    status file, when given, records the failure for the launcher's report.
     """
     if not seconds:
         yield
         return
     script = Path(__file__).with_name("_deadline.py")
+    previous = _exit_on_sigquit()
     watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
                                  str(status_file or ""), str(rank)], stdin=subprocess.PIPE)
     try:
@@ -286,3 +290,22 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     finally:
         watchdog.stdin.close()            # done in time: the watchdog exits quietly
         watchdog.wait()
+        if previous is not None:
+            _libc_signal()(signal.SIGQUIT, previous)
+
+
+def _libc_signal():
+    libc = ctypes.CDLL(None)
+    libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
+    return libc.signal
+
+
+def _exit_on_sigquit() -> Optional[int]:
+    """Make SIGQUIT call libc's _exit(signal number) = _exit(3); return the handler it had
+    (None where that is not possible: the watchdog then falls back to SIGKILL)."""
+    if signal.SIGQUIT != EXIT_RENDEZVOUS:
+        return None
+    try:
+        return _libc_signal()(signal.SIGQUIT, ctypes.cast(ctypes.CDLL(None)._exit, ctypes.c_void_p).value) or 0
+    except (OSError, AttributeError):
+        return None
