@@ -111,7 +111,9 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     cfg.output.run_dir = str(run_dir)
     if choice.note:
         print(f"paddle_dist: {choice.note}", flush=True)
-    print(f"paddle_dist: starting {p.nprocs} ranks with {p.mode}; outputs in {run_dir}", flush=True)
+    ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}" + (f" on this machine ({world} in all)"
+                                                          if world != p.nprocs else "")
+    print(f"paddle_dist: starting {ranks} with {p.mode}; outputs in {run_dir}", flush=True)
     _tell_other_nodes(cfg, script, script_args)
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):

@@ -187,8 +187,9 @@ class Monitor:
 
     # ------------------------------------------------------------ progress
     def step(self, step: int, epoch: int) -> None:
-        """Called after every optimizer step: progress for the watchdog, then any injected fault."""
-        self.step_no, self.epoch = step, epoch
+        """Called after every optimizer step (`epoch`: the 0-based index of the epoch in
+        progress): progress for the watchdog, then any injected fault."""
+        self.step_no, self.epoch = step, epoch + 1    # 1-based, as the console prints it
         self._beat()
         self._write("running")
         if self._fault_due(step) and self.fault[2] == step:

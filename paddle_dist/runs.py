@@ -62,8 +62,7 @@ def describe(run_dir: Path) -> dict:
         "run": str(run_dir),
         "state": state,
         "step": max((r.get("step", 0) for r in status.values()), default=0),
-        # 1-based, as the console prints it (status files count from 0).
-        "epoch": max((r.get("epoch", 0) + 1 for r in status.values()), default=0),
+        "epoch": max((r.get("epoch", 0) for r in status.values()), default=0),   # 1-based
         "ranks": len(status),
         "last_checkpoint": str(newest) if newest else None,
         "checkpoint_step": _checkpoint_step(newest),

@@ -82,6 +82,9 @@ class LrPolicy:
         text = (f"lr {self.peak:.6g}: {base_lr:g} for a global batch of {train.lr_reference_batch}, "
                 f"{train.lr_scaling} scaling to {global_batch(train, world_size)} "
                 f"({train.batch_size} x {world_size} rank(s) x {train.accumulate_steps} micro-batch(es))")
+        if self.warmup_steps >= self.total_steps and self.warmup_steps:
+            return text + (f"; warm-up over {self.warmup_steps} steps, more than the "
+                           f"{self.total_steps} this run makes: the rate never reaches its peak")
         if self.warmup_steps:
             text += f"; warm-up over {self.warmup_steps} steps"
         if self.schedule == "cosine":

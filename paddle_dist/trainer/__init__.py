@@ -44,11 +44,12 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
     config's); `loss` defaults to cross-entropy (classification) or MSE (regression).
     """
-    if config is None:
-        cfg = configlib.Config()
-        cfg.output.name = "run"
-    else:
-        cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
+    cfg = configlib.Config() if config is None else \
+        config if isinstance(config, configlib.Config) else configlib.load(config)
+    if cfg.output.name in ("", configlib.DEFAULT_CONFIG):
+        # Not the built-in LeNet job: the run is named after the user's model (a copy:
+        # the caller's config stays as it was).
+        cfg = configlib.replace_key(cfg, "output.name", type(model).__name__.lower())
     env = runtime.setup(cfg)
     loss = loss or default_loss(task)
     if optimizer is None:

@@ -216,8 +216,8 @@ def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int,
         beat()
     if was_training:
         net.train()
-    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], env, phase)
-    metrics = {"loss": loss_sum / max(count, 1), "count": count}
+    loss_sum, correct, count = (float(v) for v in all_reduce_sum([loss_sum, correct, count], env, phase))
+    metrics: Dict[str, Any] = {"loss": loss_sum / max(count, 1), "count": int(count)}
     if task == "classification":
         metrics["accuracy"] = correct / max(count, 1)
     return metrics
@@ -290,7 +290,7 @@ class Session:
         self.progress.pause()
         losses = self.progress.epoch_losses()
         total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
-        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": total / max(n, 1)}
+        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1))}
         average_buffers(self.parts.model, self.env, self.monitor.phase)
         if self.parts.eval_data is not None:
             found = evaluate(self.parts.model, self.parts.eval_data, self.parts.loss, self.parts.task,

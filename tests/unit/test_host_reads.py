@@ -5,6 +5,7 @@ to finish all queued work. The loop trainer keeps its losses on the device and r
 once per log point (`train.log_every`); this test counts the reads made while stepping.
 """
 
+import json
 import sys
 
 import numpy as np
@@ -94,3 +95,17 @@ def test_read_values_reads_every_tensor_in_one_go(monkeypatch):
     values = [paddle.to_tensor(0.5), 2, np.float32(0.25), paddle.to_tensor([1.5], dtype="float64")]
     assert read_values(values) == [0.5, 2.0, 0.25, 1.5]
     assert len(calls) == 1
+
+
+def test_a_users_model_names_its_run_and_its_metrics_are_plain_numbers(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "_ENV", None)
+    monkeypatch.setattr(logger.get(), "handlers", list(logger.get().handlers))
+    cfg = paddle_dist.load_config(overrides=["train.epochs=1", f"train.batch_size={BATCH}",
+                                             "checkpoint.every_epochs=0", f"output.root={tmp_path}"])
+    paddle_dist.setup(cfg)
+    result = paddle_dist.fit(paddle.nn.Linear(4, 1), Points(STEPS * BATCH), Points(10), config=cfg,
+                             task="regression")
+    assert result.run_dir.name.startswith("linear-") and cfg.output.name == "mnist_lenet"
+    assert type(result.metrics["eval_count"]) is int and result.metrics["eval_count"] == 10
+    assert all(type(v) is float for k, v in result.metrics.items() if k not in ("epoch", "eval_count"))
+    assert json.loads((result.run_dir / "metrics.json").read_text())["test_samples"] == 10

@@ -12,7 +12,7 @@ from paddle_dist import faults, runs
 def _record(run_dir, rank, state, pid=None, step=0, error=None, when=None):
     env = SimpleNamespace(global_rank=rank, local_rank=rank)
     monitor = faults.Monitor(env, run_dir)
-    monitor.step_no = step
+    monitor.step_no, monitor.epoch = step, 1     # in the first epoch (1-based, as printed)
     monitor.finish(state, error)
     if pid is not None or when is not None:      # a rank that is (or was) another process
         path = run_dir / "status" / f"rank{rank}.json"

@@ -68,6 +68,13 @@ def test_describe_states_the_effective_values():
     assert "64 x 8 rank(s) x 1 micro-batch(es)" in text and "warm-up over 100 steps" in text
 
 
+def test_describe_says_when_warm_up_outlasts_the_run():
+    cfg = train_cfg("train.warmup_epochs=1", "train.lr_schedule=cosine")
+    text = LrPolicy.from_config(cfg, 2, 26, 5).describe(cfg, 2, 0.001)
+    assert text.endswith("; warm-up over 26 steps, more than the 5 this run makes: the rate "
+                         "never reaches its peak") and "cosine" not in text
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["train.lr_schedule=step"], "needs train.lr_milestones"),
     (["train.lr_milestones=30,60"], "applies to train.lr_schedule=step"),
