@@ -30,6 +30,7 @@ from ..sync import GradSync, PeerFailure
 from . import hapi, loop
 from .common import (Parts, Position, Result, Session, default_loss, evaluate, make_optimizer,
                      optimizer_factory, steps_per_epoch, total_steps)
+from .selection import Best
 
 TRAINERS = {"loop": loop, "hapi": hapi}
 IMAGE_DATA = ("mnist", "cifar10", "imagefolder")     # what paddle_dist.export knows how to feed
@@ -98,7 +99,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
     result.wall_time_s = time.perf_counter() - started
     if env.is_main:
         _write_metrics(run_dir, result, cfg, env)
-        _summary(log, result, run_dir)
+        _summary(log, result, run_dir, cfg)
         built_in = parts.name in configlib.MODEL_TASKS       # not a fit() of the user's own model
         if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
@@ -229,10 +230,14 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
     tmp.replace(path)
 
 
-def _summary(log, result: Result, run_dir: Path) -> None:
+def _summary(log, result: Result, run_dir: Path, cfg) -> None:
     last = result.metrics
     if "eval_accuracy" in last:
         log.info(f"test accuracy {last['eval_accuracy']:.4f} on {int(last['eval_count'])} samples")
     elif "eval_loss" in last:
         log.info(f"test loss {last['eval_loss']:.6f} on {int(last['eval_count'])} samples")
+    best = Best(cfg.checkpoint.monitor).replay(result.history)
+    if best.value is not None and len(result.history) > 1:
+        kept = f"; its checkpoint is {run_dir / 'best'}" if cfg.checkpoint.save_best else ""
+        log.info(f"{best.describe()} of {len(result.history)}{kept}")
     log.info(f"{result.samples_per_s:,.0f} samples/s, {result.wall_time_s:.1f} s; outputs in {run_dir}")
