@@ -14,8 +14,8 @@ warnings.filterwarnings("ignore", message="No ccache found")
 # BatchNorm says, at every training forward, that it tracks the running statistics.
 warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 
-from .env import DistEnv, detect  # noqa: E402  (first: it notes the user's variables before paddle)
-from .config import Config, load as load_config  # noqa: E402
+from .env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
+from .config import Config, load as _load  # noqa: E402
 
 __all__ = ["Config", "DistEnv", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
@@ -30,6 +30,18 @@ def __getattr__(name):
     if name == "export":      # the module, callable: paddle_dist.export(net, input_spec, out)
         return importlib.import_module(".export", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_config(path=None, overrides=()) -> Config:
+    """The config: defaults, the YAML file (default configs/mnist_lenet.yaml), `overrides`;
+    then, under `python -m paddle_dist.launch`, its -c (in place of `path`) and -o (last:
+    the command line wins).
+
+    Example:
+        cfg = paddle_dist.load_config(overrides=["train.api=hapi"])
+    """
+    given_path, given = launch_options()
+    return _load(given_path or path, [*overrides, *given])
 
 
 __version__ = "0.1.0"

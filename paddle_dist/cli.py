@@ -187,7 +187,10 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     parser = ArgParser(
         prog="python -m paddle_dist.launch",
         description="Run a Paddle training script on N processes with paddle_dist's device "
-                    "selection and NCCL settings (the script calls init_parallel_env itself).")
+                    "selection and NCCL settings (the script calls init_parallel_env itself). "
+                    "Without --nprocs or --gpus it runs one process (tools/spawn_train.py "
+                    "starts 2). -c and -o reach the script's paddle_dist.load_config() and "
+                    "paddle_dist.fit().")
     add_config_options(parser)
     _devices(parser)
     parser.add_argument("--log_dir", default="log",
@@ -195,8 +198,10 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
-    if not Path(args.script).is_file():
-        raise UserError(f"script {args.script!r} not found; give the path of a Python file")
+    script = Path(args.script)
+    if not script.is_file():
+        what = "is not a file" if script.exists() else "not found"
+        raise UserError(f"script {args.script!r} {what}; give the path of a Python file")
     cfg = _load(args)
     environ, gpu_info, cores = envlib.host_facts()
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
@@ -205,9 +210,12 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
         raise UserError("already inside a launched job; run the script directly")
     cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch
     preflight.check(cfg, environ, gpu_info, warn=_warn)
-    return launcher.launch(launcher.plan(cfg, here, script=args.script, script_args=args.script_args,
-                                         log_dir=args.log_dir, always=True, environ=environ,
-                                         gpu_info=gpu_info, cpu_count=cores))
+    p = launcher.plan(cfg, here, script=args.script, script_args=args.script_args, log_dir=args.log_dir,
+                      always=True, environ=environ, gpu_info=gpu_info, cpu_count=cores)
+    # -c and -o reach the script's paddle_dist.load_config() and fit() (env.launch_options).
+    config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
+    p.env.update(envlib.launch_variables(config, args.override))
+    return launcher.launch(p)
 
 
 def _warn(text: str) -> None:

@@ -46,13 +46,25 @@ def load(path: Optional[str] = None, overrides: List[str] = ()) -> Config:
     cfg = Config()
     source = resolve_path(path or DEFAULT_CONFIG)
     merge(cfg, read_yaml(source))
-    for item in overrides:
-        key, text = parse_override(item)
-        set_key(cfg, key, text, from_text=True)
+    _override(cfg, overrides)
     if not cfg.output.name:
         cfg.output.name = source.stem
     validate(cfg)
     return cfg
+
+
+def with_overrides(overrides: List[str] = ()) -> Config:
+    """The typed defaults (no YAML file) with `overrides`, checked."""
+    cfg = Config()
+    _override(cfg, overrides)
+    validate(cfg)
+    return cfg
+
+
+def _override(cfg: Config, overrides: List[str]) -> None:
+    for item in overrides:
+        key, text = parse_override(item)
+        set_key(cfg, key, text, from_text=True)
 
 
 def read_yaml(path: Path) -> Dict[str, Any]:

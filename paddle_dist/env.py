@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from .errors import DeviceError, UserError
 
 CPU = "cpu"
 SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's launcher starts
+# `python -m paddle_dist.launch -c CONFIG -o KEY=VALUE ... script.py`: for the script's
+# paddle_dist.load_config() and fit() (launch_options()).
+LAUNCH_CONFIG, LAUNCH_OVERRIDES = "PADDLE_DIST_CONFIG", "PADDLE_DIST_OVERRIDES"
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -383,3 +387,26 @@ def prepare_process_group(env: DistEnv, nccl) -> None:
     if env.device.startswith("gpu"):
         variables["FLAGS_selected_gpus"] = env.device.split(":")[1]
     export(variables)
+
+
+def launch_variables(config: Optional[str], overrides: List[str]) -> Dict[str, str]:
+    """What `python -m paddle_dist.launch` hands the script's ranks of its -c and -o."""
+    out = {LAUNCH_OVERRIDES: json.dumps(list(overrides))} if overrides else {}
+    if config:
+        out[LAUNCH_CONFIG] = config
+    return out
+
+
+def launch_options(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], List[str]]:
+    """(config path or None, overrides) given to `python -m paddle_dist.launch` for this
+    script; (None, []) otherwise.
+
+    Example:
+        launch_options({"PADDLE_DIST_OVERRIDES": '["train.epochs=1"]'})   # (None, ['train.epochs=1'])
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        overrides = json.loads(environ.get(LAUNCH_OVERRIDES, "[]"))
+    except ValueError:
+        overrides = []
+    return environ.get(LAUNCH_CONFIG) or None, [str(item) for item in overrides]

@@ -24,6 +24,7 @@ import paddle
 
 from .. import amp, checkpoint, faults, logger, report, rundir, runtime
 from .. import config as configlib
+from .. import env as envlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
 from ..sync import GradSync, PeerFailure
@@ -45,8 +46,11 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
     config's); `loss` defaults to cross-entropy (classification) or MSE (regression).
     """
-    cfg = configlib.Config() if config is None else \
-        config if isinstance(config, configlib.Config) else configlib.load(config)
+    if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
+        given_path, given = envlib.launch_options()
+        cfg = configlib.load(given_path, given) if given_path else configlib.with_overrides(given)
+    else:
+        cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
     if cfg.output.name in ("", configlib.DEFAULT_CONFIG):
         # Not the built-in LeNet job: the run is named after the user's model (a copy:
         # the caller's config stays as it was).

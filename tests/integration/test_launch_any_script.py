@@ -29,10 +29,29 @@ def test_three_changes_script_runs_on_two_ranks_with_our_settings(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_the_launchers_config_options_reach_the_scripts_load_config(tmp_path):
+    """-c and -o given to the launcher are what paddle_dist.load_config() and fit()'s own
+    config return in every rank (the command line wins over the script's overrides)."""
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import paddle_dist\n"
+        "cfg = paddle_dist.load_config(overrides=['train.epochs=7', 'train.lr=0.5'])\n"
+        "out = {'epochs': cfg.train.epochs, 'lr': cfg.train.lr, 'model': cfg.model.name}\n"
+        "open(os.path.join(sys.argv[1], f'{os.getpid()}.json'), 'w').write(json.dumps(out))\n")
+    check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
+               "-c", "mnist_mlp", "-o", "train.epochs=1", str(script), str(tmp_path)]))
+    seen = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert seen == [{"epochs": 1, "lr": 0.5, "model": "mlp"}] * 2
+
+
 def test_missing_script_is_a_usage_error(tmp_path):
     result = run(["-m", "paddle_dist.launch", "--nprocs", "2", str(tmp_path / "nope.py")])
     assert result.returncode == 2
     assert "nope.py" in result.stderr and "not found" in result.stderr
+    result = run(["-m", "paddle_dist.launch", "--nprocs", "2", str(tmp_path)])
+    assert result.returncode == 2 and "is not a file" in result.stderr
 
 
 def test_console_command_is_installed():

@@ -330,3 +330,10 @@ def test_nccl_extra_single_entry_override():
     # The form dist.nccl.extra's own error message uses: dist.nccl.extra.<NAME>.
     cfg = load(overrides=["dist.nccl.extra.NCCL_ALGO=Ring"])
     assert cfg.dist.nccl.extra == {"NCCL_ALGO": "Ring"}
+
+
+def test_with_overrides_starts_from_the_typed_defaults():
+    cfg = config.with_overrides(["train.epochs=1"])
+    assert cfg.train.epochs == 1 and cfg.train.lr == config.TrainConfig().lr
+    with pytest.raises(ConfigError, match="train.epochs"):
+        config.with_overrides(["train.epochs=x"])

@@ -988,3 +988,10 @@ def test_leak_guard_fails_raw_changes_but_not_monkeypatch(pytester, monkeypatch)
     assert "test_monkeypatch_setenv_is_not_a_leak leaked" not in result.stdout.str()
     assert "test_monkeypatch_in_a_fixture_is_not_a_leak leaked" not in result.stdout.str()
     assert "PADDLE_DIST_LEAK_CHECK_RAW" not in os.environ
+
+
+def test_the_launchers_config_options_travel_through_the_environment():
+    variables = envlib.launch_variables("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
+    assert envlib.launch_options(variables) == ("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
+    assert envlib.launch_options({}) == (None, [])
+    assert envlib.launch_options({envlib.LAUNCH_OVERRIDES: "not json"}) == (None, [])
