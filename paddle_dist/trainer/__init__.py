@@ -82,8 +82,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
     """train() in its run directory: status records, the run, config.yaml and metrics.json."""
     log = logger.setup(run_dir, env)
     if env.is_main:
-        # Without its run_dir, the saved config repeats the run into a new directory.
-        configlib.dump(configlib.replace_key(cfg, "output.run_dir", ""), run_dir / "config.yaml")
+        configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml")
         if parts.classes:
             (run_dir / "classes.json").write_text(json.dumps(parts.classes))
     monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
@@ -108,6 +107,23 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
         if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
     return result
+
+
+# How each way of starting a job is written in dist.launcher (others keep the config's).
+LAUNCHERS = {"paddle_launch": "launch", "spawn": "spawn", "openmpi": "mpirun"}
+
+
+def _as_ran(cfg, env):
+    """The config as this job ran, so that `train.py -c <run>/config.yaml` repeats it: its
+    ranks per machine, machines, master and launcher, whoever started it (a bare
+    `paddle.distributed.launch` leaves dist.nprocs unset), and no run directory (a repeat
+    is a new run)."""
+    ran = configlib.replace_key(cfg, "output.run_dir", "")
+    ran.dist.nprocs, ran.dist.nnodes = env.local_world_size, env.nnodes
+    ran.dist.node_rank = 0
+    ran.dist.master = ran.dist.master or (env.master if env.nnodes > 1 else "")
+    ran.dist.launcher = LAUNCHERS.get(env.launcher, ran.dist.launcher)
+    return ran
 
 
 def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan) -> Result:

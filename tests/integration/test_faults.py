@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from .procs import PY, ROOT, check, needs_mpirun, run, settled_session
 
@@ -244,6 +245,10 @@ def test_the_same_command_continues_a_killed_run(launcher, api, uninterrupted, t
     assert "resuming from" in (run_dir / "logs" / "rank0.log").read_text()
     assert _max_diff(_final_weights(run_dir), uninterrupted[api][0]) <= 1e-6
     assert _status(run_dir, 0)["weights_sha256"] == _status(run_dir, 1)["weights_sha256"]
+    # The saved config records the job as it ran, whoever started it: train.py -c repeats it.
+    ran = yaml.safe_load((run_dir / "config.yaml").read_text())["dist"]
+    assert (ran["nprocs"], ran["nnodes"]) == (2, 1) and ran["launcher"] == {
+        "launch": "launch", "spawn": "spawn", "paddle.distributed.launch": "launch", "mpirun": "mpirun"}[launcher]
     again = check(run(args + ["-o", "train.max_steps=1"], timeout=180))   # finished: a new run
     assert f"the last run of this config, {run_dir}, had finished" in again.stdout + again.stderr
     assert len([d for d in root.iterdir() if d.is_dir()]) == 2
