@@ -27,7 +27,11 @@ def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy")
     result = check(run(TRAIN + ["-o", f"output.root={root / 'runs'}"]))
     [run_dir] = _runs(root / "runs")
-    assert f"to deploy it: python -m paddle_dist.export {run_dir}" in result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert f"to deploy it: python -m paddle_dist.export {run_dir}" in out
+    assert f"of 2; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
+    status = json.loads((run_dir / "status" / "rank0.json").read_text())
+    assert status["epoch"] == 2                      # 1-based, as "epoch 2/2" was printed
     return run_dir
 
 

@@ -43,6 +43,7 @@ def test_paddle_multinode_launch_across_two_hosts(two_hosts, tmp_path):
     results = _both(two_hosts, [(two_hosts.a, nodes + ["-o", "dist.node_rank=0"]),
                                 (two_hosts.b, nodes + ["-o", "dist.node_rank=1"])])
     assert "-o dist.node_rank=1" in results[0].stdout    # node 0 told us the other command
+    assert "starting 1 rank on this machine (2 in all)" in results[0].stdout
     assert len(_digests(tmp_path)) == 1
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["test_samples"] == 1000
