@@ -10,7 +10,8 @@ from paddle_dist.schedule import LrPolicy, scaled_lr
 
 
 def train_cfg(*overrides):
-    return config.load(overrides=list(overrides)).train
+    """The typed defaults (constant rate, no warm-up), not a bundled config file's."""
+    return config.with_overrides(list(overrides)).train
 
 
 def policy(world_size, *overrides, steps_per_epoch=100, total=1000):
