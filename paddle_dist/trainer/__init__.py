@@ -35,6 +35,8 @@ from .selection import Best
 
 TRAINERS = {"loop": loop, "hapi": hapi}
 IMAGE_DATA = ("mnist", "cifar10", "imagefolder")     # what paddle_dist.export knows how to feed
+# How each way of starting a job is written in dist.launcher (others keep the config's).
+LAUNCHERS = {"paddle_launch": "launch", "spawn": "spawn", "openmpi": "mpirun"}
 
 
 def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
@@ -107,10 +109,6 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, st
         if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
     return result
-
-
-# How each way of starting a job is written in dist.launcher (others keep the config's).
-LAUNCHERS = {"paddle_launch": "launch", "spawn": "spawn", "openmpi": "mpirun"}
 
 
 def _as_ran(cfg, env):
