@@ -127,10 +127,9 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
     from . import checkpoint, models
 
     checkpoint_dir, run_dir = _locate(Path(target))
-    cfg_path = Path(config) if config else run_dir / "config.yaml" if run_dir else None
-    if cfg_path is None or not (config or cfg_path.is_file()):
+    if not config and run_dir is None:
         raise UserError(f"no config.yaml beside checkpoint {checkpoint_dir}; give the run's config with -c")
-    cfg = configlib.load(str(cfg_path))
+    cfg = configlib.load(config or str(run_dir / "config.yaml"))
     classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     state = checkpoint.load(checkpoint_dir)

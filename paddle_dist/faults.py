@@ -292,13 +292,13 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
         watchdog.stdin.close()            # done in time: the watchdog exits quietly
         watchdog.wait()
         if previous is not None:
-            _libc_signal()(signal.SIGQUIT, previous)
+            _libc().signal(signal.SIGQUIT, previous)
 
 
-def _libc_signal():
+def _libc():
     libc = ctypes.CDLL(None)
     libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
-    return libc.signal
+    return libc
 
 
 def _exit_on_sigquit() -> Optional[int]:
@@ -307,6 +307,7 @@ def _exit_on_sigquit() -> Optional[int]:
     if signal.SIGQUIT != EXIT_RENDEZVOUS:
         return None
     try:
-        return _libc_signal()(signal.SIGQUIT, ctypes.cast(ctypes.CDLL(None)._exit, ctypes.c_void_p).value) or 0
+        libc = _libc()
+        return libc.signal(signal.SIGQUIT, ctypes.cast(libc._exit, ctypes.c_void_p).value) or 0
     except (OSError, AttributeError):
         return None

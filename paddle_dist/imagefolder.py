@@ -3,8 +3,9 @@
     <data.root>/train/<class>/*.png|jpg|...     training images
     <data.root>/val/<class>/*                   evaluation images, the same classes
 
-(the convention of PaddleClas, torchvision and Keras). paddle.vision's DatasetFolder finds
-the classes (sorted folder names) and files; each image is decoded once with Pillow,
+(the convention of PaddleClas, torchvision and Keras). The classes are the sorted folder
+names and the files are listed by paddle.vision's make_dataset, as DatasetFolder does
+(which would drop an empty class folder silently); each image is decoded once with Pillow,
 converted to RGB, resized so its shorter side is `data.image_size` and centre-cropped to a
 square, and kept in memory as uint8. Batches are normalised with `data.mean` / `data.std`
 (per channel, after scaling to [0, 1]); training batches are flipped left-right at random
@@ -112,12 +113,11 @@ def parse_floats(text: str, key: str, count: int = 3) -> Tuple[float, ...]:
 
 
 def _classes(folder: Path, root, split: str) -> List[str]:
-    from paddle.vision.datasets import DatasetFolder
-
+    """The class folders' names, sorted: DatasetFolder's classes and label order."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder; data.root={root} must hold {split}/<class>/ "
                         "folders of images")
-    classes = DatasetFolder._find_classes(None, str(folder))[0]
+    classes = sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
     if not classes:
         raise DataError(f"{folder} has no class folders; put each class's images in {folder}/<class>/")
     return classes

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 
 from . import faults, rundir
 
-POLL_S = 0.2
+POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
 
 
 def read_status(run_dir: Optional[Path]) -> Dict[int, dict]:

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .config import config_hash, evaluates_only
 from .errors import UserError
+from .procfs import cmdline, parent_of
 
 RUN_FILE = "run.json"
 LOCK = ".lock"
@@ -50,9 +51,10 @@ class Choice:
 def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True) -> Choice:
     """The run directory for `cfg` (module docstring), created if new.
 
-    `hold`: this process is the job's chooser; it locks the run and records run.json
-    (identity and the command that started it). Ranks started by a paddle_dist launcher
-    and the other machines of a multi-node job pass False: their launcher holds it.
+    The chooser locks the run and records run.json (identity and the command that
+    started it). A directory that was named for this process (output.run_dir, or another
+    machine's of a multi-node job) with `hold` False is only checked and created: its
+    launcher holds it.
     """
     named = cfg.output.run_dir
     if not named and cfg.dist.nnodes > 1 and cfg.dist.node_rank > 0:
@@ -70,16 +72,14 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True)
     with _locked(root / LOCK):
         previous = _previous(root, identity) if auto else None
         if previous is not None and not _finished(previous):
-            if hold:
-                _record(previous, identity, command, continues=True)
+            _record(previous, identity, command, continues=True)
             clear_status(previous)
             return Choice(previous.resolve(), _continuing(previous))
         if previous is not None:
             release(previous)
         path = _new(root, cfg.output.name)
-        if hold:
-            _hold(path)
-            _record(path, identity, command, continues=auto)
+        _hold(path)
+        _record(path, identity, command, continues=auto)
     note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"
             if previous is not None else "")
     return Choice(path.resolve(), note)
@@ -227,10 +227,10 @@ def invoking_command(argv: Optional[Sequence[str]] = None) -> List[str]:
     found: List[str] = []
     pid = os.getppid()
     for _ in range(4):
-        words = _cmdline(pid) if pid > 1 and script.endswith(".py") else []
+        words = cmdline(pid) if pid > 1 and script.endswith(".py") else []
         if not any(os.path.basename(w) == script for w in words):
             break
-        found, pid = words, _parent(pid)
+        found, pid = words, parent_of(pid)
     return found or own_command(argv)
 
 
@@ -241,20 +241,6 @@ def _python() -> str:
         if shutil.which(name) == sys.executable:
             return name
     return sys.executable
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        return [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
-    except OSError:
-        return []
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 # ------------------------------------------------------------------ locks

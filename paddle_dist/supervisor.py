@@ -24,27 +24,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 from . import faults
-from .report import Report, read_status, root_cause, tail_lines, with_resume
+from .procfs import process_table
+from .report import POLL_S, Report, read_status, root_cause, tail_lines, with_resume
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # how long survivors get to notice a failure before SIGKILL
-POLL_S = 0.2
-
-
-def process_table() -> Iterator[Tuple[int, str, int, int]]:
-    """(pid, state, parent pid, session id) of every process, from /proc: processes are
-    found by their relations, never matched by name."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        yield int(entry.name), fields[0], int(fields[1]), int(fields[3])
 
 
 def children_of(pid: int) -> List[int]:

@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
-from paddle_dist.supervisor import die_with_parent, process_table  # noqa: E402  (paddle-free)
+from paddle_dist.procfs import process_table  # noqa: E402  (paddle-free)
+from paddle_dist.supervisor import die_with_parent  # noqa: E402  (paddle-free)
 
 PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {

@@ -127,14 +127,13 @@ def _as_ran(cfg, env):
 def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan) -> Result:
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     parts.model, optimizer = amp.decorate(parts.model, optimizer, amp_plan)
+    digest = configlib.config_hash(cfg.to_dict())
+    start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    if configlib.evaluates_only(cfg):            # no gradients: no sync to open
+        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
     grad_sync.attach(optimizer)
-    digest = configlib.config_hash(cfg.to_dict())
-    start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
-    if configlib.evaluates_only(cfg):
-        grad_sync.close()
-        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed)
     micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                             cfg.train.drop_last)
     per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
@@ -179,9 +178,7 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
     found = evaluate(parts.model, parts.eval_data, parts.loss, parts.task, env,
                      cfg.train.eval_batch_size, monitor.beat, monitor.phase, cfg.data.batched)
     metrics = {"epoch": at.epoch, **{f"eval_{k}": v for k, v in found.items()}}
-    result = Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
-    log.info("evaluated: " + ", ".join(f"{k[5:]} {v:.6g}" for k, v in metrics.items() if k.startswith("eval_")))
-    return result
+    return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 
 
 def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int, log) -> Optional[LrPolicy]:

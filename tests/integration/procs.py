@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from paddle_dist.supervisor import process_table
+from paddle_dist.procfs import process_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
