@@ -185,9 +185,9 @@ class Bench:
         """The measured all-reduce: through the chosen transport."""
         if self.shm is None:
             return self.reduce(tensor)
-        import numpy as np
+        from . import compat
 
-        self.shm.all_reduce([np.from_dlpack(tensor).reshape(-1)])
+        self.shm.all_reduce([compat.numpy_view(tensor)])
 
     def sync(self):
         if self.env.device.startswith("gpu"):

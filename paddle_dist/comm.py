@@ -17,6 +17,11 @@ class PeerFailure(RuntimeError):
     """A collective failed: another rank died, hung, or the connection broke."""
 
 
+class CommThreadError(Exception):
+    """paddle_dist's communication thread failed on this rank for a reason of its own (not a
+    peer's): a root cause, reported with the exception it met."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message (gloo's run to many lines)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -16,7 +16,8 @@ while backward() goes on computing the earlier layers' gradients. The optimizer 
 With gradient accumulation only the group's last backward() is armed (`arm`): the
 micro-batches before it launch nothing, so a group still communicates once. A failed
 exchange never raises inside backward() (an exception there would cross C++): the
-thread keeps it, launches nothing more, and the step raises it as `PeerFailure`.
+thread keeps it, launches nothing more, and the step raises it: `PeerFailure` when a
+peer failed, `CommThreadError` naming anything else (a bug, MemoryError, ...).
 
 Example:
     ov = Overlap(params, ThreadExchange(reducer, 1 / world), cap_bytes=25 << 20)
@@ -35,9 +36,11 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .comm import PeerFailure, first_line
+from . import compat
+from .comm import CommThreadError, PeerFailure, first_line
 
 MIN_BUCKETS = 4           # a small model is still cut in about this many buckets
+THREAD_CHECK_S = 0.5      # how often a waiting step checks that the sync thread still runs
 
 
 def plan_buckets(params, cap_bytes: int) -> List[list]:
@@ -123,12 +126,12 @@ class Overlap:
 
 
 def grad_views(params) -> List[np.ndarray]:
-    """numpy views of the parameters' gradients (their own memory, through dlpack); a
+    """numpy views of the parameters' gradients (their own memory, compat.numpy_view); a
     missing gradient travels as zeros, so every rank sends the same layout."""
     views = []
     for p in params:
         grad = p.grad
-        views.append(np.from_dlpack(grad.detach()).reshape(-1) if grad is not None
+        views.append(compat.numpy_view(grad.detach()) if grad is not None
                      else np.zeros(int(p.size), dtype=np.float32))
     return views
 
@@ -171,21 +174,31 @@ class ThreadExchange:
                 arrays = self.jobs.popleft()
             if arrays is None:
                 return
-            if self.error is None:
-                try:
+            try:
+                if self.error is None:
                     self.calls += self.reducer.all_reduce(arrays, self.scale)
-                except RuntimeError as exc:          # gloo's error, or shm.PeerGone
-                    self.error = exc
-            with self.cond:
-                self.outstanding -= 1
-                self.cond.notify_all()
+            except BaseException as exc:   # noqa: BLE001 - whatever it is, the step must hear of it
+                self.error = exc
+            finally:
+                with self.cond:
+                    self.outstanding -= 1
+                    self.cond.notify_all()
 
     def wait(self) -> float:
+        """Wait for the submitted buckets; raise what the thread met: PeerFailure for a
+        peer's failure (gloo's RuntimeError, shm.PeerGone), CommThreadError for anything
+        else. A thread that is gone with work outstanding is an error, never a wait."""
         with self.cond:
-            while self.outstanding:
-                self.cond.wait()
-        if self.error is not None:
+            while self.outstanding and self.thread.is_alive():
+                self.cond.wait(THREAD_CHECK_S)
+            lost = self.outstanding and self.error is None
+        if lost:
+            raise CommThreadError("the gradient-sync thread ended with exchanges outstanding")
+        if isinstance(self.error, RuntimeError):
             raise PeerFailure(f"gradient all-reduce failed: {first_line(self.error)}") from self.error
+        if self.error is not None:
+            raise CommThreadError(f"the gradient-sync thread failed: {type(self.error).__name__}: "
+                                  f"{first_line(self.error)}") from self.error
         return float(self.flag[0])
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from . import shm
+from . import compat, shm
 from .comm import collective
 from .errors import ConfigError
 
@@ -46,12 +46,9 @@ class BackendReducer:
 
     def reserve(self, size: int) -> Tuple[paddle.Tensor, np.ndarray]:
         if size not in self.buffers:
-            if self.bf16:   # numpy has no bfloat16: it sees the bits as uint16
-                tensor = paddle.zeros([size], dtype="bfloat16")
-                self.buffers[size] = (tensor, np.from_dlpack(tensor.view(paddle.uint16)))
-            else:
-                tensor = paddle.zeros([size], dtype="float32")
-                self.buffers[size] = (tensor, np.from_dlpack(tensor))
+            # bf16: numpy has no bfloat16, its view holds the bits as uint16
+            tensor = paddle.zeros([size], dtype="bfloat16" if self.bf16 else "float32")
+            self.buffers[size] = (tensor, compat.numpy_view(tensor))
         return self.buffers[size]
 
     def all_reduce(self, arrays: List[np.ndarray], scale: float = 1.0) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from . import compat
 from . import env as envlib
 from . import faults, netcheck, rundir, supervisor
 from .comm import PeerFailure, first_line
@@ -34,6 +35,8 @@ def setup(cfg) -> envlib.DistEnv:
     global _ENV
     if _ENV is None:
         env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
+        if env.is_main and not env.supervised:       # a paddle_dist launcher has said it
+            compat.warn_unsupported(_say)
         if env.launcher in ("paddle_launch", "spawn") or env.supervised:
             supervisor.die_with_parent()   # a rank never outlives the launcher that started it
         envlib.prepare_process_group(env, cfg.dist.nccl)
@@ -50,6 +53,10 @@ def setup(cfg) -> envlib.DistEnv:
         _ENV = env
     seed_everything(cfg.train.seed)
     return _ENV
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def wait_for_store(host: str, port: int) -> None:
@@ -97,6 +104,7 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)
+    compat.note_seed(seed)
 
 
 class _BannerFilter(io.TextIOBase):

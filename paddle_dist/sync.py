@@ -41,7 +41,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.nn.clip import ClipGradBase
 
-from . import reducers, shm
+from . import compat, reducers, shm
 from .comm import PeerFailure, collective, first_line
 from .config import check_compress
 from .overlap import AsyncExchange, Overlap, ThreadExchange
@@ -290,9 +290,9 @@ class GradSync(ClipGradBase):
 
     def _reduce_cpu(self, present, stop: float):
         """The float32 gradients (and the stop flag) averaged in place by the CPU reducer:
-        numpy views of the gradients' own memory (dlpack), no copies but the transport's.
+        numpy views of the gradients' own memory (compat.numpy_view), no copies but the transport's.
         Returns ({id(param): grad}, the stop flag's sum, scaled like the gradients)."""
-        views = [np.from_dlpack(g.detach()).reshape(-1) for _, g in present]
+        views = [compat.numpy_view(g.detach()) for _, g in present]
         flag = np.array([stop], dtype=np.float32)
         guard = self.phase("comm") if self.phase else contextlib.nullcontext()
         with guard:

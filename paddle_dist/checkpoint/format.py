@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
+from .. import compat
 from ..errors import UserError
 
 FORMAT = 2
@@ -73,9 +74,10 @@ class Snapshot:
         return f"ckpt_{self.meta['global_step']:09d}"
 
 
-def capture_rng() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+def capture_rng(step: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     """The state of Python's, numpy's and Paddle's random generators, without pickling:
     the long integer lists as arrays (for rng.npz), the few scalars as a JSON-ready dict.
+    `step`: the global step, from which Paddle 2.6 re-seeds its CPU generator (compat.py).
 
     Example:
         arrays, info = capture_rng()
@@ -91,11 +93,9 @@ def capture_rng() -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached)},
         "paddle": []}
-    for i, generator in enumerate(paddle.get_rng_state()):
-        # GeneratorState pickles as (int, int, int, [int, ...]): keep the same pieces.
-        *scalars, engine = generator.__getstate__()
+    for i, (scalars, engine) in enumerate(compat.generator_states(step)):
         arrays[f"paddle_{i}"] = np.asarray(engine, dtype=np.int64)
-        info["paddle"].append([int(s) for s in scalars])
+        info["paddle"].append(scalars)
     return arrays, info
 
 
@@ -114,17 +114,8 @@ def apply_rng(arrays: Dict[str, np.ndarray], info: Dict[str, Any]) -> None:
         raise CheckpointError(f"the checkpoint holds {saved} Paddle generator state(s) but this "
                               f"process has {here}; resume on the same kind and number of devices "
                               "per process, or restore with rng=False")
-    paddle.set_rng_state([_generator_state(scalars, arrays[f"paddle_{i}"])
-                          for i, scalars in enumerate(info["paddle"])])
-
-
-def _generator_state(scalars: List[int], engine: np.ndarray):
-    from paddle.base import core
-
-    # GeneratorState has no public constructor; this is how unpickling builds one.
-    state = core.GeneratorState.__new__(core.GeneratorState)
-    state.__setstate__((*scalars, [int(v) for v in engine]))
-    return state
+    compat.set_generator_states([(scalars, arrays[f"paddle_{i}"])
+                                 for i, scalars in enumerate(info["paddle"])])
 
 
 def _check_rng(arrays: Dict[str, np.ndarray], info: Any, where: Path) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import paddle
 
+from .. import compat
 from .format import (FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
                      _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
@@ -44,8 +45,8 @@ def snapshot(model, optimizer, meta: Dict[str, Any]) -> Snapshot:
                                    "world_size": 2, "model": "mlp"})
     """
     meta = _checked_meta(meta)
-    opt_arrays, opt_scalars = _flatten(optimizer.state_dict())
-    rng_arrays, rng_info = capture_rng()
+    opt_arrays, opt_scalars = _flatten(compat.optimizer_state(optimizer))
+    rng_arrays, rng_info = capture_rng(meta["global_step"])
     return Snapshot(model=_to_numpy(model.state_dict()), optimizer=opt_arrays,
                     optimizer_scalars=_json_copy(opt_scalars, "optimizer state"),
                     rng=rng_arrays, rng_info=rng_info, meta=meta)
