@@ -1,4 +1,5 @@
 """Command lines: train.py, tools/spawn_train.py and `python -m paddle_dist.launch`.
+`python -m paddle_dist.train` is train.py's command line for an installed package.
 
 Options are long and distinct (`--config/-c`, `--override/-o`) because
 `paddle.distributed.launch` rejects script options that are prefixes of its own.
@@ -10,13 +11,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import shlex
 
 from . import config as configlib
 from . import env as envlib
-from . import amp, cifar, faults, idx, launcher, netcheck, preflight, rundir
+from . import amp, cifar, compat, faults, idx, launcher, netcheck, preflight, rundir
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -51,8 +52,11 @@ def _load(args, extra: List[str] = ()) -> configlib.Config:
 
 
 def train_main(argv: Optional[List[str]] = None) -> int:
-    """train.py: one process, or the ranks of a launched job, or (dist.nprocs > 1) a launcher."""
-    parser = ArgParser(prog="train.py", description=__doc__.splitlines()[0])
+    """train.py and `python -m paddle_dist.train`: one process, or the ranks of a launched
+    job, or (dist.nprocs > 1) a launcher whose ranks run the same command."""
+    script, module = _this_command()
+    parser = ArgParser(prog=f"python -m {module}" if module else "train.py",
+                       description=__doc__.splitlines()[0])
     add_config_options(parser)
     _eval_only(parser)
     hand = parser.add_argument_group("a rank started by hand, one process per command (tcp:// style)")
@@ -64,7 +68,15 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     cfg = _load(args)
     if args.master or args.world_size is not None or args.rank is not None:
         envlib.export(envlib.hand_started(args.master, args.world_size, args.rank))
-    return _run_job(cfg, script=os.path.abspath(sys.argv[0]), script_args=argv)
+    return _run_job(cfg, script=script, script_args=argv, module=module)
+
+
+def _this_command() -> Tuple[str, str]:
+    """(script, module) that runs this command again: ("/abs/train.py", "") for a script;
+    ("", "paddle_dist.train") under `python -m paddle_dist.train`, whose sys.argv[0] is
+    the module's file, which must not be run as a script (launcher.python_args)."""
+    module = rundir.main_module()
+    return ("", module) if module else (os.path.abspath(sys.argv[0]), "")
 
 
 def spawn_main(argv: Optional[List[str]] = None) -> int:
@@ -79,17 +91,22 @@ def spawn_main(argv: Optional[List[str]] = None) -> int:
     return _run_job(cfg)
 
 
-def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = ()) -> int:
+def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (),
+             module: str = "") -> int:
+    """Run the built-in job: here, or as the ranks it starts, each running `script` (or
+    `-m module`) with `script_args`."""
     environ, gpu_info, cores = envlib.host_facts()
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
                          environ=environ)
-    facts = dict(environ=environ, gpu_info=gpu_info, cpu_count=cores)
-    p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
+    # What every plan below shares: the ranks' command and this host's facts.
+    facts = dict(script=script, module=module, environ=environ, gpu_info=gpu_info, cpu_count=cores)
+    p = launcher.plan(cfg, here, script_args=script_args, **facts)
     if p.mode == "none":
         from . import worker
 
         worker.main(cfg)
         return 0
+    compat.warn_unsupported(_warn)      # the ranks, supervised, leave it to this process
     configlib.check_pairing(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True)  # CPU: refused
     configlib.check_compress(cfg.sync.compress, envlib.select_backend(
@@ -100,11 +117,11 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         netcheck.check(cfg.dist.master, cfg.dist.nccl.socket_ifname)
         if cfg.dist.nnodes > 1 and not cfg.dist.host:
             cfg.dist.host = netcheck.route_to(cfg.dist.master.rpartition(":")[0])[0]
-            p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
+            p = launcher.plan(cfg, here, script_args=script_args, **facts)
     if p.mode == "mpirun" and not cfg.dist.master:
         first = launcher.hostfile_first_host(cfg.dist.hostfile) if cfg.dist.hostfile else "127.0.0.1"
         cfg.dist.master = f"{first}:{launcher.free_port()}"
-        p = launcher.plan(cfg, here, script=script, script_args=script_args, **facts)
+        p = launcher.plan(cfg, here, script_args=script_args, **facts)
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
     choice = rundir.choose(cfg, world, rundir.own_command(), hold=cfg.dist.node_rank == 0)
     run_dir = choice.path
@@ -114,7 +131,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}" + (f" on this machine ({world} in all)"
                                                           if world != p.nprocs else "")
     print(f"paddle_dist: starting {ranks} with {p.mode}; outputs in {run_dir}", flush=True)
-    _tell_other_nodes(cfg, script, script_args)
+    _tell_other_nodes(cfg, script, script_args, module)
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
@@ -125,7 +142,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
                   "checkpoint", flush=True)
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
             rundir.clear_status(run_dir)
-        code = _start(p, cfg, here, facts, run_dir, script, script_args)
+        code = _start(p, cfg, here, facts, run_dir, script_args)
         if code in (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
             break
     return code
@@ -147,11 +164,11 @@ def _check_data(cfg) -> None:
             cifar.load_cifar10(cfg.data.root, split)
 
 
-def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[str]) -> int:
+def _start(p, cfg, here, facts, run_dir: Path, script_args: List[str]) -> int:
     if p.mode in ("launch", "mpirun"):
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
                  "-o", f"faults.inject={cfg.faults.inject}", "-o", f"dist.master={cfg.dist.master}"]
-        p = launcher.plan(cfg, here, script=script, script_args=list(script_args) + extra,
+        p = launcher.plan(cfg, here, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
         return launcher.launch(p, run_dir=run_dir)
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
@@ -164,8 +181,9 @@ def _start(p, cfg, here, facts, run_dir: Path, script: str, script_args: List[st
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
 
 
-def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
-    """On node 0 of a multi-node launch, print the exact command for every other node."""
+def _tell_other_nodes(cfg, script: str, script_args: List[str], module: str = "") -> None:
+    """On node 0 of a multi-node launch, print the exact command for every other node:
+    `python train.py ...` (the script relative to here), or `python -m module ...`."""
     if cfg.dist.nnodes == 1 or cfg.dist.node_rank != 0:
         return
     print("paddle_dist: run this on the other machines (same code, config and data paths):")
@@ -176,10 +194,10 @@ def _tell_other_nodes(cfg, script: str, script_args: List[str]) -> None:
                 kept.pop()
             continue
         kept.append(arg)
+    entry = launcher.python_args("" if module else os.path.relpath(script), module)
     for node in range(1, cfg.dist.nnodes):
         args = kept + ["-o", f"dist.node_rank={node}"]
-        print("  " + " ".join(shlex.quote(a) for a in ["python", os.path.relpath(script)] + args),
-              flush=True)
+        print("  " + " ".join(shlex.quote(a) for a in ["python", *entry] + args), flush=True)
 
 
 def launch_main(argv: Optional[List[str]] = None) -> int:
@@ -209,6 +227,7 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the script directly")
     cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch
+    compat.warn_unsupported(_warn)
     preflight.check(cfg, environ, gpu_info, warn=_warn)
     p = launcher.plan(cfg, here, script=args.script, script_args=args.script_args, log_dir=args.log_dir,
                       always=True, environ=environ, gpu_info=gpu_info, cpu_count=cores)

@@ -28,7 +28,8 @@ from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TAS
                      Config, DistConfig, TrainConfig)
 
 def resolve_path(name_or_path: str) -> Path:
-    """A config path, or the name of a file in configs/ ("mnist_mlp" -> configs/mnist_mlp.yaml)."""
+    """A config path, or the name of a bundled config ("mnist_mlp" -> configs/mnist_mlp.yaml;
+    an installed package has them as paddle_dist/configs/, see schema.CONFIG_DIR)."""
     path = Path(name_or_path)
     if path.is_file():
         return path

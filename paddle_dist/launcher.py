@@ -11,6 +11,9 @@ Modes:
 - `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
   then find themselves through OpenMPI's variables.
 
+The ranks run a script (`python train.py args`) or, for a job started as a module
+(`python -m paddle_dist.train`), that module (`python -m paddle_dist.train args`).
+
 Example:
     p = plan(cfg, env, script="train.py", script_args=sys.argv[1:])
     if p.mode != "none":
@@ -76,10 +79,12 @@ def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequenc
 
 def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
          gpu_info: Optional[envlib.GpuInfo] = None, log_dir: str = "",
-         cpu_count: Optional[int] = None, environ=None, always: bool = False) -> LaunchPlan:
+         cpu_count: Optional[int] = None, environ=None, always: bool = False,
+         module: str = "") -> LaunchPlan:
     """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
 
     `always`: start processes even for one rank (a script cannot run in this process).
+    `module`: the ranks run `python -m module script_args` instead of the script.
 
     Example:
         plan(cfg, DistEnv(), script="train.py").argv
@@ -101,18 +106,29 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct:
-        argv = (sys.executable, script, *script_args)
+        argv = (sys.executable, *python_args(script, module), *script_args)
     elif mode == "launch":
-        argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg))
+        argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg), module)
     elif mode == "mpirun":
         variables.update(mpirun_master(cfg))
-        argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args)
+        argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args, module)
     # Paddle's launcher gives a rank its GPU's position among the visible ones.
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
                       direct=direct, selected=selected,
                       start_method=start_method(cfg.dist.start_method, gpus))
+
+
+def python_args(script: str, module: str = "") -> Tuple[str, ...]:
+    """What follows `python` on a rank's command line: `-m module` when the job runs a
+    module, else the script. (A module's file is never run as a script: its directory
+    would come first on sys.path, where the package's own module names shadow others.)
+
+    Example:
+        python_args("", "paddle_dist.train")     # ('-m', 'paddle_dist.train')
+    """
+    return ("-m", module) if module else (script,)
 
 
 def start_method(chosen: str, gpus: Sequence[str]) -> str:
@@ -175,7 +191,7 @@ def nodes_of(cfg) -> Tuple[str, ...]:
 
 
 def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequence[str],
-                log_dir: str = "", nodes: Sequence[str] = ()) -> Tuple[str, ...]:
+                log_dir: str = "", nodes: Sequence[str] = (), module: str = "") -> Tuple[str, ...]:
     # ERROR: Paddle's launcher then records each failed rank's exit code, which the
     # supervisor reads from its stderr file to report the real code or signal.
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
@@ -184,7 +200,15 @@ def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequ
         argv += ["--devices", ",".join(gpus)]
     if log_dir:
         argv += ["--log_dir", log_dir]
-    return tuple(argv + [script, *script_args])
+    return tuple(argv + [*_launched_program(script, module), *script_args])
+
+
+def _launched_program(script: str, module: str) -> Tuple[str, ...]:
+    """The "training script" for paddle.distributed.launch. It has no -m: it runs a `.py`
+    file as `python -u file` and anything else as a program with the words after it
+    (controllers/controller.py, `_get_entrypoint`, Paddle 2.6 to 3.3), so a module is run
+    by naming the interpreter as the program, with the -u it gives scripts."""
+    return (sys.executable, "-u", "-m", module) if module else (script,)
 
 
 def _hostfile_entries(path: str):
@@ -216,7 +240,7 @@ def mpirun_master(cfg) -> Dict[str, str]:
 
 
 def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: str,
-                script_args: Sequence[str]) -> Tuple[str, ...]:
+                script_args: Sequence[str], module: str = "") -> Tuple[str, ...]:
     # --allow-run-as-root: containers often run as root, where mpirun refuses to start
     # otherwise; for other users the option changes nothing.
     argv = ["mpirun", "-n", str(nprocs), "--allow-run-as-root"]
@@ -224,7 +248,7 @@ def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: s
         argv += ["--hostfile", hostfile]
     for name in sorted(variables):
         argv += ["-x", name]                 # mpirun passes only the variables it is told to
-    return tuple(argv + [sys.executable, script, *script_args])
+    return tuple(argv + [sys.executable, *python_args(script, module), *script_args])
 
 
 

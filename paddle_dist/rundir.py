@@ -211,27 +211,57 @@ def drop_overrides(argv: Sequence[str], keys: Sequence[str]) -> List[str]:
     return kept
 
 
-def own_command(argv: Optional[Sequence[str]] = None) -> List[str]:
-    """This process's command line as a shell would run it: `python train.py -o ...`."""
-    argv = list(sys.argv if argv is None else argv)
+def main_module() -> str:
+    """The module this process was started as (`python -m NAME`: "NAME"); "" for a script,
+    `-c` or an interactive interpreter. (sys.argv[0] is then the module's file, which
+    must not be run again as a script: see launcher.python_args.)
+
+    Example:
+        main_module()     # 'paddle_dist.train' under `python -m paddle_dist.train`
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else ""
+
+
+def own_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
+    """This process's command line as a shell would run it: `python train.py -o ...`, or
+    `python -m paddle_dist.train -o ...` for `module`. Without `argv`: this process's
+    own (sys.argv and main_module()).
+
+    Example:
+        own_command(["/x/paddle_dist/train.py", "-o", "a=1"], "paddle_dist.train")
+        # ['python', '-m', 'paddle_dist.train', '-o', 'a=1']
+    """
+    if argv is None:
+        argv, module = sys.argv, main_module()
+    argv = list(argv)
+    if module:
+        return [_python(), "-m", module] + argv[1:]
     return [_python()] + argv if argv and argv[0].endswith(".py") else argv
 
 
-def invoking_command(argv: Optional[Sequence[str]] = None) -> List[str]:
-    """The command line that started this job: under launchers that run the script on
-    each rank (paddle.distributed.launch, mpirun, paddle_dist.launch), the outermost of the
-    parent processes, one above the other, whose commands name this script; else this
-    process's own (own_command)."""
-    argv = list(sys.argv if argv is None else argv)
+def invoking_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
+    """The command line that started this job: under launchers that run the script (or
+    `-m module`) on each rank (paddle.distributed.launch, mpirun, paddle_dist.launch), the
+    outermost of the parent processes, one above the other, whose commands name this
+    script (or module); else this process's own (own_command). Without `argv`: this
+    process's own (sys.argv and main_module())."""
+    if argv is None:
+        argv, module = sys.argv, main_module()
+    argv = list(argv)
     script = os.path.basename(argv[0]) if argv else ""
+
+    def names_it(words: List[str]) -> bool:
+        return module in words if module else any(os.path.basename(w) == script for w in words)
+
     found: List[str] = []
     pid = os.getppid()
     for _ in range(4):
-        words = cmdline(pid) if pid > 1 and script.endswith(".py") else []
-        if not any(os.path.basename(w) == script for w in words):
+        words = cmdline(pid) if pid > 1 and (module or script.endswith(".py")) else []
+        if not names_it(words):
             break
         found, pid = words, parent_of(pid)
-    return found or own_command(argv)
+    return found or own_command(argv, module)
 
 
 def _python() -> str:

@@ -18,7 +18,23 @@ from typing import Any, Dict, Optional
 # size, part of dist, is checked on its own when a checkpoint is loaded.)
 VOLATILE_KEYS = ("output", "checkpoint", "faults", "dist", "train.epochs", "train.max_steps",
                  "train.log_every")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _config_dir() -> Path:
+    """Where the bundled YAML configs are: `paddle_dist/configs/` in an installed package
+    (setup.cfg ships the checkout's configs/ under that name), else the checkout's
+    `configs/` beside the package (an editable install, or the repository on sys.path).
+    The installed place is tried first: a site-packages/configs of someone else's must not win.
+
+    Example:
+        _config_dir() / "mnist_lenet.yaml"   # .../paddle_dist/configs/mnist_lenet.yaml, installed
+    """
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = "mnist_lenet"
 
 

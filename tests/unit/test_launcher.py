@@ -311,3 +311,57 @@ def test_always_launches_a_single_script_process_with_its_gpu():
     p = make_plan(["dist.gpus=2"], info=FOUR_GPUS, always=True)
     assert (p.mode, p.nprocs, p.direct) == ("launch", 1, True)
     assert p.selected == ("2",)
+
+
+# ---------------------------------------------------------------- `python -m paddle_dist.train`
+# A job started as a module has ranks that run the module: `python -m paddle_dist.train`,
+# never the module's file as a script (its directory would come first on sys.path).
+MODULE = ("-m", "paddle_dist.train")
+
+
+def test_a_module_job_starts_its_ranks_as_the_module():
+    p = make_plan(["dist.nprocs=2"], script="", module="paddle_dist.train")
+    assert p.direct and p.argv == (sys.executable, *MODULE, "-o", "train.epochs=1")
+
+
+def test_a_module_job_across_machines_has_paddles_launcher_run_the_interpreter():
+    """paddle.distributed.launch has no -m: its "training script" is the interpreter,
+    with the -u it gives a .py script."""
+    p = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170",
+                   "dist.host=10.0.0.2", "dist.node_rank=1"], script="", module="paddle_dist.train",
+                  log_dir="logs")
+    assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "ERROR", "--master", "10.0.0.1:6170",
+                                      "--nnodes", "2", "--rank", "1", "--host", "10.0.0.2",
+                                      "--log_dir", "logs", sys.executable, "-u", *MODULE,
+                                      "-o", "train.epochs=1")
+
+
+def test_paddles_launcher_turns_the_module_argv_into_the_ranks_command(monkeypatch):
+    """The installed Paddle's own parser and entry point, fed the argv above: each rank
+    runs `python -u -m paddle_dist.train args` (a .py script would get `python -u script`)."""
+    from types import SimpleNamespace
+
+    from paddle.distributed.launch.context.args_envs import parse_args
+    from paddle.distributed.launch.controllers.controller import Controller
+
+    p = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170",
+                   "dist.node_rank=1"], script="", module="paddle_dist.train")
+    monkeypatch.setattr(sys, "argv", ["launch", *p.argv[3:]])
+    args, unknown = parse_args()
+    assert unknown == [] and str(args.nproc_per_node) == "2" and args.nnodes == "2"
+    entry = Controller._get_entrypoint(SimpleNamespace(ctx=SimpleNamespace(args=args)))
+    assert entry == [sys.executable, "-u", *MODULE, "-o", "train.epochs=1"]
+
+
+def test_a_module_job_under_mpirun_runs_the_module():
+    p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"],
+                  script="", module="paddle_dist.train")
+    assert p.argv[:3] == ("mpirun", "-n", "2")
+    assert p.argv[-5:] == (sys.executable, *MODULE, "-o", "train.epochs=1")
+
+
+def test_a_script_job_is_unchanged_by_the_module_option():
+    assert launcher.python_args("train.py") == ("train.py",)
+    assert launcher.python_args("", "paddle_dist.train") == MODULE
+    p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"])
+    assert p.argv[-4:] == (sys.executable, "train.py", "-o", "train.epochs=1")
