@@ -12,13 +12,26 @@ SHELL := /bin/bash
 # paddlepaddle and paddlepaddle-gpu both provide `paddle`: remove the other one first.
 OTHER_PADDLE := $(if $(findstring gpu,$(PADDLE)),paddlepaddle,paddlepaddle-gpu)
 
-.PHONY: demo test bench setup system-deps clean
+# The compat stage (.ci/run): the unit tests and the key flows on other supported Paddle
+# versions, each in a venv of its own (.venv-<version>).
+COMPAT_PADDLES ?= 2.6.2 3.2.2
+COMPAT_MARK ?= compat
+
+.PHONY: demo test compat bench setup system-deps clean
 
 demo: $(STAMP)
 	$(PY) train.py -o dist.nprocs=2
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
+
+compat: system-deps
+	@for v in $(COMPAT_PADDLES); do \
+		echo "== compat: Paddle $$v"; \
+		$(MAKE) --no-print-directory setup VENV=.venv-$$v PADDLE=paddlepaddle==$$v && \
+		.venv-$$v/bin/python -m pytest -q tests/unit && \
+		.venv-$$v/bin/python -m pytest -q tests/integration -m "$(COMPAT_MARK)" || exit 1; \
+	done
 
 # The numbers in docs/benchmarks.md (about 80 minutes on 2 cores; run nothing else meanwhile;
 # bench_link needs root and skips otherwise).
@@ -77,4 +90,4 @@ $(STAMP): setup.cfg pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 clean:
-	rm -rf runs log .pytest_cache bench-results
+	rm -rf runs log .pytest_cache bench-results .venv-*

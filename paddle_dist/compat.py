@@ -17,6 +17,8 @@ difference below is measured, and tests/unit/test_compat.py checks each on every
   on 2.6. The CPU transports round in numpy (reducers.to_bf16_bits), the same on every
   version; only `sync.mode=fused` with `sync.compress=bf16` on CPU casts with Paddle
   and so truncates on 2.6 (`cpu_bf16_cast_rounds`).
+- The exported program. `paddle.jit.save(net, prefix)` writes `prefix.json` (PIR) on 3.x
+  and `prefix.pdmodel` on 2.6 (`program_file` finds it; deploy.json names it).
 - Random generator state. 3.x's `GeneratorState` pickles as (device, seed, offset,
   engine), the CPU engine (mt19937_64) included. 2.6's pickles as (device, seed, offset)
   only: a CPU state rebuilt from it starts the engine afresh from `seed`, so a resumed
@@ -162,6 +164,16 @@ def cpu_bf16_cast_rounds() -> bool:
     # 1 + 2**-8 + 2**-9 lies past the middle between two bfloat16 values: rounding goes up.
     above_half = paddle.to_tensor([1.0 + 2 ** -8 + 2 ** -9], dtype="float32").astype("bfloat16")
     return int(numpy_view(above_half)[0]) == 0x3F81     # truncated: 0x3F80
+
+
+def program_file(folder: Path, prefix: str) -> Path:
+    """The program `paddle.jit.save(net, folder/prefix)` wrote: prefix.json (3.x) or
+    prefix.pdmodel (2.6)."""
+    for suffix in (".json", ".pdmodel"):
+        path = Path(folder) / f"{prefix}{suffix}"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"paddle.jit.save wrote no {prefix}.json or {prefix}.pdmodel in {folder}")
 
 
 # ---------------------------------------------------------------- random generators

@@ -1,15 +1,20 @@
-"""What this machine offers, for a bug report; and the pre-flight check's command line.
+"""What this machine offers, for a bug report; the pre-flight check's and the self-test's
+command line.
 
-`report()` collects versions, CPU, memory, GPUs, the variables that steer Paddle, NCCL and
-gloo, network interfaces, /dev/shm and proxies (passwords masked); `--check` adds the
-pre-flight of a job's config (preflight.py).
+`report()` collects versions (Paddle's build, whether paddle_dist supports it, and whether
+the CUDA libraries a GPU build opens load here: buildinfo.py), CPU, memory, GPUs, the
+variables that steer Paddle, NCCL and gloo, network interfaces, /dev/shm and proxies
+(passwords masked); `--check` adds the pre-flight of a job's config (preflight.py).
 
 Every function takes the environment as a mapping (from `env.host_facts()`), so tests pass
 their own.
 
+`--test` runs a short real job on this machine and prints a PASS/FAIL table (selftest.py).
+
 Example:
     python -m paddle_dist.doctor                      # paste the output into an issue
     python -m paddle_dist.doctor --check -c configs/mnist_lenet.yaml -o dist.master=127.0.0.1:6170
+    python -m paddle_dist.doctor --test --nprocs 2    # 2 CPU ranks (default: every visible GPU)
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from importlib import metadata
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from . import buildinfo, netcheck
 from . import env as envlib
-from . import netcheck
 from .errors import UserError
 from .preflight import ERROR, SHM_PATH, Problem, StatVfs, _bytes, preflight, shm_facts
 
@@ -60,23 +65,21 @@ def report(environ: Mapping[str, str], gpu_info: envlib.GpuInfo, cpu_count: int,
 
 
 def versions() -> Dict[str, Any]:
-    """Python, OS and package versions; CUDA, cuDNN and NCCL as the Paddle build reports them
-    (None for a CPU build)."""
+    """Python, OS and package versions; Paddle's build (CPU, or the CUDA and cuDNN it was
+    built for: None for a CPU build), whether paddle_dist supports it, and whether the
+    CUDA libraries a GPU build opens load here (`paddle_facts`)."""
     import paddle   # already imported by env.host_facts(); the report is not on a fast path
 
     from . import __version__
 
-    v = paddle.version
     return {
         "python": f"{platform.python_version()} ({platform.python_implementation()})",
         "platform": platform.platform(),
         "kernel": platform.release(),
-        "paddle": v.full_version,
-        "paddle_commit": v.commit,
+        **paddle_facts(buildinfo.current(), buildinfo.site_packages()),
+        "nccl": buildinfo.version_of(paddle.version, "nccl"),
         "paddle_with_cuda": paddle.is_compiled_with_cuda(),
-        "cuda": _build_version(v, "cuda"),
-        "cudnn": _build_version(v, "cudnn"),
-        "nccl": _build_version(v, "nccl"),
+        "paddle_commit": paddle.version.commit,
         "visualdl": _installed("visualdl"),
         "numpy": _installed("numpy"),
         "pyyaml": _installed("PyYAML"),
@@ -84,10 +87,29 @@ def versions() -> Dict[str, Any]:
     }
 
 
-def _build_version(version_module, name: str) -> Optional[str]:
-    # A CPU build answers False for cuda()/cudnn() and '0' for nccl(); older builds lack nccl().
-    value = getattr(version_module, name, lambda: None)()
-    return None if value in (None, False, "", "0", "False") else str(value)
+def paddle_facts(build: buildinfo.Build, site: Optional[Path],
+                 loader: Callable[[str], str] = buildinfo.load_library) -> Dict[str, Any]:
+    """The report's lines on Paddle's build: version, support, CUDA and cuDNN, where each
+    library the build opens loads from (None where it does not), and one line on what to
+    install when some are missing. `loader(name)` loads a library (OSError when it
+    cannot), so a test can be a CUDA build on a machine without CUDA.
+
+    Example:
+        paddle_facts(buildinfo.Build("2.6.2", "12.0", "8.9.1"), None)["cuda_fix"]
+        # 'pip install "nvidia-cudnn-cu12==8.9.*" nvidia-cublas-cu12 ... and export LD_LIBRARY_PATH=...'
+    """
+    supported, supported_range = buildinfo.support(build.version)
+    found = buildinfo.probe(buildinfo.libraries(build), site, loader)
+    return {
+        "paddle": build.version,
+        "paddle_supported": supported,
+        "paddle_supported_versions": supported_range,
+        "paddle_build": build.describe(),
+        "cuda": build.cuda,
+        "cudnn": build.cudnn,
+        "cuda_libraries": found,
+        "cuda_fix": buildinfo.fix(build, found, site),
+    }
 
 
 def _installed(distribution: str) -> Optional[str]:
@@ -207,7 +229,21 @@ def _rows(section: str, value: Mapping[str, Any]) -> List[Tuple[str, str]]:
         return [(name, ", ".join(addrs) or "(no IPv4 address)") for name, addrs in value.items()]
     if section in ("variables", "proxies") and not value:
         return [("(none set)", "")]
+    if section == "versions":
+        return [row for key, v in value.items() for row in _version_rows(key, v)]
     return [(key, _bytes(v) if key == "memory_total" else _text(v)) for key, v in value.items()]
+
+
+def _version_rows(key: str, value: Any) -> List[Tuple[str, str]]:
+    """One row per version fact; the CUDA libraries one line each (left out for a CPU
+    build, which opens none), the fix only when there is something to fix."""
+    if key == "cuda_libraries":
+        width = max((len(name) for name in value), default=0)
+        lines = [f"{name:<{width}}  {path or 'missing'}" for name, path in value.items()]
+        return [(key, "\n".join(lines))] if lines else []
+    if key == "cuda_fix":
+        return [(key, value)] if value else []
+    return [(key, _text(value))]
 
 
 def _section(title: str, rows: List[Tuple[str, str]]) -> str:
@@ -232,21 +268,22 @@ def _text(value: Any) -> str:
 
 # ---------------------------------------------------------------- command line
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m paddle_dist.doctor [--json] [--check [-c CONFIG] [-o KEY=VALUE ...]]`.
-    Exit 0 when fine (warnings allowed), 1 when the pre-flight found an error."""
-    from . import config as configlib
-    from .options import ArgParser, add_config_options
-
-    parser = ArgParser(prog="python -m paddle_dist.doctor",
-                         description="Print this machine's environment for a bug report, and "
-                                     "check a config against it (--check).")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--check", action="store_true",
-                        help="also run the pre-flight check for the config (-c, -o)")
-    add_config_options(parser)
-    args = parser.parse_args(argv)
+    """`python -m paddle_dist.doctor [--json] [--check [-c CONFIG] [-o KEY=VALUE ...]]` and
+    `... --test [--nprocs N] [--gpus LIST]`. Exit 0 when fine (warnings allowed, checks
+    skipped), 1 when the pre-flight found an error or a self-test check failed."""
+    args = _parser().parse_args(argv)
     if not args.check and (args.config or args.override):
         raise UserError("-c/-o only apply to the pre-flight check; add --check")
+    if not args.test and (args.nprocs is not None or args.gpus is not None):
+        raise UserError("--nprocs/--gpus only apply to the self-test; add --test")
+    if args.test:
+        if args.check:
+            raise UserError("--test and --check are separate runs; give one of them")
+        from . import selftest
+
+        return selftest.run(args.nprocs, args.gpus, args.json)
+    from . import config as configlib
+
     cfg = configlib.load(args.config, args.override) if args.check else None
     environ, gpu_info, cores = envlib.host_facts()
     environ = shell_environ(environ)
@@ -254,6 +291,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     problems = preflight(cfg, environ, gpu_info) if cfg is not None else []
     _print(data, problems, args.json, args.check)
     return 1 if any(p.severity == ERROR for p in problems) else 0
+
+
+def _parser():
+    from .options import ArgParser, add_config_options
+
+    parser = ArgParser(prog="python -m paddle_dist.doctor",
+                       description="Print this machine's environment for a bug report, check a "
+                                   "config against it (--check), or run a short real job on it "
+                                   "and print a PASS/FAIL table (--test).")
+    parser.add_argument("--json", action="store_true", help="print the report (or the self-test) as JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="also run the pre-flight check for the config (-c, -o)")
+    add_config_options(parser)
+    test = parser.add_argument_group("self-test")
+    test.add_argument("--test", action="store_true",
+                      help="run a short real job (all-reduce per dtype, gradient sync against a "
+                           "one-process replay, checkpoint and RNG, AMP on GPUs, export and "
+                           "predict) and print a PASS/FAIL table; exit 1 if a check failed")
+    test.add_argument("--nprocs", type=int, default=None,
+                      help="ranks for --test (default: one per visible GPU, else 2 CPU ranks)")
+    test.add_argument("--gpus", default=None, help="GPU ids for --test, e.g. 0,1 (default: every visible GPU)")
+    return parser
 
 
 def shell_environ(environ: Mapping[str, str]) -> Dict[str, str]:

@@ -5,7 +5,7 @@ Python) and FastDeploy, and beside it `deploy.json`: what a deployer needs to fe
 (input name and shape, layout, colour, scaling, mean and std) and to read its output
 (class names). The batch size is left dynamic. Optimizer state is not exported.
 
-    <out>/model.json        the program (Paddle 3's PIR format)
+    <out>/model.json        the program (Paddle 3's PIR format; model.pdmodel from 2.6)
     <out>/model.pdiparams   the weights
     <out>/deploy.json       input and preprocessing, class names, where it came from
 
@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import compat
 from . import config as configlib
 from .errors import UserError
 
@@ -75,7 +76,7 @@ def export(net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None
                 net.train()
         inputs = [{"name": spec.name, "shape": [-1 if d is None else int(d) for d in spec.shape],
                    "dtype": str(spec.dtype).replace("paddle.", "")} for spec in input_spec]
-        deploy = {"format": 1, "model_file": f"{MODEL_PREFIX}.json",
+        deploy = {"format": 1, "model_file": compat.program_file(tmp, MODEL_PREFIX).name,
                   "params_file": f"{MODEL_PREFIX}.pdiparams", "inputs": inputs, **(info or {})}
         (tmp / DEPLOY_FILE).write_text(json.dumps(deploy, indent=1))
         if out.exists():

@@ -84,3 +84,8 @@ def no_environ_leak(request, monkeypatch):
 def environ_before_paddle() -> Dict[str, str]:
     """os.environ as the test process started, before Paddle's import edited it."""
     return dict(ENVIRON_BEFORE_PADDLE)
+
+
+def pytest_configure(config):
+    # The compat stage (`make compat`, in .ci/run) runs these on other Paddle versions.
+    config.addinivalue_line("markers", "compat: a key flow that must hold on every supported Paddle")

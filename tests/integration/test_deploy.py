@@ -13,7 +13,7 @@ import paddle
 import pytest
 from PIL import Image
 
-from paddle_dist import checkpoint, export as export_module, models
+from paddle_dist import checkpoint, compat, export as export_module, models
 from paddle_dist.data import mnist_dataset
 from paddle_dist.idx import load_mnist
 
@@ -51,11 +51,14 @@ def _dygraph(checkpoint_dir, name="lenet", num_classes=0):
     return net
 
 
+@pytest.mark.compat
 def test_export_then_predict_gives_the_models_own_answers(demo_run, tmp_path):
     exported = check(run(["-m", "paddle_dist.export", str(demo_run)]))
     out = demo_run / "export"
-    assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "model.json", "model.pdiparams"]
     deploy = json.loads((out / "deploy.json").read_text())
+    program = "model.json" if compat.program_file(out, "model").suffix == ".json" else "model.pdmodel"
+    assert sorted(p.name for p in out.iterdir()) == ["deploy.json", program, "model.pdiparams"]
+    assert deploy["model_file"] == program
     best = demo_run / "best" / (demo_run / "best" / "latest").read_text().strip()
     assert deploy["checkpoint"] == str(best.resolve())                 # best/ first
     assert deploy["inputs"] == [{"name": "image", "shape": [-1, 1, 28, 28], "dtype": "float32"}]
@@ -122,6 +125,7 @@ def test_the_python_api_exports_a_users_own_model(tmp_path):
     assert np.allclose(loaded(x).numpy(), net(x).numpy(), atol=1e-6)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("how", [["--eval-only", "-o", "dist.nprocs=2"], ["-o", "train.epochs=0"]])
 def test_evaluate_only_scores_a_checkpoint_and_changes_nothing(demo_run, tmp_path, how):
     before = _snapshot(demo_run)

@@ -216,7 +216,8 @@ BARE = {"paddle.distributed.launch": ["-m", "paddle.distributed.launch", "--npro
 
 
 @pytest.mark.parametrize("launcher, api", [
-    ("launch", "loop"), ("launch", "hapi"), ("spawn", "loop"), ("spawn", "hapi"),
+    pytest.param("launch", "loop", marks=pytest.mark.compat), ("launch", "hapi"), ("spawn", "loop"),
+    pytest.param("spawn", "hapi", marks=pytest.mark.compat),
     ("paddle.distributed.launch", "loop"), pytest.param("mpirun", "hapi", marks=needs_mpirun)])
 def test_the_same_command_continues_a_killed_run(launcher, api, uninterrupted, tmp_path):
     """No run directory named: running the identical command again finds the killed run,

@@ -41,8 +41,11 @@ from paddle_dist.idx import load_mnist
 
 from .procs import ROOT, settled_session
 
-NOT_BUILD_INPUTS = shutil.ignore_patterns(".venv", ".git", "runs", "log", "build", "dist", "*.egg-info",
-                                          "__pycache__", "*.pyc", ".pytest_cache", "bench-results")
+pytestmark = pytest.mark.compat
+
+NOT_BUILD_INPUTS = shutil.ignore_patterns(".venv", ".venv-*", ".carry", ".gpukit", ".git", "runs", "log",
+                                          "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
+                                          ".pytest_cache", "bench-results")
 # One line of a .pth file, run by site.py at start-up (in a function's scope: the lambda
 # takes what it uses as defaults).
 PROBE = ("import atexit, os, sys; d = os.environ.get('PADDLE_DIST_TEST_PROBE'); "

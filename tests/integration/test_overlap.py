@@ -53,6 +53,7 @@ if __package__:
     from .procs import run
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("transport", ["backend", "shm"])
 def test_a_peer_killed_mid_backward_is_a_peer_failure(transport, tmp_path):
     result = run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.compat    # every sync mode, transport and compression
+
 STEPS = 20
 BATCH = 16             # per rank
 SAMPLES = 640          # 20 steps of 2 x 16 per epoch

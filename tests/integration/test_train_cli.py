@@ -23,6 +23,7 @@ def _outputs_of(run_dir, ranks=2):
     return metrics, yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("api,command", [
     ("loop", ["train.py", "-o", "dist.nprocs=2"]),
     ("hapi", ["tools/spawn_train.py", "--nprocs", "2"]),

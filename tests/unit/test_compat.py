@@ -107,3 +107,12 @@ def test_an_optimizers_loaded_state_is_in_its_state_before_the_first_step():
         assert sorted(fresh.state_dict()) == sorted(state)
     else:
         assert not [k for k in fresh.state_dict() if k != "LR_Scheduler"]   # 2.6 leaves it out
+
+
+def test_the_exported_program_is_json_from_3_0_and_pdmodel_on_2_6(tmp_path):
+    net = paddle.nn.Linear(3, 2)
+    spec = [paddle.static.InputSpec([None, 3], "float32", "x")]
+    paddle.jit.save(net, str(tmp_path / "model"), input_spec=spec)
+    assert compat.program_file(tmp_path, "model").name == ("model.json" if AT_LEAST_3 else "model.pdmodel")
+    with pytest.raises(FileNotFoundError, match="no other.json or other.pdmodel"):
+        compat.program_file(tmp_path, "other")

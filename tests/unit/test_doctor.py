@@ -12,10 +12,12 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
+import paddle
 import pytest
 
-from paddle_dist import doctor, netcheck
+from paddle_dist import buildinfo, compat, doctor, netcheck
 from paddle_dist import preflight as pf
 from paddle_dist.config import load
 from paddle_dist.doctor import format_report, mask_credentials, report
@@ -306,7 +308,12 @@ def test_report_has_every_section_and_masks_passwords():
     d = report(SECRET_ENV, CPU_BUILD, 2, statvfs=shm_of(64 * MiB, 60 * MiB))
     assert list(d) == ["versions", "cpu", "gpus", "variables", "network", "shm", "proxies"]
     assert {"python", "kernel", "paddle", "paddle_commit", "paddle_with_cuda", "cuda", "cudnn",
-            "nccl", "visualdl", "numpy", "pyyaml", "paddle_dist"} <= set(d["versions"])
+            "nccl", "visualdl", "numpy", "pyyaml", "paddle_dist", "paddle_supported",
+            "paddle_supported_versions", "paddle_build", "cuda_libraries", "cuda_fix"} <= set(d["versions"])
+    assert d["versions"]["paddle"] == paddle.version.full_version
+    assert d["versions"]["paddle_supported"] is True          # the tested versions only
+    if not paddle.is_compiled_with_cuda():
+        assert d["versions"]["paddle_build"] == "CPU" and d["versions"]["cuda_libraries"] == {}
     assert d["cpu"]["logical_cores"] == 2 and d["cpu"]["usable_cores"] >= 1
     assert d["cpu"]["memory_total"] > 0
     assert d["gpus"] == {"count": 0, "names": [], "nvidia_smi": None, "CUDA_VISIBLE_DEVICES": "0,1"}
@@ -370,3 +377,111 @@ def test_cli_bad_config_is_one_line_and_exit_2():
 def test_main_refuses_config_options_without_check():
     with pytest.raises(UserError, match="add --check"):
         doctor.main(["-o", "train.epochs=1"])
+
+
+def test_main_refuses_self_test_options_without_test_and_test_with_check():
+    with pytest.raises(UserError, match="add --test"):
+        doctor.main(["--nprocs", "2"])
+    with pytest.raises(UserError, match="add --test"):
+        doctor.main(["--gpus", "0"])
+    with pytest.raises(UserError, match="give one of them"):
+        doctor.main(["--test", "--check"])
+    with pytest.raises(UserError, match="--nprocs must be >= 1"):
+        doctor.main(["--test", "--nprocs", "0"])
+
+
+# ---------------------------------------------------------------- Paddle's build
+SITE = Path("/venv/lib/python3.11/site-packages")
+PYPI_GPU = buildinfo.Build("2.6.2", cuda="12.0", cudnn="8.9.1")              # PyPI's paddlepaddle-gpu
+PIP_LIBS = buildinfo.Build("3.2.2", cuda="12.6", cudnn="9.5.1", pip_libraries=True)
+
+
+class Loader:
+    """A dlopen stand-in: every library loads from /usr/local/cuda/lib64 but the `missing`
+    ones; the names tried are kept, in order."""
+
+    def __init__(self, *missing):
+        self.missing, self.tried = missing, []
+
+    def __call__(self, name):
+        self.tried.append(name)
+        if any(Path(name).name.startswith(m) for m in self.missing):
+            raise OSError(f"{name}: cannot open shared object file")
+        return "/usr/local/cuda/lib64/" + Path(name).name
+
+
+def test_a_cuda_12_0_build_without_cudnn_says_what_to_install():
+    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn"))
+    assert facts["paddle_build"] == "CUDA 12.0, cuDNN 8.9.1" and facts["paddle_supported"] is True
+    assert facts["cuda_libraries"] == {
+        "libcudnn.so.8": None,
+        "libcublas.so.12": "/usr/local/cuda/lib64/libcublas.so.12",
+        "libcurand.so.10": "/usr/local/cuda/lib64/libcurand.so.10",
+        "libcusolver.so.11": "/usr/local/cuda/lib64/libcusolver.so.11",
+        "libnccl.so.2": "/usr/local/cuda/lib64/libnccl.so.2"}      # 2.6 links cudart statically
+    fix = facts["cuda_fix"]
+    assert fix.startswith('pip install "nvidia-cudnn-cu12==8.9.*" and export LD_LIBRARY_PATH='
+                          f'{SITE}/nvidia/cudnn/lib:$LD_LIBRARY_PATH (Paddle 2.6.2 searches '
+                          "LD_LIBRARY_PATH only)")
+    assert fix.endswith("or install CUDA 12.0 and cuDNN 8.9 from NVIDIA and add their lib64 folder "
+                        "to LD_LIBRARY_PATH")
+    assert "\n" not in fix and "cublas" not in fix
+
+
+def test_the_report_text_lists_each_library_and_the_fix():
+    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
+    text = doctor._section("versions", doctor._rows("versions", facts))
+    assert "  cuda_libraries             libcudnn.so.8      missing\n" in text
+    assert "\n                             libcublas.so.12    /usr/local/cuda/lib64/libcublas.so.12\n" in text
+    assert '  cuda_fix                   pip install "nvidia-cudnn-cu12==8.9.*" nvidia-nccl-cu12 and ' in text
+
+
+def test_a_build_with_pip_cuda_libraries_is_looked_for_in_site_packages_first():
+    loader = Loader("libcudnn")
+    facts = doctor.paddle_facts(PIP_LIBS, SITE, loader)
+    assert list(facts["cuda_libraries"]) == ["libcudnn.so.9", "libcublas.so.12", "libcurand.so.10",
+                                             "libcusolver.so.11", "libnccl.so.2", "libcudart.so.12"]
+    # Paddle's order: the pip package's folder, the system's search path, /usr/local/cuda/lib64.
+    assert loader.tried[:3] == [f"{SITE}/nvidia/cudnn/lib/libcudnn.so.9", "libcudnn.so.9",
+                                "/usr/local/cuda/lib64/libcudnn.so.9"]
+    assert loader.tried[3] == f"{SITE}/nvidia/cublas/lib/libcublas.so.12"
+    assert facts["cuda_fix"].startswith('pip install "nvidia-cudnn-cu12==9.5.*" (Paddle 3.2.2 finds '
+                                        "them in site-packages/nvidia), or install CUDA 12.6")
+
+
+def test_cpu_builds_and_complete_installs_need_nothing():
+    cpu = doctor.paddle_facts(buildinfo.Build("3.3.1"), SITE, Loader("lib"))
+    assert (cpu["paddle_build"], cpu["cuda_libraries"], cpu["cuda_fix"]) == ("CPU", {}, None)
+    assert [key for key, _ in doctor._rows("versions", cpu)] == [
+        "paddle", "paddle_supported", "paddle_supported_versions", "paddle_build", "cuda", "cudnn"]
+    assert doctor.paddle_facts(PYPI_GPU, SITE, Loader())["cuda_fix"] is None
+
+
+@pytest.mark.parametrize("cuda, cudnn, names, cudnn_package", [
+    ("11.8", "8906", ["libcudnn.so.8", "libcublas.so.11", "libcurand.so.10", "libcusolver.so.11"],
+     "nvidia-cudnn-cu11==8.9.*"),                       # cuDNN's own number: 8.9.6
+    ("12.3", "90100", ["libcudnn.so.9", "libcublas.so.12", "libcurand.so.10", "libcusolver.so.11"],
+     "nvidia-cudnn-cu12==9.1.*"),                       # cuDNN 9's: 9.1.0
+    ("11.8", "8.6.0", ["libcudnn.so.8", "libcublas.so.11", "libcurand.so.10", "libcusolver.so.11"],
+     "nvidia-cudnn-cu11==8.6.*"),
+])
+def test_library_names_follow_the_cuda_and_cudnn_versions(cuda, cudnn, names, cudnn_package):
+    libs = buildinfo.libraries(buildinfo.Build("3.0.0", cuda, cudnn, pip_libraries=True))
+    assert [lib.soname for lib in libs][:4] == names
+    assert libs[0].package == cudnn_package
+    assert libs[-1].soname == ("libcudart.so.11.0" if cuda.startswith("11") else "libcudart.so.12")
+
+
+@pytest.mark.parametrize("version, supported", [
+    ("2.6.2", True), ("3.0.0", True), ("3.1.1", True), ("3.2.2", True), ("3.3.1", True),
+    ("3.0.0rc1", True), ("2.5.2", False), ("3.4.0", False), ("0.0.0", False)])
+def test_supported_versions(version, supported):
+    assert buildinfo.support(version) == (supported, compat.SUPPORTED)
+
+
+def test_load_library_returns_the_file_or_raises():
+    path = buildinfo.load_library("libc.so.6")
+    assert Path(path).name.startswith("libc.so.6") or Path(path).name.startswith("libc-")
+    assert Path(path).is_file()
+    with pytest.raises(OSError):
+        buildinfo.load_library("libnosuchlibrary.so.7")
