@@ -14,6 +14,9 @@ warnings.filterwarnings("ignore", message="No ccache found")
 # BatchNorm says, at every training forward, that it tracks the running statistics.
 warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 
+# Before Paddle: Paddle 2.6 with numpy 2 crashes when numpy.random comes after it (compat.py).
+import numpy.random  # noqa: E402,F401
+
 from .env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as _load  # noqa: E402
 

@@ -4,6 +4,10 @@ Supported: Paddle 2.6 and 3.0-3.3 (tested with 2.6.2, 3.0.0, 3.1.1, 3.2.2 and 3.
 builds from PyPI; GPU users get 2.6.2 from PyPI, 3.x from Paddle's own index). Each
 difference below is measured, and tests/unit/test_compat.py checks each on every version:
 
+- numpy. Paddle 2.6 was built for numpy 1. With numpy 2, importing `numpy.random` after
+  `paddle` crashes the process (SIGSEGV in zlib's inflateReset2: Paddle's zlib symbols
+  win); `numpy<2` is needed there (`numpy_problem`; `make PADDLE=paddlepaddle==2.6.2`
+  installs it). paddle_dist imports numpy.random before Paddle in any case.
 - numpy views of a tensor's memory. The CPU gradient sync hands gradients to its
   transports as numpy views, without copies. `np.from_dlpack` gives a writable view
   on 3.3; on 3.0-3.2 the view is READ-ONLY (numpy 2 honours the flag Paddle sets), and
@@ -103,15 +107,31 @@ def version_problem(version: Optional[str]) -> Optional[str]:
             "but untested (README: Install)")
 
 
-_said: List[str] = []      # the version line, once said in this process
+def numpy_problem(paddle_version: Optional[str], numpy_version: str) -> Optional[str]:
+    """One line when this numpy cannot serve this Paddle (2.6 with numpy 2), else None.
+
+    Example:
+        numpy_problem("2.6.2", "2.4.6")   # 'Paddle 2.6.2 needs numpy 1 ...'
+    """
+    if paddle_version is None or parse_version(paddle_version)[:2] != (2, 6):
+        return None
+    if parse_version(numpy_version)[:1] < (2,):
+        return None
+    return (f"Paddle {paddle_version} needs numpy 1 (found {numpy_version}: importing "
+            "numpy.random after paddle crashes); pip install \"numpy<2\"")
+
+
+_said: List[str] = []      # the version lines, once said in this process
 
 
 def warn_unsupported(emit) -> None:
-    """Say once per process, through `emit(line)`, when this Paddle is outside the range."""
-    problem = version_problem(installed_version())
-    if problem and not _said:
-        _said.append(problem)
+    """Say once per process, through `emit(line)`, when this Paddle is outside the range
+    or this numpy cannot serve it."""
+    version = installed_version()
+    problems = [p for p in (version_problem(version), numpy_problem(version, np.__version__)) if p]
+    for problem in problems if not _said else []:
         emit(f"paddle_dist: warning: {problem}")
+    _said.extend(problems or [""])
 
 
 # ---------------------------------------------------------------- numpy views

@@ -34,6 +34,14 @@ def test_the_unsupported_line_is_said_once(monkeypatch):
     assert said == [f"paddle_dist: warning: {compat.version_problem('2.5.2')}"]
 
 
+def test_paddle_2_6_with_numpy_2_is_said_and_nothing_else_is():
+    assert compat.numpy_problem("2.6.2", "2.4.6").startswith("Paddle 2.6.2 needs numpy 1 (found 2.4.6")
+    assert compat.numpy_problem("2.6.2", "1.26.4") is None
+    assert compat.numpy_problem("3.3.1", "2.4.6") is None and compat.numpy_problem(None, "2.0.0") is None
+    if VERSION[:2] == (2, 6):           # the make targets install numpy 1 with 2.6
+        assert np.__version__.startswith("1.")
+
+
 def test_dlpack_views_are_writable_only_from_3_3():
     assert compat.dlpack_writable() == (DEVELOP or VERSION >= (3, 3))
     if hasattr(paddle.Tensor, "__dlpack__"):
