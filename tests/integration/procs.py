@@ -44,11 +44,13 @@ def settled_session(sid: int, grace_s: float = 10.0) -> List[int]:
 
 
 def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,
-        cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
-    """Run `args` (python is prepended when the first item is a .py file or -m)."""
+        cwd: Optional[Path] = None, base_env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run `args` (python is prepended when the first item is a .py file or -m) in its own
+    session, bounded by `timeout`, with this process's environment (or `base_env`) plus
+    `env`; fails when it leaves processes behind."""
     if args[0].endswith(".py") or args[0] == "-m":
         args = [PY] + args
-    child_env = dict(os.environ)
+    child_env = dict(os.environ if base_env is None else base_env)
     child_env.pop("PYTEST_CURRENT_TEST", None)
     child_env.update(env or {})
     proc = subprocess.Popen(args, cwd=str(cwd or ROOT), env=child_env, text=True,

@@ -28,18 +28,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pytest
 from PIL import Image
 
 from paddle_dist.idx import load_mnist
 
-from .procs import ROOT, settled_session
+from .procs import ROOT, check, run
 
 pytestmark = pytest.mark.compat
 
@@ -62,37 +60,13 @@ with open(os.path.join(sys.argv[1], rank), "w") as f:
 """
 
 
-def _call(args: List[str], env: Dict[str, str], cwd: Path, timeout: float):
-    """Run `args` in its own session, bounded by `timeout`; kill what it leaves behind."""
-    proc = subprocess.Popen(args, cwd=str(cwd), env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
-    finally:
-        left = settled_session(proc.pid)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind by {' '.join(args)}: {left}"
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
-def _ok(result):
-    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(result.args)}\n"
-                                    f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
-    return result
-
-
 def _build_wheel(tmp: Path) -> Path:
     src, out = tmp / "src", tmp / "wheel"
     shutil.copytree(ROOT, src, ignore=NOT_BUILD_INPUTS)
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out), str(src)]
-    offline = _call(pip[:4] + ["--no-build-isolation"] + pip[4:], dict(os.environ), tmp, 300)
+    offline = run(pip[:4] + ["--no-build-isolation"] + pip[4:], timeout=300, cwd=tmp)
     if offline.returncode != 0:       # no bdist_wheel here (setuptools < 70.1 without wheel)
-        isolated = _call(pip, dict(os.environ), tmp, 300)
+        isolated = run(pip, timeout=300, cwd=tmp)
         assert isolated.returncode == 0, (f"cannot build a wheel:\n{offline.stderr[-2000:]}\n"
                                           f"{isolated.stdout[-2000:]}\n{isolated.stderr[-2000:]}")
     [wheel] = out.glob("paddle_dist-*.whl")
@@ -106,12 +80,12 @@ def _host_site_dirs() -> List[str]:
 
 def _make_venv(tmp: Path, wheel: Path) -> Path:
     venv = tmp / "venv"
-    _ok(_call([sys.executable, "-m", "venv", "--without-pip", str(venv)], dict(os.environ), tmp, 120))
+    check(run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120, cwd=tmp))
     python = venv / "bin" / "python"
-    site = Path(_ok(_call([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          dict(os.environ), tmp, 60)).stdout.strip())
-    _ok(_call([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-cache-dir",
-               "--target", str(site), str(wheel)], dict(os.environ), tmp, 300))
+    site = Path(check(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          timeout=60, cwd=tmp)).stdout.strip())
+    check(run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-cache-dir",
+               "--target", str(site), str(wheel)], timeout=300, cwd=tmp))
     (site / "host.pth").write_text("".join(f"{d}\n" for d in _host_site_dirs()))
     (site / "probe.pth").write_text(PROBE)
     return venv
@@ -137,7 +111,7 @@ def _run(installed, args: List[str], timeout: float = 120, probe: Optional[Path]
     if probe is not None:
         probe.mkdir()
         env = dict(env, PADDLE_DIST_TEST_PROBE=str(probe))
-    return _call([str(venv / "bin" / "python"), *args], env, work, timeout)
+    return run([str(venv / "bin" / "python"), *args], timeout=timeout, cwd=work, base_env=env)
 
 
 def _imported_from(probe: Path) -> List[str]:
@@ -150,7 +124,7 @@ def test_the_installed_wheel_runs_everything_outside_the_checkout(installed, tmp
 
     # The installed copy, with its bundled configs; a bad name lists them.
     bundled = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
-    checks = _ok(_run(installed, ["-c", (
+    checks = check(_run(installed, ["-c", (
         "import sys, paddle_dist\n"
         "from paddle_dist.schema import CONFIG_DIR\n"
         "print(paddle_dist.__file__); print(CONFIG_DIR)\n"
@@ -164,11 +138,11 @@ def test_the_installed_wheel_runs_everything_outside_the_checkout(installed, tmp
     assert lines[3] == f"config file 'no_such_config' not found; pass a YAML path or one of: {', '.join(bundled)}"
     assert lines[4] == "False False"
 
-    _ok(_run(installed, ["-m", "paddle_dist.doctor", "--check"], timeout=180))
+    check(_run(installed, ["-m", "paddle_dist.doctor", "--check"], timeout=180))
 
     # The built-in job, 2 ranks started by the installed module, on the bundled MNIST.
     probe = tmp_path / "train-probe"
-    trained = _ok(_run(installed, ["-m", "paddle_dist.train", "-o", "dist.nprocs=2", "-o", "train.epochs=1"],
+    trained = check(_run(installed, ["-m", "paddle_dist.train", "-o", "dist.nprocs=2", "-o", "train.epochs=1"],
                        timeout=300, probe=probe))
     assert "test accuracy" in trained.stdout
     [run_dir] = [d for d in (work / "runs").iterdir() if d.is_dir()]
@@ -184,20 +158,20 @@ def test_the_installed_wheel_runs_everything_outside_the_checkout(installed, tmp
     (work / "user_job.py").write_text(USER_SCRIPT)
     out = tmp_path / "user-out"
     out.mkdir()
-    _ok(_run(installed, ["-m", "paddle_dist.launch", "--nprocs", "2", "-o", "train.epochs=7",
+    check(_run(installed, ["-m", "paddle_dist.launch", "--nprocs", "2", "-o", "train.epochs=7",
                          "user_job.py", str(out)], timeout=180))
     assert {p.name: p.read_text() for p in out.iterdir()} == {
         r: f"2 7 {package}/__init__.py" for r in ("0", "1")}
 
     # Export the run, then predict 20 bundled test digits saved as PNG files.
-    _ok(_run(installed, ["-m", "paddle_dist.export", str(run_dir)], timeout=180))
+    check(_run(installed, ["-m", "paddle_dist.export", str(run_dir)], timeout=180))
     assert (run_dir / "export" / "deploy.json").is_file()
     images, labels = load_mnist("", "test")
     paths = []
     for i in range(20):
         paths.append(str(tmp_path / f"digit{i}.png"))
         Image.fromarray(images[i]).save(paths[-1])
-    predicted = json.loads(_ok(_run(installed, ["-m", "paddle_dist.predict", str(run_dir / "export"),
+    predicted = json.loads(check(_run(installed, ["-m", "paddle_dist.predict", str(run_dir / "export"),
                                                 *paths, "--json"], timeout=180)).stdout)
     right = sum(p["top"][0]["index"] == int(label) for p, label in zip(predicted, labels[:20]))
     assert right >= 14, predicted                   # a model with test accuracy > 0.8

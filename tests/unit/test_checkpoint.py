@@ -291,16 +291,19 @@ def test_async_saver_writes_the_same_bytes_as_save(tmp_path, one_step):
 
 def test_async_saver_writes_off_the_calling_thread_one_at_a_time(tmp_path, one_step, monkeypatch):
     net, opt, _ = one_step
-    release, writers, real_write = threading.Event(), [], ck.write
+    release, entered, writers, real_write = threading.Event(), threading.Event(), [], ck.write
 
     def slow_write(root, snap, keep_last):
         writers.append(threading.current_thread())
+        entered.set()
         assert release.wait(timeout=60)
         return real_write(root, snap, keep_last)
 
     monkeypatch.setattr(ck.io, "write", slow_write)          # what the saver calls
     saver = ck.AsyncSaver()
     saver.submit(tmp_path, ck.snapshot(net, opt, meta(1)), keep_last=0)
+    # The writer has taken snapshot 1 (else snapshot 2 would replace it in the queue).
+    assert entered.wait(timeout=60)
     assert ck.latest(tmp_path) is None                # submit returned; the write is blocked
     release.set()
     saver.submit(tmp_path, ck.snapshot(net, opt, meta(2)), keep_last=0)   # waits for the 1st
