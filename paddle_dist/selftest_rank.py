@@ -6,7 +6,8 @@ group, seed), then runs CHECKS in order. Every check runs under a deadline
 (`faults.deadline()`: a watchdog process ends a rank that hangs, even inside native code
 that holds the GIL), and after every check the rank rewrites <dir>/rank<N>.json with its
 rows so far and the check it is in, so that the parent can say which check hung or
-crashed. A check's exception is a FAIL row, not the end of the rank.
+crashed. A check's exception is a FAIL row, and the rank's last: after a failure the
+ranks' collectives no longer line up, so the later checks are NOT RUN.
 
 Example (what selftest.py's generated script runs in every rank):
     sys.exit(selftest_rank.main(["/tmp/paddle_dist-selftest-x"]))
@@ -126,6 +127,9 @@ def main(argv: List[str]) -> int:
             if check.first_only and not env.is_main:
                 continue
             recorder.start(check.name)
-            recorder.add(run_check(check, job))
+            row = run_check(check, job)
+            recorder.add(row)
+            if row.status == FAIL:    # the ranks' collectives no longer line up: stop here
+                break
     recorder.finish()
     return 0
