@@ -176,3 +176,31 @@ def test_own_launchers_equal_one_process_with_double_batch(tmp_path):
     for name in ("launch", "spawn"):
         diff = max(float(abs(weights[name][k] - weights["single"][k]).max()) for k in weights[name])
         assert diff <= 1e-5, (name, diff)
+
+
+PRETEND_UNSUPPORTED = ("import sys; sys.path.insert(0, {root!r}); from paddle_dist import compat; "
+                       "compat.installed_version = lambda: '2.5.2'\n")
+
+
+@pytest.mark.parametrize("how", ["launcher", "fit"])
+def test_a_paddle_outside_the_range_is_said_once_at_start_up(how, tmp_path):
+    """Pretending the installed Paddle is 2.5.2: one line naming the supported range, from
+    the process that starts the ranks (train.py's launcher) or from fit() on one process."""
+    from paddle_dist import compat
+
+    script = tmp_path / "job.py"
+    body = PRETEND_UNSUPPORTED.format(root=str(ROOT)) + {
+        "launcher": ("from paddle_dist.cli import train_main\n"
+                     f"sys.exit(train_main(['-o', 'dist.nprocs=2', '-o', 'train.max_steps=2', "
+                     f"'-o', 'output.root={tmp_path / 'runs'}']))\n"),
+        "fit": ("import paddle, paddle_dist\n"
+                "from paddle_dist.data import mnist_dataset\n"
+                f"cfg = paddle_dist.load_config(overrides=['train.max_steps=2', 'output.root={tmp_path / 'runs'}'])\n"
+                "paddle_dist.setup(cfg)\n"
+                "net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(784, 10))\n"
+                "ds = mnist_dataset(cfg.data.root, 'train')\n"
+                "paddle_dist.fit(net, ds, config=cfg)\n")}[how]
+    script.write_text(body)
+    done = check(run([str(script)], timeout=240))
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "outside the range" in line]
+    assert said == [f"paddle_dist: warning: {compat.version_problem('2.5.2')}"]
