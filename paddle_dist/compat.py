@@ -32,6 +32,8 @@ difference below is measured, and tests/unit/test_compat.py checks each on every
   exactly. The seed comes from the job's seed (`note_seed`, called by
   `runtime.seed_everything`) and the step, so saving twice at one step saves one state.
   GPU generators (Philox: seed and offset say everything) are saved as they are.
+  A checkpoint moved between 2.6 and 3.x resumes, but its CPU engine starts afresh from
+  the saved seed: exact from 2.6 to 3.x, not from 3.x to 2.6 (2.6 cannot set an engine).
 - An optimizer's loaded state. `set_state_dict` on an optimizer that has not stepped
   yet keeps the state aside until its first step makes the accumulators; 3.x's
   `state_dict()` returns that state meanwhile, 2.6's returns none of it, so a checkpoint
@@ -248,9 +250,15 @@ def set_generator_states(states: Sequence[Tuple[Sequence[int], Sequence[int]]]) 
 
     rebuilt = []
     for scalars, engine in states:
+        pieces = tuple(int(s) for s in scalars)
+        if engine_saved() and not len(engine) and pieces[0] < 0:
+            # Saved by 2.6 (no engine): its CPU engine starts afresh from the seed, here too.
+            generator = core.default_cpu_generator()
+            generator.manual_seed(pieces[1])
+            rebuilt.append(generator.get_state())
+            continue
         # GeneratorState has no public constructor; this is how unpickling builds one.
         state = core.GeneratorState.__new__(core.GeneratorState)
-        pieces = tuple(int(s) for s in scalars)
         state.__setstate__(pieces + ((list(int(v) for v in engine),) if engine_saved() else ()))
         rebuilt.append(state)
     paddle.set_rng_state(rebuilt)

@@ -90,6 +90,14 @@ def test_generator_states_round_trip_mid_stream_on_every_version():
     np.testing.assert_array_equal(paddle.rand([4]).numpy(), expected)
 
 
+def test_a_state_saved_by_2_6_starts_the_cpu_engine_from_its_seed_on_every_version():
+    paddle.seed(7)
+    expected = paddle.rand([4]).numpy()
+    paddle.rand([5])
+    compat.set_generator_states([([-1, 7, 0], [])])      # 2.6's form: no engine
+    np.testing.assert_array_equal(paddle.rand([4]).numpy(), expected)
+
+
 def test_saving_twice_at_one_step_saves_one_state_and_other_steps_differ():
     paddle.seed(11)
     compat.note_seed(11)
