@@ -172,6 +172,8 @@ def numpy_view(tensor) -> np.ndarray:
         raise TypeError(f"no numpy view for a {dtype} tensor")
     if dtype != "bfloat16" and dlpack_writable():
         return np.from_dlpack(tensor).reshape(-1)
+    if not tensor.place.is_cpu_place():      # a device pointer: numpy would read host memory
+        raise TypeError(f"no numpy view of a tensor on {tensor.place}; copy it to the CPU first")
     view = np.asarray(_Memory(tensor, int(tensor.size), NUMPY_TYPES[dtype]))
     if dtype != "bfloat16":
         view = view.view(NUMPY_TYPES[dtype])
