@@ -30,7 +30,7 @@ from pathlib import Path
 from importlib import metadata
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from . import buildinfo, netcheck
+from . import buildinfo, compat, netcheck
 from . import env as envlib
 from .errors import UserError
 from .preflight import ERROR, SHM_PATH, Problem, StatVfs, _bytes, preflight, shm_facts
@@ -82,6 +82,7 @@ def versions() -> Dict[str, Any]:
         "paddle_commit": paddle.version.commit,
         "visualdl": _installed("visualdl"),
         "numpy": _installed("numpy"),
+        "numpy_fix": compat.numpy_problem(paddle.__version__, _installed("numpy") or "0"),
         "pyyaml": _installed("PyYAML"),
         "paddle_dist": __version__,
     }
@@ -241,7 +242,7 @@ def _version_rows(key: str, value: Any) -> List[Tuple[str, str]]:
         width = max((len(name) for name in value), default=0)
         lines = [f"{name:<{width}}  {path or 'missing'}" for name, path in value.items()]
         return [(key, "\n".join(lines))] if lines else []
-    if key == "cuda_fix":
+    if key in ("cuda_fix", "numpy_fix"):
         return [(key, value)] if value else []
     return [(key, _text(value))]
 

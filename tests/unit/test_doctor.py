@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import paddle
 import pytest
 
@@ -485,3 +486,10 @@ def test_load_library_returns_the_file_or_raises():
     assert Path(path).is_file()
     with pytest.raises(OSError):
         buildinfo.load_library("libnosuchlibrary.so.7")
+
+
+def test_the_numpy_fix_is_a_row_only_when_there_is_something_to_fix():
+    assert doctor._version_rows("numpy_fix", None) == []
+    line = compat.numpy_problem("2.6.2", "2.4.6")
+    assert doctor._version_rows("numpy_fix", line) == [("numpy_fix", line)]
+    assert doctor.versions()["numpy_fix"] == compat.numpy_problem(paddle.__version__, np.__version__)
