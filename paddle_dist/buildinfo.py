@@ -26,8 +26,6 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import importlib.util
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -81,26 +79,8 @@ def version_of(version_module, name: str) -> Optional[str]:
 
 def site_packages() -> Optional[Path]:
     """The folder Paddle is installed in (the nvidia-* packages' folder is beside it)."""
-    spec = importlib.util.find_spec("paddle")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).parent
-
-
-# ---------------------------------------------------------------- supported versions
-def support(version: str) -> Tuple[bool, str]:
-    """(whether paddle_dist supports this Paddle version, the supported range in words):
-    compat.py's answer.
-
-    Example:
-        support("2.6.2")   # (True, '2.6 and 3.0-3.3 (tested: ...)')
-    """
-    return compat.is_supported(version), compat.SUPPORTED
-
-
-def _numbers(text: str) -> List[int]:
-    """'3.0.0rc1' -> [3, 0, 0]; '8906' -> [8906]."""
-    return [int(n) for n in re.findall(r"\d+", str(text).split("rc")[0].split("+")[0])[:3]]
+    folder = compat.paddle_dir()
+    return folder.parent if folder else None
 
 
 # ---------------------------------------------------------------- CUDA libraries
@@ -110,7 +90,7 @@ def libraries(build: Build) -> List[Library]:
     pip package of its own (3.x); 2.6 links it statically."""
     if build.cuda is None:
         return []
-    cu = _numbers(build.cuda)[0]
+    cu = compat.parse_version(build.cuda)[0]
     major, minor = _cudnn_major_minor(build.cudnn)
     libs = [Library(f"libcudnn.so.{major}", f"nvidia-cudnn-cu{cu}=={major}.{minor}.*", "cudnn"),
             Library(f"libcublas.so.{cu}", f"nvidia-cublas-cu{cu}", "cublas"),
@@ -125,7 +105,7 @@ def libraries(build: Build) -> List[Library]:
 
 def _cudnn_major_minor(cudnn: Optional[str]) -> Tuple[int, int]:
     """(8, 9) from '8.9.1', and from cuDNN's own number ('8906'; 9.x: '90100')."""
-    numbers = _numbers(cudnn or "")
+    numbers = compat.parse_version(cudnn or "")
     if len(numbers) >= 2:
         return numbers[0], numbers[1]
     number = numbers[0] if numbers else 0

@@ -52,7 +52,7 @@ import hashlib
 import importlib.util
 import re
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -65,19 +65,35 @@ SEED_BITS = 63
 
 
 # ---------------------------------------------------------------- the version
-def installed_version() -> Optional[str]:
-    """Paddle's version as its build wrote it (e.g. '3.3.1', '0.0.0' for a develop
-    build), read from paddle/version/__init__.py without importing Paddle (about a
-    second, which a launcher that only starts ranks never needs); None without Paddle."""
+def paddle_dir() -> Optional[Path]:
+    """The installed `paddle` package's folder, found without importing it; None without
+    Paddle."""
     spec = importlib.util.find_spec("paddle")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "version" / "__init__.py"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def build_fields() -> Dict[str, str]:
+    """The `name = '...'` lines of paddle/version/__init__.py, which Paddle's build writes
+    (full_version, cuda_version, hip_version, ...), read without importing Paddle (about a
+    second, which a launcher that only starts ranks never needs); {} without Paddle.
+
+    Example:
+        build_fields()["cuda_version"]    # 'False' for a CPU build
+    """
+    folder = paddle_dir()
     try:
-        found = re.search(r"^full_version\s*=\s*'([^']*)'", path.read_text(), re.M)
+        text = (folder / "version" / "__init__.py").read_text() if folder else ""
     except OSError:
-        return None
-    return found.group(1) if found else None
+        return {}
+    return dict(re.findall(r"^(\w+)\s*=\s*'([^']*)'", text, re.M))
+
+
+def installed_version() -> Optional[str]:
+    """Paddle's version as its build wrote it (e.g. '3.3.1', '0.0.0' for a develop
+    build); None without Paddle."""
+    return build_fields().get("full_version")
 
 
 def parse_version(text: str) -> Tuple[int, ...]:
@@ -123,17 +139,17 @@ def numpy_problem(paddle_version: Optional[str], numpy_version: str) -> Optional
             "numpy.random after paddle crashes); pip install \"numpy<2\"")
 
 
-_said: List[str] = []      # the version lines, once said in this process
+_said: List[str] = []      # the version lines said in this process
 
 
 def warn_unsupported(emit) -> None:
     """Say once per process, through `emit(line)`, when this Paddle is outside the range
     or this numpy cannot serve it."""
     version = installed_version()
-    problems = [p for p in (version_problem(version), numpy_problem(version, np.__version__)) if p]
-    for problem in problems if not _said else []:
-        emit(f"paddle_dist: warning: {problem}")
-    _said.extend(problems or [""])
+    for problem in (version_problem(version), numpy_problem(version, np.__version__)):
+        if problem and problem not in _said:
+            _said.append(problem)
+            emit(f"paddle_dist: warning: {problem}")
 
 
 # ---------------------------------------------------------------- numpy views
@@ -160,6 +176,12 @@ class _Memory:
                                     "typestr": typestr, "version": 3}
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:
+    """'float32' for paddle.float32 (cached: numpy_view runs for every gradient, every step)."""
+    return str(dtype).split(".")[-1]
+
+
 def numpy_view(tensor) -> np.ndarray:
     """A writable 1-D numpy view of a contiguous CPU tensor's own memory (no copy):
     writing into it writes the tensor. bfloat16 is seen as its uint16 bits.
@@ -167,7 +189,7 @@ def numpy_view(tensor) -> np.ndarray:
     Example:
         g = numpy_view(param.grad)     # float32, param.grad.size elements
     """
-    dtype = str(tensor.dtype).split(".")[-1]
+    dtype = _dtype_name(tensor.dtype)
     if dtype not in NUMPY_TYPES:
         raise TypeError(f"no numpy view for a {dtype} tensor")
     if dtype != "bfloat16" and dlpack_writable():

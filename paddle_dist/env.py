@@ -17,14 +17,12 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from . import compat
 from .clusters import CLUSTER_ENVIRONMENTS, EXTERNAL_ENGINES
 from .errors import DeviceError, UserError
 
@@ -112,15 +110,7 @@ def probe_gpus() -> GpuInfo:
 def _build_is_cpu_only() -> bool:
     """True when paddle/version/__init__.py says the build has neither CUDA nor ROCm
     (`cuda_version = 'False'`, `hip_version = 'False'`); False when unsure."""
-    spec = importlib.util.find_spec("paddle")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    path = Path(list(spec.submodule_search_locations)[0]) / "version" / "__init__.py"
-    try:
-        text = path.read_text()
-    except OSError:
-        return False
-    found = dict(re.findall(r"^(cuda_version|hip_version)\s*=\s*'([^']*)'", text, re.M))
+    found = compat.build_fields()
     return found.get("cuda_version") == "False" and found.get("hip_version", "False") == "False"
 
 

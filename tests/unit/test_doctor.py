@@ -477,7 +477,7 @@ def test_library_names_follow_the_cuda_and_cudnn_versions(cuda, cudnn, names, cu
     ("2.6.2", True), ("3.0.0", True), ("3.1.1", True), ("3.2.2", True), ("3.3.1", True),
     ("3.0.0rc1", True), ("2.5.2", False), ("3.4.0", False), ("0.0.0", False)])
 def test_supported_versions(version, supported):
-    assert buildinfo.support(version) == (supported, compat.SUPPORTED)
+    assert doctor.paddle_facts(buildinfo.Build(version), None)["paddle_supported"] is supported
 
 
 def test_load_library_returns_the_file_or_raises():
