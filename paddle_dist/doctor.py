@@ -99,12 +99,11 @@ def paddle_facts(build: buildinfo.Build, site: Optional[Path],
         paddle_facts(buildinfo.Build("2.6.2", "12.0", "8.9.1"), None)["cuda_fix"]
         # 'pip install "nvidia-cudnn-cu12==8.9.*" nvidia-cublas-cu12 ... and export LD_LIBRARY_PATH=...'
     """
-    supported, supported_range = compat.is_supported(build.version), compat.SUPPORTED
     found = buildinfo.probe(buildinfo.libraries(build), site, loader)
     return {
         "paddle": build.version,
-        "paddle_supported": supported,
-        "paddle_supported_versions": supported_range,
+        "paddle_supported": compat.is_supported(build.version),
+        "paddle_supported_versions": compat.SUPPORTED,
         "paddle_build": build.describe(),
         "cuda": build.cuda,
         "cudnn": build.cudnn,
