@@ -2,7 +2,7 @@
 
 Example:
     import paddle_dist
-    cfg = paddle_dist.load_config("configs/mnist_lenet.yaml", ["train.api=hapi"])
+    cfg = paddle_dist.load_config(overrides=["train.api=hapi"])
     paddle_dist.setup(cfg)
     result = paddle_dist.fit(my_net, train_ds, eval_ds, config=cfg)
 """
@@ -18,7 +18,7 @@ warnings.filterwarnings("ignore", message="When training, we now always track gl
 import numpy.random  # noqa: E402,F401
 
 from .env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
-from .config import Config, load as _load  # noqa: E402
+from .config import Config, load as _load, with_overrides as _with_overrides  # noqa: E402
 
 __all__ = ["Config", "DistEnv", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
@@ -36,15 +36,20 @@ def __getattr__(name):
 
 
 def load_config(path=None, overrides=()) -> Config:
-    """The config: defaults, the YAML file (default configs/mnist_lenet.yaml), `overrides`;
-    then, under `python -m paddle_dist.launch`, its -c (in place of `path`) and -o (last:
-    the command line wins).
+    """The config for a script of one's own: the typed defaults (constant lr, no scaling,
+    no warm-up: nothing the script did not ask for), or the YAML file `path`, then
+    `overrides`; then, under `python -m paddle_dist.launch`, its -c (in place of `path`)
+    and -o (last: the command line wins). (train.py's default job, the demo, is
+    configs/mnist_lenet.yaml: `load_config("mnist_lenet")`.)
 
     Example:
         cfg = paddle_dist.load_config(overrides=["train.api=hapi"])
     """
     given_path, given = launch_options()
-    return _load(given_path or path, [*overrides, *given])
+    source = given_path or path
+    if source is None:
+        return _with_overrides([*overrides, *given])
+    return _load(source, [*overrides, *given], fit_record=True)
 
 
 __version__ = "0.1.0"

@@ -27,6 +27,8 @@ from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TAS
                      FAULT_KINDS, MODEL_INPUTS, MODEL_TASKS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
                      Config, DistConfig, TrainConfig)
 
+FIT_RECORD = "fit"      # config.yaml's record of a paddle_dist.fit() run (dump)
+
 def resolve_path(name_or_path: str) -> Path:
     """A config path, or the name of a bundled config ("mnist_mlp" -> configs/mnist_mlp.yaml;
     an installed package has them as paddle_dist/configs/, see schema.CONFIG_DIR)."""
@@ -42,16 +44,38 @@ def resolve_path(name_or_path: str) -> Path:
     raise ConfigError(f"config file {name_or_path!r} not found; pass a YAML path or one of: {known}")
 
 
-def load(path: Optional[str] = None, overrides: List[str] = ()) -> Config:
-    """Build the config: defaults, then the YAML file (default: configs/mnist_lenet.yaml), then overrides."""
+def load(path: Optional[str] = None, overrides: List[str] = (), fit_record: bool = False) -> Config:
+    """Build the config: defaults, then the YAML file (default: configs/mnist_lenet.yaml), then overrides.
+
+    A run directory's config.yaml from `paddle_dist.fit()` holds a `fit:` record of the
+    script's own model and optimizer (dump), which no built-in job can rebuild: loading it
+    is refused unless `fit_record` (a script's own load_config, which ignores the record).
+    """
     cfg = Config()
     source = resolve_path(path or DEFAULT_CONFIG)
-    merge(cfg, read_yaml(source))
+    data = read_yaml(source)
+    record = data.pop(FIT_RECORD, None)
+    if record is not None and not fit_record:
+        raise ConfigError(refuse_fit_run(source, record, "train.py builds only its built-in models: "
+                                                         "run that script again to repeat or continue the run"))
+    merge(cfg, data)
     _override(cfg, overrides)
     if not cfg.output.name:
         cfg.output.name = source.stem
     validate(cfg)
     return cfg
+
+
+def refuse_fit_run(where, record: Any, consequence: str) -> str:
+    """One line: `where` holds a `fit()` run (its config.yaml's `fit:` record), and so what."""
+    model = record.get("model", "?") if isinstance(record, dict) else "?"
+    return f"{where} is from a paddle_dist.fit() run of the script's own model {model}; {consequence}"
+
+
+def fit_record(path: Path) -> Optional[Dict[str, Any]]:
+    """The `fit:` record of a run's config.yaml (None for a built-in job's)."""
+    record = read_yaml(Path(path)).get(FIT_RECORD)
+    return record if isinstance(record, dict) else None
 
 
 def with_overrides(overrides: List[str] = ()) -> Config:
@@ -340,9 +364,23 @@ def replace_key(cfg: Config, dotted: str, value: Any) -> Config:
     return copy
 
 
-def dump(cfg: Config, path: Path) -> None:
-    """Write the resolved config as YAML, loadable again with `load(path)`."""
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+def dump(cfg: Config, path: Path, fit: Optional[Dict[str, Any]] = None) -> None:
+    """Write the resolved config as YAML, loadable again with `load(path)`.
+
+    `fit`: the record of a `paddle_dist.fit()` run (its model, optimizer and data, which
+    are the script's own), written first as `fit:`; the keys that run did not use (the
+    built-in model and dataset, and the config's optimizer when the script brought its
+    own) are left out, so that the file says only what the run was.
+    """
+    data = cfg.to_dict()
+    if fit is not None:
+        data.pop("model")
+        data["data"] = {"batched": cfg.data.batched}
+        if fit.get("optimizer_from") == "script":
+            for key in ("optimizer", "lr", "weight_decay"):
+                data["train"].pop(key)
+        data = {FIT_RECORD: fit, **data}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def config_hash(cfg_dict: Dict[str, Any]) -> str:

@@ -31,6 +31,10 @@ SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's l
 # `python -m paddle_dist.launch -c CONFIG -o KEY=VALUE ... script.py`: for the script's
 # paddle_dist.load_config() and fit() (launch_options()).
 LAUNCH_CONFIG, LAUNCH_OVERRIDES = "PADDLE_DIST_CONFIG", "PADDLE_DIST_OVERRIDES"
+# `python -m paddle_dist.launch script.py`: a file where the script's fit() (rank 0) writes
+# the run directory it chose, so that the launcher can read the ranks' status records and
+# name the command that continues the run (run_pointer()).
+RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -400,3 +404,14 @@ def launch_options(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optiona
     except ValueError:
         overrides = []
     return environ.get(LAUNCH_CONFIG) or None, [str(item) for item in overrides]
+
+
+def run_pointer(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The file in which rank 0 of a `fit()` under `python -m paddle_dist.launch` writes its
+    run directory ("" when no paddle_dist launcher asked for it).
+
+    Example:
+        run_pointer({"PADDLE_DIST_RUN_POINTER": "log/run_dir"})   # 'log/run_dir'
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get(RUN_POINTER, "")

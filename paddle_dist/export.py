@@ -130,6 +130,12 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
     checkpoint_dir, run_dir = _locate(Path(target))
     if not config and run_dir is None:
         raise UserError(f"no config.yaml beside checkpoint {checkpoint_dir}; give the run's config with -c")
+    if not config:
+        record = configlib.fit_record(run_dir / "config.yaml")
+        if record is not None:
+            raise UserError(configlib.refuse_fit_run(
+                run_dir, record, "python -m paddle_dist.export rebuilds only built-in models: export "
+                "yours from the script, paddle_dist.export(net, input_spec, out) (docs/deploy.md)"))
     cfg = configlib.load(config or str(run_dir / "config.yaml"))
     classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))

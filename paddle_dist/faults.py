@@ -59,8 +59,30 @@ EXIT_INTERRUPTED = 130   # Ctrl+C
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
 
 
-class Preempted(Exception):
-    """A stop was requested (SIGTERM/SIGUSR1); raised after the checkpoint is saved."""
+class Preempted(SystemExit):
+    """A stop was requested (SIGTERM/SIGUSR1); raised after the checkpoint is saved.
+
+    A SystemExit with code 75: left uncaught in a script of one's own (fit()), it ends the
+    process with 75 and no traceback, which is what a scheduler that requeues expects.
+    """
+
+    def __init__(self, message: str = ""):
+        super().__init__(EXIT_PREEMPTED)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Interrupted(SystemExit):
+    """Ctrl+C in fit(): a SystemExit with code 130, so that a script of one's own ends
+    with one line, not a KeyboardInterrupt traceback through Paddle's and its own frames."""
+
+    def __init__(self):
+        super().__init__(EXIT_INTERRUPTED)
+
+    def __str__(self) -> str:
+        return "interrupted"
 
 
 def outcome_of(exc: BaseException) -> str:
@@ -69,7 +91,7 @@ def outcome_of(exc: BaseException) -> str:
 
     if isinstance(exc, Preempted):
         return "preempted"
-    if isinstance(exc, (PeerFailure, KeyboardInterrupt)):
+    if isinstance(exc, (PeerFailure, KeyboardInterrupt, Interrupted)):
         return "stopped"
     return "failed"
 
@@ -80,7 +102,8 @@ def exit_code_of(exc: BaseException) -> int:
     from .comm import PeerFailure
 
     for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER),
-                       (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED)):
+                       (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED),
+                       (Interrupted, EXIT_INTERRUPTED)):
         if isinstance(exc, kind):
             return code
     return EXIT_FAILED

@@ -48,19 +48,22 @@ class Choice:
     note: str = ""               # what to tell the user (a continued run, a finished one)
 
 
-def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True) -> Choice:
+def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
+           extra: Optional[dict] = None) -> Choice:
     """The run directory for `cfg` (module docstring), created if new.
 
     The chooser locks the run and records run.json (identity and the command that
     started it). A directory that was named for this process (output.run_dir, or another
     machine's of a multi-node job) with `hold` False is only checked and created: its
-    launcher holds it.
+    launcher holds it. `extra`: more of the run's identity (fit(): {"fit": its record of
+    the script's model, optimizer and data}), so that only the same job continues it.
     """
     named = cfg.output.run_dir
     if not named and cfg.dist.nnodes > 1 and cfg.dist.node_rank > 0:
         named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
     identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
-                "world_size": world_size, "job": "eval" if evaluates_only(cfg) else "train"}
+                "world_size": world_size, "job": "eval" if evaluates_only(cfg) else "train",
+                **(extra or {})}
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
         path = _given(Path(named), hold)
@@ -77,12 +80,72 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True)
             return Choice(previous.resolve(), _continuing(previous))
         if previous is not None:
             release(previous)
+        other = _unfinished_other(root, identity) if auto and previous is None else None
         path = _new(root, cfg.output.name)
         _hold(path)
         _record(path, identity, command, continues=auto)
     note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"
             if previous is not None else "")
+    if other is not None:
+        note = f"not continuing the unfinished run {other[0]}: {other[1]}; starting a new run in {path}"
     return Choice(path.resolve(), note)
+
+
+def _unfinished_other(root: Path, identity: dict):
+    """(path, why) of the newest unfinished run of the same name and kind that this job
+    does not continue because it is another job (a changed config, model, ...); None when
+    there is none. Runs held by a live job are not looked at."""
+    runs = []
+    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
+        info = read_run(path)
+        if info and info.get("job") == identity["job"] and not _finished(path):
+            runs.append((info.get("created", 0), path, info))
+    for _, path, info in sorted(runs, key=lambda r: r[0], reverse=True):
+        if not _hold(path):
+            continue
+        release(path)
+        return path, _difference(info, identity)
+    return None
+
+
+# How a difference in a run's identity reads (run.json against this job).
+_IDENTITY_WORDS = {"config_hash": "its config differs", "world_size": "it ran on {old} ranks, this job on {new}",
+                   "fit.model": "its model was {old}, this one is {new}",
+                   "fit.parameters_digest": "its model's parameter names or shapes differ",
+                   "fit.optimizer": "its optimizer was {old}, this one is {new}",
+                   "fit.lr": "its lr was {old}, this one is {new}",
+                   "fit.lr_scheduler": "its lr scheduler was {old!r}, this one is {new!r}",
+                   "fit.train_samples": "it trained on {old} samples, this job on {new}",
+                   "fit.eval_samples": "it evaluated {old} samples, this job {new}"}
+
+
+def _difference(info: dict, identity: dict) -> str:
+    """What makes a run's identity (`info`, its run.json) another job than `identity`."""
+    said = []
+    for key, words in _IDENTITY_WORDS.items():
+        section, _, leaf = key.partition(".")
+        old, new = info.get(section), identity.get(section)
+        if leaf:
+            old, new = (old or {}).get(leaf), (new or {}).get(leaf)
+        if old != new and (old is not None or new is not None):
+            said.append(words.format(old=old, new=new))
+    if not said and info.get("fit") != identity.get("fit"):
+        said.append("one is a paddle_dist.fit() run and the other is not")
+    return "; ".join(said) or "it is another job"
+
+
+def point_to(path: Path, pointer: str) -> None:
+    """Write run directory `path` into the file `pointer` (env.run_pointer(): where a
+    paddle_dist launcher of a script reads which run its ranks chose). "" does nothing."""
+    if not pointer:
+        return
+    target = Path(pointer)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(f"{Path(path).resolve()}\n")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)     # the launcher then reports from exit codes alone
 
 
 def _given(path: Path, hold: bool) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import signal
 import socket
 import sys
 import time
@@ -37,8 +38,14 @@ def setup(cfg) -> envlib.DistEnv:
         env = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend)
         if env.is_main and not env.supervised:       # a paddle_dist launcher has said it
             compat.warn_unsupported(_say)
-        if env.launcher in ("paddle_launch", "spawn") or env.supervised:
-            supervisor.die_with_parent()   # a rank never outlives the launcher that started it
+        # A rank never outlives the launcher that started it. Paddle's spawn dies at once on
+        # SIGTERM (no handler), as it would when a scheduler preempts the job: its ranks then
+        # get SIGTERM too, a stop request (checkpoint, exit 75); a hung rank is ended by its
+        # hang watchdog. paddle_dist's launcher forwards signals itself, so its ranks go with it.
+        if env.supervised:
+            supervisor.die_with_parent()
+        elif env.launcher in ("paddle_launch", "spawn"):
+            supervisor.die_with_parent(signal.SIGTERM)
         envlib.prepare_process_group(env, cfg.dist.nccl)
         _check_network(env, cfg)
         paddle.set_device(env.device)
@@ -131,17 +138,23 @@ def quiet_paddle():
         yield
 
 
-def make_run_dir(cfg, env) -> Path:
+def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     """The run directory: the one paddle_dist's launcher chose for this machine's ranks;
     otherwise the one rank 0 chooses (rundir.choose: given, continued or new), agreed on by
-    every rank. Rank 0 then holds the run until rundir.release() or its exit."""
-    if env.supervised and cfg.output.run_dir:
-        return rundir.choose(cfg, env.world_size, hold=False).path
+    every rank. Rank 0 then holds the run until rundir.release() or its exit. `identity`:
+    more of what makes the run this job (fit(): its model, optimizer and data).
+
+    Under `python -m paddle_dist.launch`, rank 0 also tells the launcher where the run is
+    (env.run_pointer), for its report and the command that continues the run."""
+    pointer = envlib.run_pointer()
+    if env.supervised and cfg.output.run_dir and not pointer:     # train.py's launcher chose it
+        return rundir.choose(cfg, env.world_size, hold=False, extra=identity).path
 
     def decide() -> str:
-        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command())
+        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command(), extra=identity)
         if choice.note:
             print(f"paddle_dist: {choice.note}", flush=True)
+        rundir.point_to(choice.path, pointer)
         return str(choice.path)
 
     return Path(from_rank0(cfg, env, decide)).resolve()

@@ -15,12 +15,17 @@ Example (a user's own model; run it as is, or under `python -m paddle_dist.launc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
+
+import numpy as np
 
 import paddle
+from paddle.optimizer.lr import LRScheduler
 
 from .. import amp, checkpoint, faults, logger, report, rundir, runtime
 from .. import config as configlib
@@ -46,23 +51,49 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     """Train `model` data-parallel on whatever processes this job has.
 
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
-    config's); `loss` defaults to cross-entropy (classification) or MSE (regression).
+    config's); it keeps the rate it was built with unless the config asks for scaling,
+    warm-up or a schedule. `loss` defaults to cross-entropy (classification) or MSE
+    (regression). `config` defaults to the typed defaults (plus what `python -m
+    paddle_dist.launch` was given).
+
+    A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
+    Ctrl+C with 130, both without a traceback (faults.Preempted, faults.Interrupted: each
+    a SystemExit, which a script may still catch).
     """
     if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
         given_path, given = envlib.launch_options()
-        cfg = configlib.load(given_path, given) if given_path else configlib.with_overrides(given)
+        cfg = configlib.load(given_path, given, fit_record=True) if given_path \
+            else configlib.with_overrides(given)
     else:
-        cfg = config if isinstance(config, configlib.Config) else configlib.load(config)
+        cfg = config if isinstance(config, configlib.Config) else configlib.load(config, fit_record=True)
     if cfg.output.name in ("", configlib.DEFAULT_CONFIG):
         # Not the built-in LeNet job: the run is named after the user's model (a copy:
         # the caller's config stays as it was).
         cfg = configlib.replace_key(cfg, "output.name", type(model).__name__.lower())
     env = runtime.setup(cfg)
     loss = loss or default_loss(task)
+    source = "script" if optimizer is not None else "config"
     if optimizer is None:
         optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay)
-    parts = Parts(model, train_data, eval_data, loss, optimizer, task, type(model).__name__)
-    return train(parts, cfg, env)
+    parts = Parts(model, train_data, eval_data, loss, optimizer, task, type(model).__name__,
+                  own=True, optimizer_from=source)
+    try:
+        return train(parts, cfg, env)
+    except KeyboardInterrupt:
+        raise faults.Interrupted() from None
+
+
+@dataclass
+class Prepared:
+    """What a job decides before it creates anything on disk (so that a refusal leaves
+    nothing behind): its optimizer, steps and lr policy, and a fit() run's record."""
+
+    optimizer: paddle.optimizer.Optimizer
+    per_epoch: int                    # optimizer steps per epoch
+    limit: int                        # optimizer steps in all
+    lr_policy: Optional[LrPolicy]
+    lr_text: str                      # the rate in plain words, for the start line
+    record: Optional[dict]            # fit(): model, parameters, optimizer, data (fit_record)
 
 
 def train(parts: Parts, cfg: configlib.Config, env) -> Result:
@@ -73,28 +104,66 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     """
     started = time.perf_counter()
     precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
-    run_dir = runtime.make_run_dir(cfg, env)
+    prepared = _prepare(parts, cfg, env, precision)
+    run_dir = runtime.make_run_dir(cfg, env, {"fit": prepared.record} if prepared.record else None)
     try:
-        return _monitored(parts, cfg, env, run_dir, precision, started)
+        return _monitored(parts, cfg, env, run_dir, precision, prepared, started)
     finally:
         rundir.release(run_dir)   # a process that fits again may choose this run
 
 
-def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, started: float) -> Result:
+def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
+    optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
+    record = fit_record(parts, optimizer) if parts.own else None
+    parts.model, optimizer = amp.decorate(parts.model, optimizer, precision)
+    micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
+                            cfg.train.drop_last)
+    per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
+    limit = total_steps(cfg, per_epoch)
+    policy, text = (None, "") if configlib.evaluates_only(cfg) else \
+        _lr_policy(cfg, env, optimizer, per_epoch, limit)
+    return Prepared(optimizer, per_epoch, limit, policy, text, record)
+
+
+def fit_record(parts: Parts, optimizer) -> dict:
+    """What a fit() run trained, for its config.yaml and run.json (and its identity: a
+    changed model, optimizer or dataset is another job, whose checkpoints would not load
+    or would not mean the same).
+
+    Example:
+        fit_record(parts, opt)["parameters_digest"]    # sha256 of the names and shapes
+    """
+    shapes = "\n".join(f"{name}:{list(value.shape)}" for name, value in parts.model.state_dict().items())
+    scheduler = optimizer._learning_rate
+    return {"model": type(parts.model).__name__,
+            "parameters": int(sum(int(np.prod(p.shape)) for p in parts.model.parameters())),
+            "parameters_digest": hashlib.sha256(shapes.encode()).hexdigest()[:16],
+            "optimizer": type(optimizer).__name__, "lr": float(optimizer.get_lr()),
+            "lr_scheduler": type(scheduler).__name__ if isinstance(scheduler, LRScheduler) else "",
+            "optimizer_from": parts.optimizer_from,
+            "train_samples": len(parts.train_data),
+            "eval_samples": len(parts.eval_data) if parts.eval_data is not None else 0}
+
+
+def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, prepared: Prepared,
+               started: float) -> Result:
     """train() in its run directory: status records, the run, config.yaml and metrics.json."""
     log = logger.setup(run_dir, env)
     if env.is_main:
-        configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml")
+        configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml", fit=prepared.record)
         if parts.classes:
             (run_dir / "classes.json").write_text(json.dumps(parts.classes))
     monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running():
         try:
-            result = _run(parts, cfg, env, run_dir, monitor, log, precision)
+            result = _run(parts, cfg, env, run_dir, monitor, log, precision, prepared)
         except BaseException as exc:
             state = faults.outcome_of(exc)
             monitor.finish(state, exc)
-            if state != "preempted":
+            if isinstance(exc, KeyboardInterrupt):     # the launcher, if any, says it once
+                if not env.supervised and env.is_main:
+                    log.warning(f"interrupted at step {monitor.step_no}")
+            elif state != "preempted":
                 log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "))
             if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
                 report.explain_from_rank(run_dir)
@@ -124,9 +193,9 @@ def _as_ran(cfg, env):
     return ran
 
 
-def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan) -> Result:
-    optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
-    parts.model, optimizer = amp.decorate(parts.model, optimizer, amp_plan)
+def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan,
+         prepared: Prepared) -> Result:
+    optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
     start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
@@ -134,15 +203,12 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
     grad_sync.attach(optimizer)
-    micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
-                            cfg.train.drop_last)
-    per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
-    limit = total_steps(cfg, per_epoch)
+    per_epoch, limit, lr_policy = prepared.per_epoch, prepared.limit, prepared.lr_policy
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {grad_sync.describe()}, "
              f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
-    lr_policy = _lr_policy(cfg, env, optimizer, per_epoch, limit, log)
+    log.info(f"paddle_dist: {prepared.lr_text}")
     progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs,
                                cfg.train.batch_size * cfg.train.accumulate_steps,
                                cfg.train.log_every, limit, start.global_step)
@@ -181,18 +247,22 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
     return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 
 
-def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int, log) -> Optional[LrPolicy]:
-    """The lr policy when it changes anything (else the optimizer keeps its own rate)."""
+def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int) -> Tuple[Optional[LrPolicy], str]:
+    """The lr policy when it changes anything (else the optimizer keeps its own rate), and
+    the rate in plain words. An optimizer with its own LRScheduler is refused only when the
+    config asks for a policy of its own."""
     base = float(optimizer.get_lr())
     policy = LrPolicy.from_config(cfg.train, env.world_size, per_epoch, limit, base_lr=base)
+    scheduler = optimizer._learning_rate
     if policy.peak == base and not policy.varies:
-        return None
-    if isinstance(optimizer._learning_rate, paddle.optimizer.lr.LRScheduler):
+        if isinstance(scheduler, LRScheduler):
+            return None, f"lr from the optimizer's own {type(scheduler).__name__}, {base:g} at the start"
+        return None, f"lr {base:g}, constant"
+    if isinstance(scheduler, LRScheduler):
         raise ConfigError(
             "the optimizer has its own LRScheduler, which train.lr_scaling, train.warmup_epochs "
             "and train.lr_schedule would override; set those to none/0/constant or drop the scheduler")
-    log.info(f"paddle_dist: {policy.describe(cfg.train, env.world_size, base)}")
-    return policy
+    return policy, policy.describe(cfg.train, env.world_size, base)
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):

@@ -35,6 +35,8 @@ class Parts:
     task: str = "classification"      # classification (accuracy) | regression (loss only)
     name: str = ""                    # model name recorded in checkpoints
     classes: Optional[List[str]] = None   # class names, saved in <run>/classes.json
+    own: bool = False                 # fit(): the script's own model and data, recorded as such
+    optimizer_from: str = "config"    # config (train.optimizer, train.lr) | script (its own)
 
 
 @dataclass

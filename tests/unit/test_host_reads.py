@@ -105,7 +105,7 @@ def test_a_users_model_names_its_run_and_its_metrics_are_plain_numbers(tmp_path,
     paddle_dist.setup(cfg)
     result = paddle_dist.fit(paddle.nn.Linear(4, 1), Points(STEPS * BATCH), Points(10), config=cfg,
                              task="regression")
-    assert result.run_dir.name.startswith("linear-") and cfg.output.name == "mnist_lenet"
+    assert result.run_dir.name.startswith("linear-") and cfg.output.name == ""
     assert type(result.metrics["eval_count"]) is int and result.metrics["eval_count"] == 10
     assert all(type(v) is float for k, v in result.metrics.items() if k not in ("epoch", "eval_count"))
     assert json.loads((result.run_dir / "metrics.json").read_text())["test_samples"] == 10

@@ -1,0 +1,228 @@
+"""A user's own script through `paddle_dist.fit()` runs what the user wrote, records what
+it ran, continues only itself, and ends on a signal the same way under every launcher.
+
+The script (scripts/own_fit.py) brings its own model, data and `SGD(0.05)` and overrides
+nothing of paddle_dist's config.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+import yaml
+
+from .procs import PY, ROOT, check, run, settled_session
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_fit.py")
+LAUNCHERS = {
+    "standalone": lambda tmp: [SCRIPT],
+    "paddle_dist.launch": lambda tmp: ["-m", "paddle_dist.launch", "--nprocs", "2",
+                                       "--log_dir", str(tmp / "log"), SCRIPT],
+    "paddle.distributed.launch": lambda tmp: ["-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+                                              "--log_dir", str(tmp / "log"), SCRIPT],
+    "spawn": lambda tmp: [SCRIPT, "--spawn", "2"],
+}
+WORLD = {"standalone": 1, "paddle_dist.launch": 2, "paddle.distributed.launch": 2, "spawn": 2}
+
+
+def _weights(path: Path):
+    return dict(np.load(path))
+
+
+def _job(launcher: str, tmp: Path, *args: str):
+    out = tmp / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    return LAUNCHERS[launcher](tmp) + ["--out", str(out), "--root", str(tmp / "runs"), *args]
+
+
+def _only_run(root: Path) -> Path:
+    runs = sorted(p for p in root.iterdir() if p.is_dir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+# ------------------------------------------------------------------ what the user wrote
+def _replay(initial, world: int, epochs: int, batch: int, lr: float):
+    """One process: the same SGD steps on the union of the ranks' batches of each step
+    (Paddle's DistributedBatchSampler, as documented), from the same initial weights."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("own_fit", SCRIPT)
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)
+    data = own.RandomImages(own.SAMPLES, 0)
+    net = own.SmallCNN()
+    net.set_state_dict({k: paddle.to_tensor(v) for k, v in initial.items()})
+    opt = paddle.optimizer.SGD(lr, parameters=net.parameters())
+    samplers = [paddle.io.DistributedBatchSampler(data, batch, num_replicas=world, rank=r, shuffle=True)
+                for r in range(world)]
+    for epoch in range(epochs):
+        for s in samplers:
+            s.set_epoch(epoch)
+        for batches in zip(*samplers):
+            index = np.concatenate([np.asarray(b) for b in batches])
+            loss = paddle.nn.functional.cross_entropy(net(paddle.to_tensor(data.x[index])),
+                                                      paddle.to_tensor(data.y[index]))
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+    return {k: v.numpy() for k, v in net.state_dict().items()}
+
+
+def test_four_ranks_of_a_users_sgd_match_a_one_process_replay(tmp_path):
+    """No override: the typed defaults keep the script's SGD(0.05) as it was built
+    (constant, unscaled), and the start line says so."""
+    args = ["-m", "paddle_dist.launch", "--nprocs", "4", "--log_dir", str(tmp_path / "log"), SCRIPT,
+            "--out", str(tmp_path), "--root", str(tmp_path / "runs")]
+    result = check(run(args, timeout=300))
+    assert "paddle_dist: lr 0.05, constant" in result.stdout
+    weights = [_weights(tmp_path / f"rank{r}.npz") for r in range(4)]
+    for other in weights[1:]:
+        assert all(np.array_equal(weights[0][k], other[k]) for k in weights[0])
+    replay = _replay(_weights(tmp_path / "initial.npz"), world=4, epochs=2, batch=8, lr=0.05)
+    diff = max(float(np.abs(weights[0][k] - replay[k]).max()) for k in replay)
+    assert diff <= 1e-6, f"4 ranks differ from the replay by {diff}"
+    moved = max(float(np.abs(weights[0][k] - _weights(tmp_path / "initial.npz")[k]).max()) for k in replay)
+    assert moved > 1e-2          # it trained: the comparison is not of two untouched models
+
+
+def test_a_refusal_comes_before_anything_is_on_disk(tmp_path):
+    """An optimizer with its own LRScheduler meets a config that asks for a schedule: fit()
+    raises ConfigError (the script's to catch) before any run directory exists."""
+    result = run([SCRIPT, "--out", str(tmp_path), "--root", str(tmp_path / "runs"), "--scheduler",
+                  "--override", "train.lr_schedule=cosine"], timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "paddle_dist.errors.ConfigError: the optimizer has its own LRScheduler"), result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------ the run's records
+def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_one(tmp_path):
+    check(run([SCRIPT, "--out", str(tmp_path), "--root", str(tmp_path / "runs"), "--epochs", "1"],
+              timeout=120))
+    run_dir = _only_run(tmp_path / "runs")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    info = json.loads((run_dir / "run.json").read_text())
+    assert config["fit"] == info["fit"]
+    record = config["fit"]
+    assert record["model"] == "SmallCNN" and record["parameters"] == 8 * 9 + 8 + 8 * 36 * 10 + 10
+    assert len(record["parameters_digest"]) == 16
+    assert (record["optimizer"], record["lr"], record["optimizer_from"]) == ("SGD", 0.05, "script")
+    assert (record["train_samples"], record["eval_samples"]) == (256, 100)
+    # Nothing of the built-in job that did not run: no model, dataset or config optimizer.
+    assert "model" not in config and "name" not in config["data"]
+    assert "optimizer" not in config["train"] and "lr" not in config["train"]
+
+    again = run(["train.py", "-c", str(run_dir / "config.yaml")], timeout=60)
+    assert again.returncode == 2
+    assert again.stderr.count("\n") == 1 and "paddle_dist.fit() run" in again.stderr
+    assert "SmallCNN" in again.stderr
+    exported = run(["-m", "paddle_dist.export", str(run_dir)], timeout=60)
+    assert exported.returncode == 2 and exported.stderr.count("\n") == 1
+    assert "paddle_dist.export(net, input_spec, out)" in exported.stderr
+    assert not (run_dir / "export").exists()
+
+
+def test_a_changed_model_starts_a_new_run_and_says_why(tmp_path):
+    """An unfinished run (stopped by SIGTERM) is continued by the same script, not by one
+    whose model changed."""
+    code, _, _ = _stop_mid_run("standalone", tmp_path, "loop", signal.SIGTERM)
+    assert code == 75
+    stopped = _only_run(tmp_path / "runs")
+    result = check(run(_job("standalone", tmp_path, "--width", "9", "--epochs", "1"), timeout=120))
+    assert f"not continuing the unfinished run {stopped.relative_to(tmp_path)}" in result.stdout \
+        or f"not continuing the unfinished run {stopped}" in result.stdout, result.stdout
+    assert "parameter names or shapes differ" in result.stdout
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    assert len(runs) == 2 and (runs[1] / "metrics.json").exists()
+    assert not (stopped / "metrics.json").exists()     # the stopped run is left as it was
+
+
+# ------------------------------------------------------------------ stopping by signal
+EPOCHS = "12"      # 384 steps for 2 ranks: the stop lands mid-run, well before the end
+
+
+def _stop_mid_run(launcher: str, tmp: Path, api: str, sig: int):
+    """Start the job; once rank 0 has logged its second step, send `sig`: to the launcher
+    alone, or to every process of the job for Paddle's spawn (whose parent has no handler:
+    as a scheduler does) and for SIGINT (as Ctrl+C in a terminal does). Returns (exit
+    code, stdout, stderr)."""
+    args = [PY] + _job(launcher, tmp, "--api", api, "--epochs", EPOCHS)
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    killer = threading.Timer(180, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        logs = tmp / "runs"
+        while proc.poll() is None and not any(
+                "step 2/" in p.read_text() for p in logs.glob("*/logs/rank0.log")):
+            time.sleep(0.01)    # polling for the job's own progress: the event
+        if launcher == "spawn" or sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=150)
+    finally:
+        killer.cancel()
+        left = settled_session(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Final weights of clean runs, per (world size, API level)."""
+    found = {}
+    for launcher, api in (("standalone", "hapi"), ("paddle_dist.launch", "loop"),
+                          ("paddle_dist.launch", "hapi")):
+        tmp = tmp_path_factory.mktemp(f"clean-{WORLD[launcher]}-{api}")
+        check(run(_job(launcher, tmp, "--api", api, "--epochs", EPOCHS), timeout=240))
+        found[WORLD[launcher], api] = _weights(tmp / "out" / "rank0.npz")
+    return found
+
+
+@pytest.mark.parametrize("launcher, api", [
+    ("standalone", "hapi"), ("paddle_dist.launch", "loop"),
+    pytest.param("paddle_dist.launch", "hapi", marks=pytest.mark.compat),
+    ("paddle.distributed.launch", "loop"), ("spawn", "hapi")])
+def test_sigterm_saves_exits_75_and_the_same_command_continues_bitwise(launcher, api, uninterrupted,
+                                                                      tmp_path):
+    code, out, err = _stop_mid_run(launcher, tmp_path, api, signal.SIGTERM)
+    run_dir = _only_run(tmp_path / "runs")
+    records = [json.loads(p.read_text()) for p in sorted((run_dir / "status").glob("rank*.json"))]
+    assert len(records) == WORLD[launcher]
+    assert {(r["state"], r["exit_code"]) for r in records} == {("preempted", 75)}, records
+    assert len({r["step"] for r in records}) == 1          # every rank stopped at the same step
+    # No Python traceback from any process. (Paddle's spawn parent, which has no handler,
+    # prints Paddle's own C++ report of the SIGTERM that ends it.)
+    assert "Traceback (most recent call last)" not in out + err
+    if launcher in ("standalone", "paddle_dist.launch"):
+        assert code == 75, err
+    # Paddle's own launchers end with their own code (launch: the signal's number; spawn's
+    # parent: killed by SIGTERM); each rank's 75 is in its status record above.
+    if launcher == "paddle.distributed.launch":
+        logs = "".join(p.read_text() for p in (tmp_path / "log").glob("workerlog.*"))
+        assert "Traceback" not in logs
+    check(run(_job(launcher, tmp_path, "--api", api, "--epochs", EPOCHS), timeout=240))
+    assert _only_run(tmp_path / "runs") == run_dir            # the same run, continued
+    final = _weights(tmp_path / "out" / "rank0.npz")
+    reference = uninterrupted[WORLD[launcher], api]
+    assert all(np.array_equal(final[k], reference[k]) for k in reference), "not bitwise equal"
+
+
+def test_ctrl_c_of_a_fit_script_is_130_and_one_line(tmp_path):
+    code, out, err = _stop_mid_run("standalone", tmp_path, "loop", signal.SIGINT)
+    assert code == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    said = [line for line in (out + err).splitlines() if "interrupted" in line]
+    assert len(said) == 1, out + err
