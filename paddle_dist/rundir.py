@@ -121,16 +121,16 @@ _IDENTITY_WORDS = {"config_hash": "its config differs", "world_size": "it ran on
 
 def _difference(info: dict, identity: dict) -> str:
     """What makes a run's identity (`info`, its run.json) another job than `identity`."""
+    if (info.get("fit") is None) != (identity.get("fit") is None):
+        return "one is a paddle_dist.fit() run of a script's own model, the other a built-in job"
     said = []
     for key, words in _IDENTITY_WORDS.items():
         section, _, leaf = key.partition(".")
         old, new = info.get(section), identity.get(section)
         if leaf:
             old, new = (old or {}).get(leaf), (new or {}).get(leaf)
-        if old != new and (old is not None or new is not None):
+        if old != new:
             said.append(words.format(old=old, new=new))
-    if not said and info.get("fit") != identity.get("fit"):
-        said.append("one is a paddle_dist.fit() run and the other is not")
     return "; ".join(said) or "it is another job"
 
 
@@ -167,12 +167,19 @@ def _previous(root: Path, identity: dict) -> Optional[Path]:
     runs = []
     for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
         info = read_run(path)
-        if info and all(info.get(key) == value for key, value in identity.items()):
+        if info and _same_job(info, identity):
             runs.append((info.get("created", 0), path))
     for _, path in sorted(runs, reverse=True):
         if _hold(path):
             return path
     return None
+
+
+def _same_job(info: dict, identity: dict) -> bool:
+    """Whether run.json `info` records the job `identity` (a fit() run's record must match
+    too: a built-in job, which has none, never continues a fit() run)."""
+    return all(info.get(key) == value for key, value in identity.items()) and \
+        info.get("fit") == identity.get("fit")
 
 
 def _glob_escape(text: str) -> str:

@@ -201,3 +201,59 @@ def test_invoking_command_is_the_outermost_launcher_that_runs_the_script(tmp_pat
     assert out.strip() == str(outer)
     # Run by hand: its own command.
     assert rundir.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
+
+
+FIT = {"model": "SmallCNN", "parameters": 2970, "parameters_digest": "d725e7ad494b2d75",
+       "optimizer": "SGD", "lr": 0.05, "lr_scheduler": "", "optimizer_from": "script",
+       "train_samples": 256, "eval_samples": 100}
+
+
+def choose_fit(cfg, record, world=2):
+    choice = rundir.choose(cfg, world, ["python", "mine.py"], extra={"fit": record})
+    rundir.release(choice.path)
+    return choice
+
+
+def test_a_fit_run_is_continued_only_by_the_same_model_optimizer_and_data(tmp_path):
+    first = choose_fit(cfg_for(tmp_path), FIT).path
+    assert rundir.read_run(first)["fit"] == FIT
+    assert choose_fit(cfg_for(tmp_path), dict(FIT)).path == first
+    changed = choose_fit(cfg_for(tmp_path), dict(FIT, parameters_digest="0123456789abcdef"))
+    assert changed.path != first
+    assert changed.note == (f"not continuing the unfinished run {first}: its model's parameter names "
+                            f"or shapes differ; starting a new run in {changed.path}")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"optimizer": "Adam"}, "its optimizer was SGD, this one is Adam"),
+    ({"lr": 0.1}, "its lr was 0.05, this one is 0.1"),
+    ({"train_samples": 300}, "it trained on 256 samples, this job on 300"),
+    ({"model": "Other"}, "its model was SmallCNN, this one is Other")])
+def test_why_a_fit_run_is_not_continued_is_said_in_words(tmp_path, change, words):
+    first = choose_fit(cfg_for(tmp_path), FIT).path
+    note = choose_fit(cfg_for(tmp_path), dict(FIT, **change)).note
+    assert note.startswith(f"not continuing the unfinished run {first}: {words}")
+
+
+def test_a_changed_config_or_world_size_says_why_its_run_is_not_continued(tmp_path):
+    first = choose(cfg_for(tmp_path)).path
+    assert f"{first}: it ran on 2 ranks, this job on 4;" in choose(cfg_for(tmp_path), world=4).note
+    assert "its config differs" in choose(cfg_for(tmp_path, "train.lr=0.01")).note
+    for name in runs(tmp_path):       # finished runs are no candidates: nothing to explain
+        finish(tmp_path / "runs" / name)
+    assert not choose(cfg_for(tmp_path, "train.lr=0.5"), world=8).note.startswith("not continuing")
+
+
+def test_a_built_in_job_never_continues_a_fit_run(tmp_path):
+    first = choose_fit(cfg_for(tmp_path), FIT).path
+    other = choose(cfg_for(tmp_path))
+    assert other.path != first and "one is a paddle_dist.fit() run of a script's own model, the " \
+        "other a built-in job" in other.note
+
+
+def test_point_to_writes_the_run_for_the_launcher(tmp_path):
+    rundir.point_to(tmp_path / "run", str(tmp_path / "pointer"))
+    assert (tmp_path / "pointer").read_text() == f"{(tmp_path / 'run').resolve()}\n"
+    rundir.point_to(tmp_path / "run", "")                     # nobody asked: nothing written
+    rundir.point_to(tmp_path / "run", str(tmp_path / "no" / "such" / "dir" / "pointer"))  # no error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pointer"]
