@@ -68,6 +68,8 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
     if named:
         path = _given(Path(named), hold)
         if hold:
+            if auto:
+                _check_loadable(path, identity)
             _record(path, identity, command, continues=auto)
         return Choice(path.resolve())
     root = Path(cfg.output.root)
@@ -159,6 +161,17 @@ def _given(path: Path, hold: bool) -> Path:
         raise UserError(f"output.run_dir {path} is in use by another job ({_holder(path)}); "
                         "wait for it to end or choose another output.run_dir")
     return path
+
+
+def _check_loadable(path: Path, identity: dict) -> None:
+    """A named run directory holding an unfinished fit() run of another model: its
+    checkpoints would not load into this one, so say so before anything starts."""
+    old, new = (read_run(path).get("fit") or {}), (identity.get("fit") or {})
+    if old and new and old.get("parameters_digest") != new.get("parameters_digest"):
+        release(path)
+        raise UserError(f"output.run_dir {path} holds an unfinished run of another model "
+                        f"({_difference(read_run(path), identity)}); choose another output.run_dir, "
+                        "or add -o checkpoint.resume=none to start afresh there")
 
 
 def _previous(root: Path, identity: dict) -> Optional[Path]:

@@ -257,3 +257,16 @@ def test_point_to_writes_the_run_for_the_launcher(tmp_path):
     rundir.point_to(tmp_path / "run", "")                     # nobody asked: nothing written
     rundir.point_to(tmp_path / "run", str(tmp_path / "no" / "such" / "dir" / "pointer"))  # no error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pointer"]
+
+
+def test_a_named_run_dir_of_another_model_is_refused_and_left_as_it_was(tmp_path):
+    named = tmp_path / "mine"
+    cfg = cfg_for(tmp_path, f"output.run_dir={named}")
+    rundir.release(rundir.choose(cfg, 2, ["python", "mine.py"], extra={"fit": FIT}).path)
+    other = dict(FIT, parameters_digest="0123456789abcdef")
+    with pytest.raises(UserError, match="holds an unfinished run of another model"):
+        rundir.choose(cfg, 2, ["python", "mine.py"], extra={"fit": other})
+    assert rundir.read_run(named)["fit"] == FIT and rundir.read_run(named)["attempts"] == 1
+    fresh = cfg_for(tmp_path, f"output.run_dir={named}", "checkpoint.resume=none")
+    rundir.release(rundir.choose(fresh, 2, ["python", "mine.py"], extra={"fit": other}).path)
+    assert rundir.read_run(named)["fit"] == other
