@@ -39,6 +39,12 @@ QUIET_CHILD = {
     "GLOG_minloglevel": "2",
     "PYTHONWARNINGS": "ignore::UserWarning:paddle.utils.cpp_extension.extension_utils",
 }
+# A user's script keeps glog's WARNING lines: when a peer dies inside DataParallel's
+# backward, the survivor's only line that says why before its SIGABRT is one
+# ("W... backward.cc:697] While running Node (GradNodeAccumulation) raises a
+# std::exception: gloo::IoException"). paddle_dist's ranks report a peer's failure
+# themselves (PeerFailure).
+SCRIPT_CHILD = {"GLOG_minloglevel": "1"}
 
 
 @dataclass(frozen=True)
@@ -253,13 +259,15 @@ def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: s
 
 
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
-           run_dir: Optional[Path] = None) -> int:
+           run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None) -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
-    `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files."""
+    `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;
+    `script`: the ranks run a user's script (python -m paddle_dist.launch)."""
     if p.direct:
         return supervisor.supervise_ranks(list(p.argv), envlib.child_environ(p.env),
                                           rank_variables(p.nprocs, p.selected, free_port()),
-                                          run_dir, p.stop_timeout, Path(p.log_dir or "log"))
+                                          run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                          script=script)
     if p.mode in ("launch", "mpirun"):
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
                                            p.stop_timeout, Path(p.log_dir or "log"))

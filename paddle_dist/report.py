@@ -10,16 +10,68 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from . import faults, rundir
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
+# Two exits seen this close together count as simultaneous: the order in which the
+# launcher sees them then says little, and a SIGABRT among them is the consequence
+# (a gloo error thrown through C++ when the peer's connection broke).
+SIMULTANEOUS_S = 0.5
+SIGABRT_CODE = -signal.SIGABRT
+
+
+@dataclass(frozen=True)
+class Exit:
+    """One rank's end as its launcher saw it: `code` is the return code (-N: killed by
+    signal N), `at` when the exit was seen (time.monotonic()), `signalled_at` when the
+    launcher itself first signalled that process (None: never)."""
+    rank: int
+    code: int
+    at: float
+    signalled_at: Optional[float] = None
+
+    @property
+    def failed_by_itself(self) -> bool:
+        """A non-zero end that the launcher did not cause."""
+        return self.code != 0 and (self.signalled_at is None or self.signalled_at > self.at)
+
+
+def first_failure(exits: Sequence[Exit], simultaneous_s: float = SIMULTANEOUS_S) -> Optional[Exit]:
+    """The exit that started the job's end: the first failure by the order the exits were
+    seen, never a process the launcher signalled, and a SIGABRT only when no other failure
+    came at (about) the same time: a peer's death kills the survivors of a DataParallel
+    job with SIGABRT, within milliseconds.
+
+    Example:
+        first_failure([Exit(0, -6, at=10.02), Exit(1, -9, at=10.0)]).rank   # 1
+    """
+    failed = sorted((e for e in exits if e.failed_by_itself), key=lambda e: e.at)
+    if not failed:
+        return None
+    first = failed[0]
+    if first.code == SIGABRT_CODE:
+        near = [e for e in failed if e.code != SIGABRT_CODE and e.at - first.at <= simultaneous_s]
+        return near[0] if near else first
+    return first
+
+
+def exit_code_of(code: int) -> int:
+    """A return code as a shell reports it: -9 (SIGKILL) is 137."""
+    return 128 - code if code < 0 else code
+
+
+def how_it_ended(code: Optional[int]) -> str:
+    if code is None:
+        return "died without reporting an error (killed by a signal?)"
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
 
 
 def read_status(run_dir: Optional[Path]) -> Dict[int, dict]:
@@ -55,18 +107,26 @@ class Report:
 
 
 def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = None,
-               launcher_code: int = 1, logs: Optional[Dict[int, str]] = None) -> Report:
-    """Name the rank whose failure ended the job, from status records and exit codes.
+               launcher_code: int = 1, logs: Optional[Dict[int, str]] = None,
+               exits: Optional[Sequence[Exit]] = None) -> Report:
+    """Name the rank whose failure ended the job, from status records and exits.
 
     Order of evidence: a rank that reported a failure or a hang (earliest first); then a
     rank that died without reporting (killed by a signal, e.g. SIGKILL or the OOM
-    killer); ranks that stopped because of a peer are consequences, never the cause.
+    killer), the first by the order of `exits` when the launcher saw them (first_failure),
+    else the lowest rank; ranks that stopped because of a peer are consequences, never
+    the cause. Every rank ending with 75 (a requested stop, saved) is not a failure.
 
     Example:
         root_cause({0: {"state": "stopped", ...}, 1: {"state": "failed", ...}}).code  # 1
     """
-    exit_codes, logs = exit_codes or {}, logs or {}
-    if status and all(r.get("state") == "preempted" for r in status.values()):
+    logs = logs or {}
+    if exits is not None:
+        exit_codes = {e.rank: e.code for e in exits}
+    exit_codes = exit_codes or {}
+    preempted = all(r.get("state") == "preempted" for r in status.values()) if status else \
+        bool(exit_codes) and all(c == faults.EXIT_PREEMPTED for c in exit_codes.values())
+    if preempted:
         return Report(faults.EXIT_PREEMPTED, [
             "paddle_dist: the job stopped on request after saving a checkpoint "
             f"(exit {faults.EXIT_PREEMPTED})"])
@@ -76,20 +136,27 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         cause = bad[0]
         code = faults.EXIT_HANG if cause["state"] == "hung" else cause.get("exit_code", 1)
         return _report(cause, code, _describe(cause), status, exit_codes, logs)
-    silent = _died_silently(status, exit_codes)
+    silent = _died_silently(status, exit_codes, exits)
     if silent is not None:
         rank, code = silent
         record = status.get(rank, {"rank": rank})
-        how = (f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}") \
-            if code is not None else "died without reporting an error (killed by a signal?)"
-        exit_code = 128 - code if code is not None and code < 0 else (code or launcher_code)
-        return _report(record, exit_code, f"rank {rank} {how}", status, exit_codes, logs)
+        exit_code = exit_code_of(code) if code is not None else launcher_code
+        return _report(record, exit_code or launcher_code, f"rank {rank} {how_it_ended(code)}",
+                       status, exit_codes, logs)
     return Report(launcher_code, [f"paddle_dist: the job failed (exit {launcher_code}) before any rank "
                                   "reported its state; see the launcher's logs"])
 
 
-def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int]):
-    """(rank, exit code or None) of a rank that ended without recording why."""
+def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],
+                   exits: Optional[Sequence[Exit]] = None):
+    """(rank, exit code or None) of a rank that ended without recording why: the first
+    to fail by `exits` when the launcher saw them, else the lowest rank."""
+    if exits is not None:
+        unrecorded = [e for e in exits if status.get(e.rank, {}).get("state") in (None, "running")]
+        first = first_failure(unrecorded)
+        if first is not None:
+            return first.rank, first.code
+        exit_codes = {}     # every failure here was caused by the launcher
     for rank, code in sorted(exit_codes.items()):
         state = status.get(rank, {}).get("state")
         if code != 0 and state in (None, "running"):
@@ -137,16 +204,33 @@ def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
         lines += [f"  | {line}" for line in tail_lines(output, 6)] if output else []
     others = sorted((set(status) | set(exit_codes)) - {rank})
     if others:
-        lines.append("  stopped as a consequence: " + ", ".join(f"rank {r}" for r in others))
+        lines.append("  stopped as a consequence: " + ", ".join(
+            f"rank {r}" + _ending(status.get(r, {}), exit_codes.get(r)) for r in others))
     return Report(code, lines)
 
 
+def _ending(record: dict, code: Optional[int]) -> str:
+    """How a rank stopped as a consequence ended, when it says more than its status."""
+    if record.get("state") in ("stopped", "preempted") or code in (None, 0, faults.EXIT_PEER):
+        return ""
+    return f" ({how_it_ended(code)})"
+
+
+def is_noise(line: str) -> bool:
+    """Paddle's lines that tell a user nothing: the "Modified FLAGS detected" banner (its
+    rule lines and FLAGS(...) entries) and glog INFO lines (I1125 05:44:38.1 ...)."""
+    text = line.strip()
+    return (text.startswith("=====") or text.startswith("FLAGS(name=")
+            or (len(text) > 5 and text[0] == "I" and text[1:5].isdigit()))
+
+
 def tail_lines(path: str, count: int) -> List[str]:
-    """The last `count` lines of a text file ([] when it cannot be read)."""
+    """The last `count` lines of a text file that are not noise ([] when it cannot be read)."""
     try:
-        return Path(path).read_text(errors="replace").splitlines()[-count:]
+        lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return []
+    return [line for line in lines if not is_noise(line)][-count:]
 
 
 def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
@@ -164,10 +248,20 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
     print(with_resume(root_cause(status), run_dir).text, file=sys.stderr, flush=True)
 
 
-def with_resume(report: Report, run_dir: Optional[Path]) -> Report:
+def with_resume(report: Report, run_dir: Optional[Path], rerun: Sequence[str] = ()) -> Report:
     """`report` ending with the exact command that continues the run (rundir.resume_command),
-    when the job can be continued and the command is known."""
-    command = rundir.resume_command(run_dir) if run_dir and report.code != faults.EXIT_USAGE else ""
+    when the job can be continued and the command is known; otherwise, when given, with
+    `rerun`, the command that runs the job again (a user's script that keeps no run).
+
+    Example:
+        with_resume(report, None, ["python", "-m", "paddle_dist.launch", "x.py"]).lines[-1]
+        # 'paddle_dist: to run it again, run: python -m paddle_dist.launch x.py'
+    """
+    if report.code == faults.EXIT_USAGE:
+        return report
+    command = rundir.resume_command(run_dir) if run_dir else ""
     if command:
         report.lines.append(f"paddle_dist: to continue this run, run: {command}")
+    elif rerun:
+        report.lines.append(f"paddle_dist: to run it again, run: {shlex.join(rerun)}")
     return report

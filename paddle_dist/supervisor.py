@@ -1,7 +1,13 @@
 """Watch the ranks of a job from the process that started them, and explain its end.
 
-- When a rank fails, the others stop within seconds (they see a `PeerFailure`, or are
-  killed after a short grace), and no process of the job is left behind.
+- Each rank's exit is seen the moment it happens (a thread waits on each process), so
+  the first rank to fail is known by the order of the exits, not by a poll that may see
+  two at once. The launcher remembers which processes it signalled itself: those are
+  never the root cause.
+- When a rank fails, what is left of it (its DataLoader workers, which hold its
+  connections open and keep the peers waiting) is killed at once; the other ranks get
+  time to notice, then SIGTERM, then a grace period to clean up, then SIGKILL. No
+  process of the job is left behind, nor its shared memory in /dev/shm.
 - Ctrl+C stops every rank at once; SIGTERM / SIGUSR1 ask the ranks to save a checkpoint
   and stop (preemption), and whatever has not stopped after `dist.stop_timeout` is killed.
 - The end of a failed job is explained once (report.py): which rank failed first and how,
@@ -15,23 +21,42 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import multiprocessing.connection
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import faults
 from .procfs import process_table
-from .report import POLL_S, Report, read_status, root_cause, tail_lines, with_resume
+from .report import (POLL_S, Exit, Report, exit_code_of, first_failure, how_it_ended, is_noise,
+                     read_status, root_cause, tail_lines, with_resume)
 
 PR_SET_PDEATHSIG = 1
-GRACE_S = 5.0            # how long survivors get to notice a failure before SIGKILL
+GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
+                         # every job: time to stop after Ctrl+C before SIGKILL
+SCRIPT_NOTICE_S = 1.0    # a user's script: time to fail by itself (its own message) before SIGTERM
+SCRIPT_GRACE_S = 5.0     # a user's script: time between SIGTERM and SIGKILL
+SHM = Path("/dev/shm")
+# Shared memory named after the process that made it: Paddle's DataLoader workers'
+# tensors (paddle_<pid>_<count>_<random>, memory/allocation/mmap_allocator.cc) and
+# paddle_dist's own heartbeat and transport files (paddle_dist-<what>-<pid>-...).
+SEGMENT = re.compile(r"^paddle_(\d+)_\d+_\d+$|^paddle_dist-[A-Za-z]+-(\d+)-")
+
+
+@dataclass(frozen=True)
+class UserScript:
+    """A user's script under `python -m paddle_dist.launch`, rather than paddle_dist's ranks:
+    `command` runs the job again; `run_pointer` is where its fit() (rank 0) writes the run
+    directory it chose, if it keeps one."""
+    command: Tuple[str, ...] = ()
+    run_pointer: Optional[Path] = None
 
 
 def children_of(pid: int) -> List[int]:
@@ -39,11 +64,11 @@ def children_of(pid: int) -> List[int]:
     return [child for child, _, parent, _ in process_table() if parent == pid]
 
 
-def die_with_parent() -> None:
-    """In a child, before exec: the kernel kills it if its parent dies (Linux), so a job's
-    processes never outlive a launcher that was itself killed."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child, before exec: the kernel sends it `sig` if its parent dies (Linux), so a
+    job's processes never outlive a launcher that was itself killed."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     except (OSError, AttributeError):
         pass
 
@@ -54,6 +79,146 @@ def _signal_all(pids: List[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def _start_time(pid: int) -> str:
+    """When `pid` started (clock ticks since boot; "" when gone): a pid and its start time
+    name one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child `pid` has ended (a zombie, or reaped already); leaves it unreaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class _Ranks:
+    """The ranks' processes: when each exit was seen, which ones the launcher signalled,
+    and every process that belonged to them (their DataLoader workers, watchdogs)."""
+
+    def __init__(self, pids: Sequence[int], waits: Sequence[Callable[[], int]], sessions: bool):
+        self.pids = list(pids)
+        self.sessions = sessions            # each rank leads a session (and group) of its own
+        self.exits: Dict[int, Exit] = {}
+        self.signalled: Dict[int, float] = {}
+        self.members: Dict[int, Tuple[int, str]] = {}   # pid: (rank, start time)
+        self._seen: "queue.Queue[Tuple[int, int, float]]" = queue.Queue()
+        for rank, wait in enumerate(waits):
+            threading.Thread(target=self._wait, args=(rank, wait), daemon=True,
+                             name=f"paddle_dist-wait-{rank}").start()
+
+    def _wait(self, rank: int, wait: Callable[[], int]) -> None:
+        code = wait()
+        self._seen.put((rank, code, time.monotonic()))
+
+    def collect(self, timeout: float) -> List[int]:
+        """Wait up to `timeout` for exits; the ranks whose exit was seen meanwhile."""
+        ended = []
+        try:
+            item = self._seen.get(timeout=timeout)
+            while True:
+                rank, code, at = item
+                self.exits[rank] = Exit(rank, code, at, self.signalled.get(rank))
+                ended.append(rank)
+                item = self._seen.get_nowait()
+        except queue.Empty:
+            return ended
+
+    def done(self) -> bool:
+        return len(self.exits) == len(self.pids)
+
+    def running(self) -> List[int]:
+        return [rank for rank in range(len(self.pids)) if rank not in self.exits]
+
+    def scan(self) -> None:
+        """Note every process of the job alive now (in a rank's session, or below a rank)."""
+        table = list(process_table())
+        ranks = {pid: rank for rank, pid in enumerate(self.pids)}
+        known = {pid: rank for pid, (rank, _) in self.members.items()}
+        known.update(ranks)
+        for _ in range(3):      # a worker's parent may come later in the table
+            for pid, state, parent, session in table:
+                rank = ranks.get(session) if self.sessions else None
+                rank = rank if rank is not None else known.get(parent)
+                if rank is not None and pid not in self.members:
+                    self.members[pid] = (rank, _start_time(pid))
+                    known[pid] = rank
+
+    def signal(self, sig: int, ranks: Optional[Iterable[int]] = None, group: bool = True) -> None:
+        """Send `sig` to the running ranks (all, or `ranks`), with their process groups
+        when `group`; each is remembered as signalled by the launcher from now on."""
+        now = time.monotonic()
+        for rank in self.running() if ranks is None else ranks:
+            pid = self.pids[rank]
+            if rank in self.exits or _has_exited(pid):
+                continue            # ended by itself: not the launcher's doing
+            self.signalled.setdefault(rank, now)
+            self._kill(rank, sig, group)
+
+    def kill_leftovers(self, rank: int) -> None:
+        """SIGKILL what is left of ended rank `rank`: orphaned workers hold its sockets open,
+        so the other ranks would wait on a dead peer. (A group outlives its leader, and its
+        id is not reused while it has members.)"""
+        self._kill(rank, signal.SIGKILL, group=True)
+
+    def _kill(self, rank: int, sig: int, group: bool) -> None:
+        pid = self.pids[rank]
+        try:
+            if group and self.sessions:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if group and not self.sessions:       # spawn: the rank's own children, by pid
+            for member, (owner, started) in list(self.members.items()):
+                if owner == rank and member != pid and started and _start_time(member) == started:
+                    _signal_all([member], sig)
+
+    def kill_everything(self) -> None:
+        for rank in range(len(self.pids)):
+            self._kill(rank, signal.SIGKILL, group=True)
+
+    def alive_members(self) -> List[int]:
+        return [pid for pid, (_, started) in self.members.items()
+                if started and _start_time(pid) == started and not _is_zombie(pid)]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_segments(pids: Iterable[int], folder: Path = SHM) -> List[str]:
+    """Remove the shared-memory files in `folder` that processes `pids` made and left
+    behind (names carry the maker's pid, see SEGMENT); other processes' files stay.
+    Returns the names removed.
+
+    Example:
+        remove_segments([4711])     # ['paddle_4711_3_2844767769', 'paddle_dist-beat-4711-x1']
+    """
+    pids, removed = set(pids), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = SEGMENT.match(name)
+        if match and int(match.group(1) or match.group(2)) in pids:
+            try:
+                os.unlink(folder / name)
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
 
 
 class _Requests:
@@ -83,7 +248,8 @@ class _Requests:
 
 def _wait_loop(poll: Callable[[], bool], ranks: Callable[[], List[int]], everyone: Callable[[int], None],
                stop_timeout: float) -> Optional[str]:
-    """Wait until `poll()` says the job ended, acting on signals; return the request seen."""
+    """Wait until `poll()` says the job ended, acting on signals; return the request seen.
+    (Paddle's launcher as the one child: it watches the ranks itself.)"""
     sent = None
     with _Requests() as req:
         while not poll():
@@ -98,6 +264,67 @@ def _wait_loop(poll: Callable[[], bool], ranks: Callable[[], List[int]], everyon
                     everyone(signal.SIGKILL)
             time.sleep(POLL_S)
         return req.kind
+
+
+@dataclass
+class _Stop:
+    """Stopping the survivors of a failure: `notice_s` to stop by themselves, then SIGTERM,
+    then `grace_s` to clean up, then SIGKILL."""
+    notice_s: float
+    grace_s: float
+    failed_at: Optional[float] = None
+    termed_at: Optional[float] = None
+
+    def step(self, ranks: _Ranks, now: float) -> None:
+        if self.failed_at is None:
+            return
+        if self.termed_at is None and now - self.failed_at >= self.notice_s:
+            self.termed_at = now
+            ranks.signal(signal.SIGTERM)
+        elif self.termed_at is not None and now - self.termed_at >= self.grace_s:
+            ranks.signal(signal.SIGKILL)
+
+
+def _watch(ranks: _Ranks, stop: _Stop, stop_timeout: float,
+           on_interrupt: Callable[[], None] = lambda: None) -> Optional[str]:
+    """Wait until every rank ended, stopping the others after a failure and acting on the
+    launcher's signals; return the request seen (interrupt | stop | None)."""
+    sent = None
+    with _Requests() as req:
+        while not ranks.done():
+            ended_now = ranks.collect(POLL_S)
+            ranks.scan()                # before leftovers die: their shared memory is named after them
+            for rank in ended_now:
+                ended = ranks.exits[rank]
+                if ended.code != 0:
+                    ranks.kill_leftovers(rank)
+                    if ended.failed_by_itself and stop.failed_at is None:
+                        stop.failed_at = ended.at
+            now = time.monotonic()
+            if req.kind and sent != req.kind:
+                sent = req.kind
+                if req.kind == "interrupt":
+                    on_interrupt()
+                    ranks.signal(signal.SIGINT)      # with their workers, as a terminal does
+                else:
+                    ranks.signal(signal.SIGUSR1, group=False)
+            if req.kind:
+                limit = GRACE_S if req.kind == "interrupt" else stop_timeout
+                if now - req.at > limit:
+                    ranks.signal(signal.SIGKILL)
+            else:
+                stop.step(ranks, now)
+        return req.kind
+
+
+def _end(ranks: _Ranks) -> List[str]:
+    """After the job: kill whatever of it is left and remove the shared memory its
+    processes left in /dev/shm (a process killed by a signal never cleans up)."""
+    ranks.kill_everything()
+    deadline = time.monotonic() + 2.0
+    while ranks.alive_members() and time.monotonic() < deadline:
+        time.sleep(0.02)    # SIGKILLed workers, orphans we cannot wait for, still exiting
+    return remove_segments(set(ranks.members) | set(ranks.pids))
 
 
 CONTAINER_FAILED = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
@@ -142,45 +369,25 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     finally:
         everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
     logs = {r: str(log_dir / f"workerlog.{r}") for r in range(64) if (log_dir / f"workerlog.{r}").exists()}
-    return _finish(proc.returncode, request, run_dir, launcher_exit_codes(err_path), logs, err_path)
-
-
-class _Grace:
-    """After the first rank fails, the others get GRACE_S seconds to notice and stop."""
-
-    def __init__(self):
-        self.failed_at: Optional[float] = None
-
-    def over(self, codes: List[Optional[int]]) -> bool:
-        """`codes`: each rank's exit code, None while it runs."""
-        if self.failed_at is None and any(c not in (None, 0) for c in codes):
-            self.failed_at = time.monotonic()
-        return self.failed_at is not None and time.monotonic() - self.failed_at > GRACE_S
+    code = proc.returncode
+    if code == 0 and not request:
+        return 0
+    return _finish(request, run_dir, logs, exit_codes=launcher_exit_codes(err_path),
+                   launcher_code=code or 1, launcher_log=err_path)
 
 
 def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
-                    run_dir: Optional[Path], stop_timeout: float, log_dir: Path) -> int:
+                    run_dir: Optional[Path], stop_timeout: float, log_dir: Path,
+                    script: Optional[UserScript] = None) -> int:
     """Start `argv` once per rank (with `rank_envs[r]` added), each in a session of its
     own with its output in <log_dir>/workerlog.<r> (rank 0's on this terminal too), and
-    report the job's real outcome: every rank's exit code or signal is known first hand."""
+    report the job's real outcome: every rank's exit code or signal is known first hand.
+    `script`: the ranks run a user's script (its own grace, report and command)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
+    console = _Console(filtered=script is not None)
     tee = None
-    grace = _Grace()
-
-    def poll():
-        codes = [p.poll() for p in procs]
-        if grace.over(codes):
-            everyone(signal.SIGKILL)
-        return all(c is not None for c in codes)
-
-    def everyone(sig):
-        for p in procs:
-            try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
+    ranks = None
     try:
         for rank, extra in enumerate(rank_envs):
             with open(log_dir / f"workerlog.{rank}", "wb") as log:
@@ -189,74 +396,141 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
                     stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=die_with_parent))
             if rank == 0:
-                tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0"),
+                tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
                                        daemon=True)
                 tee.start()
-        request = _wait_loop(poll, lambda: [p.pid for p in procs if p.poll() is None],
-                             everyone, stop_timeout)
+        ranks = _Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
+        stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if script else _Stop(GRACE_S, stop_timeout)
+        request = _watch(ranks, stop, stop_timeout, on_interrupt=console.mute)
     finally:
-        everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
-        for p in procs:
+        for p in procs:                    # nothing of the job outlives its launcher
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             p.wait()
+        if ranks is not None:
+            ranks.collect(0)
+            _end(ranks)
         if tee is not None:
             tee.join(timeout=5)
-    codes = {rank: p.returncode for rank, p in enumerate(procs)}
-    logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in codes}
-    worst = next((c for c in codes.values() if c), 0)
-    return _finish(worst, request, run_dir, codes, logs)
+    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
+    if not request and all(e.code == 0 for e in exits):
+        return 0
+    logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in range(len(procs))}
+    if script is not None and run_dir is None:
+        run_dir = _pointed_run(script.run_pointer)
+    return _finish(request, run_dir, logs, exits=exits, script=script)
 
 
-def _tee(stream, path: Path) -> None:
+def _pointed_run(pointer: Optional[Path]) -> Optional[Path]:
+    """The run directory a fit() wrote into `pointer` (None when it wrote none)."""
+    try:
+        text = pointer.read_text().strip() if pointer else ""
+    except OSError:
+        return None
+    return Path(text) if text and Path(text).is_dir() else None
+
+
+class _Console:
+    """Rank 0's output on this terminal: for a user's script without Paddle's noise
+    (report.is_noise; its log keeps everything), and nothing once Ctrl+C was pressed (the
+    ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
+
+    def __init__(self, filtered: bool):
+        self.filtered, self.muted, self.partial = filtered, False, b""
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def write(self, chunk: bytes) -> None:
+        if self.filtered:       # whole lines only: a line may come in two chunks
+            lines = (self.partial + chunk).split(b"\n")
+            self.partial = lines.pop()
+            chunk = b"".join(line + b"\n" for line in lines if not self._noise(line))
+        self._out(chunk)
+
+    def close(self) -> None:
+        rest, self.partial = self.partial, b""
+        if rest and not self._noise(rest):
+            self._out(rest)
+
+    def _noise(self, line: bytes) -> bool:
+        return is_noise(line.decode(errors="replace"))
+
+    def _out(self, data: bytes) -> None:
+        if self.muted or not data:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _tee(stream, path: Path, console: _Console) -> None:
     """Copy a rank's output to this terminal and to its log file as it comes."""
     with open(path, "ab") as log:
         for chunk in iter(lambda: stream.read1(65536), b""):
             log.write(chunk)
             log.flush()
-            try:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-            except (OSError, ValueError):
-                pass
+            console.write(chunk)
+    console.close()
+
+
+def _join_code(p) -> int:
+    """A spawned rank's exit code, once it has ended (waitpid: a pipe-based sentinel would
+    stay open while the rank's forked DataLoader workers live)."""
+    p.join()
+    return p.exitcode
 
 
 def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
     """`start()` returns paddle.distributed.spawn's context (its `.processes` in rank order)."""
     context = start()
     procs = context.processes
-    grace = _Grace()
-
-    def poll():
-        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=POLL_S)
-        if grace.over([p.exitcode for p in procs]):
-            everyone(signal.SIGKILL)
-        return all(p.exitcode is not None for p in procs)
-
-    def everyone(sig):
-        _signal_all([p.pid for p in procs if p.exitcode is None], sig)
-
+    ranks = _Ranks([p.pid for p in procs], [lambda p=p: _join_code(p) for p in procs], sessions=False)
     try:
-        request = _wait_loop(poll, lambda: [p.pid for p in procs if p.exitcode is None],
-                             everyone, stop_timeout)
+        request = _watch(ranks, _Stop(GRACE_S, stop_timeout), stop_timeout)
     finally:
-        everyone(signal.SIGKILL)
+        ranks.signal(signal.SIGKILL)
         for p in procs:
             p.join(timeout=5)
-    codes = {rank: p.exitcode for rank, p in enumerate(procs)}
-    worst = next((c for c in codes.values() if c), 0)
-    return _finish(worst, request, run_dir, codes, {})
-
-
-def _finish(code: int, request: Optional[str], run_dir: Optional[Path], exit_codes: Dict[int, int],
-            logs: Dict[int, str], launcher_log: Optional[Path] = None) -> int:
-    if code == 0 and not request:
+        ranks.collect(0)
+        _end(ranks)
+    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
+    if not request and all(e.code == 0 for e in exits):
         return 0
+    return _finish(request, run_dir, {}, exits=exits)
+
+
+def _finish(request: Optional[str], run_dir: Optional[Path], logs: Dict[int, str],
+            exits: Optional[List[Exit]] = None, exit_codes: Optional[Dict[int, int]] = None,
+            launcher_code: int = 1, launcher_log: Optional[Path] = None,
+            script: Optional[UserScript] = None) -> int:
+    """Print the report of a job that failed or was stopped; return its exit code."""
     status = read_status(run_dir)
+    rerun = script.command if script else ()
     if request == "interrupt":
         report = Report(faults.EXIT_INTERRUPTED, ["paddle_dist: interrupted; every rank was stopped"])
+        if script is not None and run_dir is None:
+            rerun = ()                     # Ctrl+C by a user's script: one line
     else:
-        report = root_cause(status, exit_codes, launcher_code=code or 1, logs=logs)
-        if not status and not exit_codes and launcher_log is not None:
+        report = root_cause(status, exit_codes, launcher_code=launcher_code, logs=logs, exits=exits)
+        if request == "stop" and exits and report.code != faults.EXIT_PREEMPTED and \
+                first_failure(exits) is None and not status:
+            report = _stopped_unsaved(exits)
+        if not status and not exit_codes and not exits and launcher_log is not None:
             report.lines += [f"  launcher log: {launcher_log}"] + \
                 [f"  | {line}" for line in tail_lines(str(launcher_log), 8)]
-    print(with_resume(report, run_dir).text, file=sys.stderr, flush=True)
+    print(with_resume(report, run_dir, rerun).text, file=sys.stderr, flush=True)
     return report.code
+
+
+def _stopped_unsaved(exits: List[Exit]) -> Report:
+    """Stopped on request (the launcher got SIGTERM or SIGUSR1 and passed SIGUSR1 on), but
+    the ranks did not end with 75: a script that does not handle it dies of the signal."""
+    ended = ", ".join(f"rank {e.rank} {how_it_ended(e.code)}" for e in exits)
+    code = exit_code_of(-signal.SIGTERM)
+    return Report(code, [f"paddle_dist: the job was stopped on request (exit {code}); its ranks did "
+                         f"not save and exit {faults.EXIT_PREEMPTED}: {ended}"])

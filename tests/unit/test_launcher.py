@@ -232,7 +232,7 @@ def test_plan_env_is_not_shared_between_plans():
 def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(launcher.supervisor, "supervise_ranks",
-                        lambda argv, env, ranks, run_dir, stop, log_dir: calls.append(
+                        lambda argv, env, ranks, run_dir, stop, log_dir, script=None: calls.append(
                             (argv, env, ranks, run_dir, stop, log_dir)) or 3)
     monkeypatch.setenv("PADDLE_DIST_TEST_PARENT", "kept")
     p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO", "dist.stop_timeout=7"],

@@ -1,0 +1,108 @@
+"""Which rank a job's end is blamed on, from the order of the exits the launcher saw;
+what the launcher removes from /dev/shm; what reaches the terminal."""
+
+import signal
+
+import pytest
+
+from paddle_dist import faults, supervisor
+from paddle_dist.report import Exit, first_failure, root_cause, with_resume
+
+KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
+
+
+@pytest.mark.parametrize("exits, cause", [
+    # rank 1 killed; rank 0 aborted by gloo 50 ms later
+    ([Exit(0, ABRT, 10.05), Exit(1, KILL, 10.0)], 1),
+    # the other way round: the order of the exits, not the rank number
+    ([Exit(0, KILL, 10.0), Exit(1, ABRT, 10.05)], 0),
+    # 3 ranks, rank 2 killed, both others aborted
+    ([Exit(0, ABRT, 10.2), Exit(1, ABRT, 10.1), Exit(2, KILL, 10.0)], 2),
+    # seen together: the SIGABRT is the consequence, even when seen a little first
+    ([Exit(0, ABRT, 10.0), Exit(1, KILL, 10.01)], 1),
+    ([Exit(0, ABRT, 10.0), Exit(1, 1, 10.3)], 1),
+    # a SIGABRT alone, or long before anything else, is the cause
+    ([Exit(0, ABRT, 10.0), Exit(1, 0, 11.0)], 0),
+    ([Exit(0, ABRT, 10.0), Exit(1, 1, 12.0)], 0),
+    # a rank that finished is no failure
+    ([Exit(0, 0, 9.0), Exit(1, 1, 10.0)], 1),
+    # a DataLoader worker killed: its rank raised (exit 1), the peer aborted
+    ([Exit(0, ABRT, 10.3), Exit(1, 1, 10.0)], 1),
+])
+def test_first_failure_follows_the_order_of_exits(exits, cause):
+    assert first_failure(exits).rank == cause
+
+
+def test_a_process_the_launcher_signalled_is_never_the_cause():
+    # rank 0 blocked: the launcher sent SIGTERM at 15.0, it died of it at 15.1; rank 1
+    # had died at 10.0 with exit 1 -- but its exit was SEEN after rank 0's.
+    exits = [Exit(0, TERM, 15.1, signalled_at=15.0), Exit(1, 1, 15.2)]
+    assert first_failure(exits).rank == 1
+    # killed after its grace: same
+    exits = [Exit(0, KILL, 20.0, signalled_at=15.0), Exit(1, KILL, 10.0)]
+    assert first_failure(exits).rank == 1
+    # signalled only after it had ended: its own failure
+    assert first_failure([Exit(0, 1, 10.0, signalled_at=11.0)]).rank == 0
+    # every failure the launcher's doing: no cause
+    assert first_failure([Exit(0, TERM, 15.1, signalled_at=15.0), Exit(1, 0, 9.0)]) is None
+
+
+def test_root_cause_of_a_script_without_status_names_the_first_failure():
+    exits = [Exit(0, ABRT, 10.05), Exit(1, KILL, 10.0)]
+    report = root_cause({}, exits=exits, logs={0: "log/workerlog.0", 1: "log/workerlog.1"})
+    assert report.code == 137
+    assert report.lines[0] == "paddle_dist: job failed (exit 137). Root cause: rank 1 killed by SIGKILL"
+    assert "  log: log/workerlog.1" in report.lines
+    assert report.lines[-1] == "  stopped as a consequence: rank 0 (killed by SIGABRT)"
+    assert root_cause({}, exits=[Exit(0, 3, 1.0), Exit(1, ABRT, 1.1)]).code == 3
+
+
+def test_status_records_still_win_over_the_exit_order():
+    status = {0: {"rank": 0, "state": "failed", "time": 5.0, "error_type": "ValueError",
+                  "error": "bad", "exit_code": 1},
+              1: {"rank": 1, "state": "running"}}
+    exits = [Exit(0, 1, 10.5), Exit(1, KILL, 10.0)]
+    report = root_cause(status, exits=exits)
+    assert "Root cause: rank 0 raised ValueError: bad" in report.lines[0]
+    # a rank that recorded it stopped because of a peer is no candidate either
+    status = {0: {"rank": 0, "state": "running"}, 1: {"rank": 1, "state": "stopped"}}
+    exits = [Exit(0, KILL, 10.5), Exit(1, faults.EXIT_PEER, 10.0)]
+    assert "Root cause: rank 0 killed by SIGKILL" in root_cause(status, exits=exits).lines[0]
+
+
+def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
+    exits = [Exit(0, faults.EXIT_PREEMPTED, 1.0), Exit(1, faults.EXIT_PREEMPTED, 1.1)]
+    report = root_cause({}, exits=exits)
+    assert report.code == faults.EXIT_PREEMPTED and "stopped on request" in report.text
+
+
+def test_a_report_without_a_run_ends_with_the_command_that_runs_it_again():
+    report = with_resume(root_cause({}, exits=[Exit(0, KILL, 1.0)]), None,
+                         ["python", "-m", "paddle_dist.launch", "my script.py"])
+    assert report.lines[-1] == "paddle_dist: to run it again, run: python -m paddle_dist.launch 'my script.py'"
+
+
+def test_remove_segments_takes_only_the_jobs_own(tmp_path):
+    names = ["paddle_4711_3_2844767769", "paddle_4712_0_1", "paddle_dist-beat-4711-ab12",
+             "paddle_dist-shm-4711-99", "paddle_999_3_1", "paddle_dist-beat-999-x",
+             "paddle_4711_notours", "other_4711_1_1"]
+    for name in names:
+        (tmp_path / name).write_text("")
+    removed = supervisor.remove_segments([4711, 4712], tmp_path)
+    assert sorted(removed) == sorted(names[:4])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[4:])
+
+
+def test_the_console_drops_paddles_banner_and_info_lines(capfd):
+    console = supervisor._Console(filtered=True)
+    for chunk in [b"step 1\n=========== Modified FLAGS detected ====\nFLAGS(name='FLAGS_x', ",
+                  b"current_value=True, default_value=False)\n=====\nI1125 05:44:38.1 tcp_store.cc] x\n",
+                  b"W1125 05:44:41.4 backward.cc:697] While running Node raises gloo::IoException\n",
+                  b"last"]:
+        console.write(chunk)
+    console.close()
+    assert capfd.readouterr().out == ("step 1\nW1125 05:44:41.4 backward.cc:697] While running Node "
+                                      "raises gloo::IoException\nlast")
+    console.mute()                        # after Ctrl+C: nothing
+    console.write(b"Traceback (most recent call last):\n")
+    assert capfd.readouterr().out == ""
