@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -17,7 +18,7 @@ import shlex
 
 from . import config as configlib
 from . import env as envlib
-from . import amp, cifar, compat, faults, idx, launcher, netcheck, preflight, rundir
+from . import amp, cifar, compat, faults, idx, launcher, netcheck, preflight, rundir, supervisor
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -216,6 +217,14 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
+    try:
+        return _launch_script(args)
+    except KeyboardInterrupt:      # Ctrl+C before the ranks run (the supervisor handles it after)
+        print("paddle_dist: interrupted", file=sys.stderr, flush=True)
+        return faults.EXIT_INTERRUPTED
+
+
+def _launch_script(args) -> int:
     script = Path(args.script)
     if not script.is_file():
         what = "is not a file" if script.exists() else "not found"
@@ -234,7 +243,22 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     # -c and -o reach the script's paddle_dist.load_config() and fit() (env.launch_options).
     config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
     p.env.update(envlib.launch_variables(config, args.override))
-    return launcher.launch(p)
+    p.env.update(launcher.SCRIPT_CHILD)
+    # A fit() in the script (rank 0) writes its run directory here: the launcher then
+    # reports from the ranks' status records and names the command that continues it.
+    pointer = Path(args.log_dir).resolve() / "run_dir"
+    pointer.unlink(missing_ok=True)          # a previous job's, in the same log directory
+    p.env[envlib.RUN_POINTER] = str(pointer)
+    ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}"
+    devices = f"GPUs {','.join(p.gpus)}" if p.gpus else "CPU"
+    print(f"paddle_dist: starting {ranks} of {args.script} on {devices}; logs in {args.log_dir}/",
+          flush=True)
+    started = time.monotonic()
+    code = launcher.launch(p, script=supervisor.UserScript(tuple(rundir.own_command()), pointer))
+    if code == 0:
+        print(f"paddle_dist: {ranks} finished in {time.monotonic() - started:.1f} s; "
+              f"logs in {args.log_dir}/", flush=True)
+    return code
 
 
 def _warn(text: str) -> None:
