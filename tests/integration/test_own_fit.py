@@ -220,8 +220,9 @@ def test_sigterm_saves_exits_75_and_the_same_command_continues_bitwise(launcher,
     assert all(np.array_equal(final[k], reference[k]) for k in reference), "not bitwise equal"
 
 
-def test_ctrl_c_of_a_fit_script_is_130_and_one_line(tmp_path):
-    code, out, err = _stop_mid_run("standalone", tmp_path, "loop", signal.SIGINT)
+@pytest.mark.parametrize("launcher, api", [("standalone", "loop"), ("paddle_dist.launch", "hapi")])
+def test_ctrl_c_of_a_fit_script_is_130_and_one_line(launcher, api, tmp_path):
+    code, out, err = _stop_mid_run(launcher, tmp_path, api, signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     said = [line for line in (out + err).splitlines() if "interrupted" in line]
