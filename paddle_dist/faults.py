@@ -74,6 +74,19 @@ class Preempted(SystemExit):
         return self.message
 
 
+class StoppedByPeer(SystemExit):
+    """Another rank failed and fit() stopped this one: a SystemExit with code 5 (EXIT_PEER),
+    so that a script of one's own ends with the one line fit() logged, not a traceback
+    of a consequence; the launcher or rank 0 names the root cause."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(EXIT_PEER)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class Interrupted(SystemExit):
     """Ctrl+C in fit(): a SystemExit with code 130, so that a script of one's own ends
     with one line, not a KeyboardInterrupt traceback through Paddle's and its own frames."""
@@ -91,7 +104,7 @@ def outcome_of(exc: BaseException) -> str:
 
     if isinstance(exc, Preempted):
         return "preempted"
-    if isinstance(exc, (PeerFailure, KeyboardInterrupt, Interrupted)):
+    if isinstance(exc, (PeerFailure, StoppedByPeer, KeyboardInterrupt, Interrupted)):
         return "stopped"
     return "failed"
 
@@ -101,7 +114,7 @@ def exit_code_of(exc: BaseException) -> int:
     from .errors import UserError
     from .comm import PeerFailure
 
-    for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER),
+    for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER), (StoppedByPeer, EXIT_PEER),
                        (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED),
                        (Interrupted, EXIT_INTERRUPTED)):
         if isinstance(exc, kind):

@@ -57,8 +57,8 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
     paddle_dist.launch` was given).
 
     A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
-    Ctrl+C with 130, both without a traceback (faults.Preempted, faults.Interrupted: each
-    a SystemExit, which a script may still catch).
+    Ctrl+C with 130, another rank's failure with 5, each without a traceback
+    (faults.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
     """
     if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
         given_path, given = envlib.launch_options()
@@ -81,6 +81,8 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
         return train(parts, cfg, env)
     except KeyboardInterrupt:
         raise faults.Interrupted() from None
+    except PeerFailure as exc:
+        raise faults.StoppedByPeer(str(exc)) from None
 
 
 @dataclass

@@ -85,7 +85,8 @@ def test_a_built_in_jobs_config_yaml_has_no_record(tmp_path):
 
 
 @pytest.mark.parametrize("ending, code", [("faults.Preempted('stopped on request at step 3')", 75),
-                                          ("faults.Interrupted()", 130)])
+                                          ("faults.Interrupted()", 130),
+                                          ("faults.StoppedByPeer('rank 1 failed')", 5)])
 def test_a_stop_left_uncaught_in_a_script_is_its_exit_code_without_a_traceback(ending, code):
     script = f"from paddle_dist import faults\nraise {ending}\n"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
