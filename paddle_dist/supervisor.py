@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -31,9 +30,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from . import faults
+from .jobprocs import Ranks, remove_segments, signal_pids
 from .procfs import process_table
 from .report import (POLL_S, Exit, Report, exit_code_of, first_failure, how_it_ended, is_noise,
                      read_status, root_cause, tail_lines, with_resume)
@@ -43,12 +43,6 @@ GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure 
                          # every job: time to stop after Ctrl+C before SIGKILL
 SCRIPT_NOTICE_S = 1.0    # a user's script: time to fail by itself (its own message) before SIGTERM
 SCRIPT_GRACE_S = 5.0     # a user's script: time between SIGTERM and SIGKILL
-SHM = Path("/dev/shm")
-# Shared memory named after the process that made it: Paddle's DataLoader workers'
-# tensors (paddle_<pid>_<count>_<random>, memory/allocation/mmap_allocator.cc) and
-# paddle_dist's own heartbeat and transport files (paddle_dist-<what>-<pid>-...).
-SEGMENT = re.compile(r"^paddle_(\d+)_\d+_\d+$|^paddle_dist-[A-Za-z]+-(\d+)-")
-
 
 @dataclass(frozen=True)
 class UserScript:
@@ -71,154 +65,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     except (OSError, AttributeError):
         pass
-
-
-def _signal_all(pids: List[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _start_time(pid: int) -> str:
-    """When `pid` started (clock ticks since boot; "" when gone): a pid and its start time
-    name one process, even after the pid is reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _has_exited(pid: int) -> bool:
-    """Whether our child `pid` has ended (a zombie, or reaped already); leaves it unreaped."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-class _Ranks:
-    """The ranks' processes: when each exit was seen, which ones the launcher signalled,
-    and every process that belonged to them (their DataLoader workers, watchdogs)."""
-
-    def __init__(self, pids: Sequence[int], waits: Sequence[Callable[[], int]], sessions: bool):
-        self.pids = list(pids)
-        self.sessions = sessions            # each rank leads a session (and group) of its own
-        self.exits: Dict[int, Exit] = {}
-        self.signalled: Dict[int, float] = {}
-        self.members: Dict[int, Tuple[int, str]] = {}   # pid: (rank, start time)
-        self._seen: "queue.Queue[Tuple[int, int, float]]" = queue.Queue()
-        for rank, wait in enumerate(waits):
-            threading.Thread(target=self._wait, args=(rank, wait), daemon=True,
-                             name=f"paddle_dist-wait-{rank}").start()
-
-    def _wait(self, rank: int, wait: Callable[[], int]) -> None:
-        code = wait()
-        self._seen.put((rank, code, time.monotonic()))
-
-    def collect(self, timeout: float) -> List[int]:
-        """Wait up to `timeout` for exits; the ranks whose exit was seen meanwhile."""
-        ended = []
-        try:
-            item = self._seen.get(timeout=timeout)
-            while True:
-                rank, code, at = item
-                self.exits[rank] = Exit(rank, code, at, self.signalled.get(rank))
-                ended.append(rank)
-                item = self._seen.get_nowait()
-        except queue.Empty:
-            return ended
-
-    def done(self) -> bool:
-        return len(self.exits) == len(self.pids)
-
-    def running(self) -> List[int]:
-        return [rank for rank in range(len(self.pids)) if rank not in self.exits]
-
-    def scan(self) -> None:
-        """Note every process of the job alive now (in a rank's session, or below a rank)."""
-        table = list(process_table())
-        ranks = {pid: rank for rank, pid in enumerate(self.pids)}
-        known = {pid: rank for pid, (rank, _) in self.members.items()}
-        known.update(ranks)
-        for _ in range(3):      # a worker's parent may come later in the table
-            for pid, state, parent, session in table:
-                rank = ranks.get(session) if self.sessions else None
-                rank = rank if rank is not None else known.get(parent)
-                if rank is not None and pid not in self.members:
-                    self.members[pid] = (rank, _start_time(pid))
-                    known[pid] = rank
-
-    def signal(self, sig: int, ranks: Optional[Iterable[int]] = None, group: bool = True) -> None:
-        """Send `sig` to the running ranks (all, or `ranks`), with their process groups
-        when `group`; each is remembered as signalled by the launcher from now on."""
-        now = time.monotonic()
-        for rank in self.running() if ranks is None else ranks:
-            pid = self.pids[rank]
-            if rank in self.exits or _has_exited(pid):
-                continue            # ended by itself: not the launcher's doing
-            self.signalled.setdefault(rank, now)
-            self._kill(rank, sig, group)
-
-    def kill_leftovers(self, rank: int) -> None:
-        """SIGKILL what is left of ended rank `rank`: orphaned workers hold its sockets open,
-        so the other ranks would wait on a dead peer. (A group outlives its leader, and its
-        id is not reused while it has members.)"""
-        self._kill(rank, signal.SIGKILL, group=True)
-
-    def _kill(self, rank: int, sig: int, group: bool) -> None:
-        pid = self.pids[rank]
-        try:
-            if group and self.sessions:
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if group and not self.sessions:       # spawn: the rank's own children, by pid
-            for member, (owner, started) in list(self.members.items()):
-                if owner == rank and member != pid and started and _start_time(member) == started:
-                    _signal_all([member], sig)
-
-    def kill_everything(self) -> None:
-        for rank in range(len(self.pids)):
-            self._kill(rank, signal.SIGKILL, group=True)
-
-    def alive_members(self) -> List[int]:
-        return [pid for pid, (_, started) in self.members.items()
-                if started and _start_time(pid) == started and not _is_zombie(pid)]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def remove_segments(pids: Iterable[int], folder: Path = SHM) -> List[str]:
-    """Remove the shared-memory files in `folder` that processes `pids` made and left
-    behind (names carry the maker's pid, see SEGMENT); other processes' files stay.
-    Returns the names removed.
-
-    Example:
-        remove_segments([4711])     # ['paddle_4711_3_2844767769', 'paddle_dist-beat-4711-x1']
-    """
-    pids, removed = set(pids), []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        match = SEGMENT.match(name)
-        if match and int(match.group(1) or match.group(2)) in pids:
-            try:
-                os.unlink(folder / name)
-                removed.append(name)
-            except OSError:
-                pass
-    return removed
 
 
 class _Requests:
@@ -255,7 +101,7 @@ def _wait_loop(poll: Callable[[], bool], ranks: Callable[[], List[int]], everyon
         while not poll():
             if req.kind and sent != req.kind:
                 sent = req.kind
-                _signal_all(ranks(), signal.SIGINT if req.kind == "interrupt" else signal.SIGUSR1)
+                signal_pids(ranks(), signal.SIGINT if req.kind == "interrupt" else signal.SIGUSR1)
                 if req.kind == "interrupt":
                     everyone(signal.SIGINT)
             if req.kind:
@@ -275,7 +121,7 @@ class _Stop:
     failed_at: Optional[float] = None
     termed_at: Optional[float] = None
 
-    def step(self, ranks: _Ranks, now: float) -> None:
+    def step(self, ranks: Ranks, now: float) -> None:
         if self.failed_at is None:
             return
         if self.termed_at is None and now - self.failed_at >= self.notice_s:
@@ -285,7 +131,7 @@ class _Stop:
             ranks.signal(signal.SIGKILL)
 
 
-def _watch(ranks: _Ranks, stop: _Stop, stop_timeout: float,
+def _watch(ranks: Ranks, stop: _Stop, stop_timeout: float,
            on_interrupt: Callable[[], None] = lambda: None) -> Optional[str]:
     """Wait until every rank ended, stopping the others after a failure and acting on the
     launcher's signals; return the request seen (interrupt | stop | None)."""
@@ -317,7 +163,7 @@ def _watch(ranks: _Ranks, stop: _Stop, stop_timeout: float,
         return req.kind
 
 
-def _end(ranks: _Ranks) -> List[str]:
+def _end(ranks: Ranks) -> List[str]:
     """After the job: kill whatever of it is left and remove the shared memory its
     processes left in /dev/shm (a process killed by a signal never cleans up)."""
     ranks.kill_everything()
@@ -399,7 +245,7 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
                 tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
                                        daemon=True)
                 tee.start()
-        ranks = _Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
+        ranks = Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
         stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if script else _Stop(GRACE_S, stop_timeout)
         request = _watch(ranks, stop, stop_timeout, on_interrupt=console.mute)
     finally:
@@ -489,7 +335,7 @@ def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
     """`start()` returns paddle.distributed.spawn's context (its `.processes` in rank order)."""
     context = start()
     procs = context.processes
-    ranks = _Ranks([p.pid for p in procs], [lambda p=p: _join_code(p) for p in procs], sessions=False)
+    ranks = Ranks([p.pid for p in procs], [lambda p=p: _join_code(p) for p in procs], sessions=False)
     try:
         request = _watch(ranks, _Stop(GRACE_S, stop_timeout), stop_timeout)
     finally:

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from paddle_dist import faults, supervisor
+from paddle_dist import faults, jobprocs, supervisor
 from paddle_dist.report import Exit, first_failure, root_cause, with_resume
 
 KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
@@ -88,7 +88,7 @@ def test_remove_segments_takes_only_the_jobs_own(tmp_path):
              "paddle_4711_notours", "other_4711_1_1"]
     for name in names:
         (tmp_path / name).write_text("")
-    removed = supervisor.remove_segments([4711, 4712], tmp_path)
+    removed = jobprocs.remove_segments([4711, 4712], tmp_path)
     assert sorted(removed) == sorted(names[:4])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[4:])
 
