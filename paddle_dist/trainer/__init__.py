@@ -115,6 +115,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
 
 
 def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
+    if configlib.evaluates_only(cfg) and parts.eval_data is None:
+        raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     record = fit_record(parts, optimizer) if parts.own else None
     parts.model, optimizer = amp.decorate(parts.model, optimizer, precision)
@@ -239,8 +241,6 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
 def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Position,
                    checkpoint_path: str) -> Result:
     """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
-    if parts.eval_data is None:
-        raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     log.info(f"paddle_dist: evaluating {checkpoint_path} on {len(parts.eval_data)} test samples "
              f"with {env.world_size} rank(s); nothing is trained")
     found = evaluate(parts.model, parts.eval_data, parts.loss, parts.task, env,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import paddle
 import pytest
 import yaml
@@ -118,3 +119,32 @@ def test_the_watchdog_ignores_ctrl_c_and_ends_quietly_with_its_rank():
     finally:
         watchdog.kill()
         watchdog.wait()
+
+
+class _Points(paddle.io.Dataset):
+    def __init__(self, n: int):
+        self.x = np.arange(n * 4, dtype="float32").reshape(n, 4)
+        self.y = self.x.sum(axis=1, keepdims=True)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __len__(self):
+        return len(self.x)
+
+
+@pytest.mark.parametrize("overrides, scheduler, words", [
+    (["train.lr_schedule=cosine"], True, "own LRScheduler"),
+    (["train.eval_only=true", "checkpoint.resume=nowhere"], False, "needs a test set")])
+def test_fits_refusals_come_before_anything_is_on_disk(overrides, scheduler, words, tmp_path, monkeypatch):
+    from paddle_dist import logger, runtime
+
+    monkeypatch.setattr(runtime, "_ENV", None)
+    monkeypatch.setattr(logger.get(), "handlers", list(logger.get().handlers))
+    cfg = paddle_dist.load_config(overrides=[f"output.root={tmp_path / 'runs'}", *overrides])
+    net = paddle.nn.Linear(4, 1)
+    lr = paddle.optimizer.lr.StepDecay(0.1, step_size=2) if scheduler else 0.1
+    with pytest.raises(ConfigError, match=words):
+        paddle_dist.fit(net, _Points(8), config=cfg, task="regression",
+                        optimizer=paddle.optimizer.SGD(lr, parameters=net.parameters()))
+    assert not (tmp_path / "runs").exists()
