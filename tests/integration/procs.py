@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -67,6 +68,34 @@ def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = N
             os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind by {' '.join(args)}: {left}"
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def start(args: List[str], limit: float = 180, stdout=subprocess.PIPE) -> tuple:
+    """Start `args` (python prepended as in run()) in its own session from the repository
+    root, its output piped as text, for a test that acts on it while it runs (signals it,
+    kills a rank). Returns (process, killer): the killer SIGKILLs the whole session after
+    `limit` seconds; end with finish()."""
+    if args[0].endswith(".py") or args[0] == "-m":
+        args = [PY] + args
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=stdout, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    killer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    killer.start()
+    return proc, killer
+
+
+def finish(proc: subprocess.Popen, killer: threading.Timer, timeout: float = 120) -> tuple:
+    """Wait for a process from start(); returns its (stdout, stderr). Fails when it leaves
+    processes behind (they are killed)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        killer.cancel()
+        left = settled_session(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    return out, err
 
 
 def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from .procs import PY, ROOT, check, needs_mpirun, run, settled_session
+from .procs import PY, check, finish, needs_mpirun, run, start
 
 # 4,000 MNIST images, 2 ranks x 32 = 63 steps an epoch; the MLP keeps steps cheap.
 JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32"]
@@ -122,10 +121,7 @@ def test_peer_never_arrives(rank, tmp_path):
 
 # ------------------------------------------------------------------ stopping the launcher
 def _start_and_wait_for_training(args):
-    proc = subprocess.Popen([PY] + args, cwd=str(ROOT), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    killer = threading.Timer(120, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.start()
+    proc, killer = start(args, limit=120)
     lines = []
     for line in proc.stdout:            # a progress line means every rank is training
         lines.append(line)
@@ -135,14 +131,7 @@ def _start_and_wait_for_training(args):
 
 
 def _finish(proc, killer, lines):
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        killer.cancel()
-        left = settled_session(proc.pid)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+    out, err = finish(proc, killer)
     return "".join(lines) + (out or ""), err
 
 
@@ -196,10 +185,7 @@ def uninterrupted(tmp_path_factory):
 def _kill_rank_1_after_a_checkpoint(args, root):
     """Run `args`; once its first checkpoint exists, SIGKILL rank 1 by pid, from outside.
     Returns the job's (exit code, stderr) and its run directory."""
-    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    killer = threading.Timer(120, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.start()
+    proc, killer = start(args, limit=120, stdout=subprocess.DEVNULL)
     try:
         while proc.poll() is None and not list(root.glob("*/checkpoints/latest")):
             time.sleep(0.01)    # polling for a file: the job's own progress is the event

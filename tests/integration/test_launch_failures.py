@@ -8,15 +8,13 @@ import json
 import os
 import re
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import paddle
 import pytest
 
-from .procs import PY, ROOT, run, settled_session
+from .procs import ROOT, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "dp_victim.py")
 SHM = Path("/dev/shm")
@@ -86,25 +84,13 @@ def test_a_killed_paddle_dist_rank_leaves_no_shared_memory(tmp_path):
 # ------------------------------------------------------------------ the launcher is stopped
 def _start_until_ready(args, tmp_path, nprocs):
     """Start `args`; return once every rank has taken a step (its ready file)."""
-    proc = subprocess.Popen([PY] + args, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    killer = threading.Timer(120, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.start()
+    proc, killer = start(args, limit=120)
     while proc.poll() is None and len(list(tmp_path.glob("ready.*[0-9]"))) < nprocs:
         time.sleep(0.01)    # polling for files: the ranks' own progress is the event
     return proc, killer
 
 
-def _end(proc, killer):
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        killer.cancel()
-        left = settled_session(proc.pid)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-    return out, err
+_end = finish
 
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):

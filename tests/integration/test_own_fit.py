@@ -8,8 +8,6 @@ nothing of paddle_dist's config.
 import json
 import os
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import paddle
 import pytest
 import yaml
 
-from .procs import PY, ROOT, check, run, settled_session
+from .procs import ROOT, check, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_fit.py")
 LAUNCHERS = {
@@ -155,27 +153,19 @@ def _stop_mid_run(launcher: str, tmp: Path, api: str, sig: int):
     alone, or to every process of the job for Paddle's spawn (whose parent has no handler:
     as a scheduler does) and for SIGINT (as Ctrl+C in a terminal does). Returns (exit
     code, stdout, stderr)."""
-    args = [PY] + _job(launcher, tmp, "--api", api, "--epochs", EPOCHS)
-    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    killer = threading.Timer(180, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.start()
-    try:
-        logs = tmp / "runs"
-        while proc.poll() is None and not any(
-                "step 2/" in p.read_text() for p in logs.glob("*/logs/rank0.log")):
-            time.sleep(0.01)    # polling for the job's own progress: the event
-        if launcher == "spawn" or sig == signal.SIGINT:
-            os.killpg(proc.pid, sig)
-        else:
-            proc.send_signal(sig)
-        out, err = proc.communicate(timeout=150)
-    finally:
-        killer.cancel()
-        left = settled_session(proc.pid)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+    proc, killer = start(_job(launcher, tmp, "--api", api, "--epochs", EPOCHS))
+    logs = tmp / "runs"
+    while proc.poll() is None and not any(
+            "step 2/" in p.read_text() for p in logs.glob("*/logs/rank0.log")):
+        time.sleep(0.01)    # polling for the job's own progress: the event
+    if proc.poll() is not None:
+        out, err = finish(proc, killer)
+        raise AssertionError(f"the job ended (exit {proc.returncode}) before its second step:\n{out[-2000:]}\n{err[-3000:]}")
+    if launcher == "spawn" or sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    out, err = finish(proc, killer, timeout=150)
     return proc.returncode, out, err
 
 
