@@ -89,6 +89,8 @@ class ExternalEngine(ClusterEnvironment):
 
     external = True
     master_hint = "set MASTER_ADDR and MASTER_PORT on every rank"   # the fix when master is ""
+    # The fix when a node has more ranks than GPUs for them (env.select_device).
+    gpu_hint = "start at most one rank per GPU on each node, or give each rank one GPU"
 
     @property
     def node_rank(self) -> int:
@@ -116,6 +118,7 @@ class OpenMPI(ExternalEngine):
     name = "openmpi"
     master_hint = ("set MASTER_ADDR and MASTER_PORT, e.g. mpirun -x MASTER_ADDR=host0 "
                    "-x MASTER_PORT=29500 ... (or -x PADDLE_MASTER=host0:29500)")
+    gpu_hint = "start at most one rank per GPU on each node (mpirun -npernode N)"
 
     @staticmethod
     def detect(environ):
@@ -221,6 +224,8 @@ class Slurm(ExternalEngine):
     name = "slurm"
     master_hint = ('set MASTER_ADDR and MASTER_PORT before srun, e.g. export MASTER_ADDR='
                    '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500')
+    gpu_hint = ("run at most one task per GPU on each node (--ntasks-per-node), or bind one "
+                "GPU to each task: srun --gpus-per-task=1 --gpu-bind=single:1")
 
     @staticmethod
     def detect(environ):
@@ -279,6 +284,7 @@ class TorchrunStyle(ExternalEngine):
     name = "torchrun"
     master_hint = ("set MASTER_ADDR and MASTER_PORT on every rank, e.g. MASTER_ADDR=host0 "
                    "MASTER_PORT=29500")
+    gpu_hint = "start at most one rank per GPU on each node (torchrun --nproc-per-node N)"
 
     @staticmethod
     def detect(environ):

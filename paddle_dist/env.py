@@ -9,6 +9,14 @@ and a process uses the id's POSITION in that list, because CUDA renumbers the vi
 devices from 0 (`CUDA_VISIBLE_DEVICES=4,5 --gpus 5` -> device `gpu:1`). Without GPUs, or
 with the CPU build of Paddle, training runs on CPU with the gloo backend.
 
+Which GPU a rank takes (`select_device`): Paddle's launchers name it (FLAGS_selected_gpus).
+Otherwise, from the GPUs the process may use (`--gpus`, else the visible ones):
+- exactly one visible and none requested: that one, `gpu:0`, whatever the local rank - the
+  engine bound the task to it (`srun --gpus-per-task=1 --gpu-bind=single:1`, a per-rank
+  CUDA_VISIBLE_DEVICES);
+- several: the local rank picks (`srun --gpus-per-node=8` with 8 tasks, every task sees 8);
+- fewer than the ranks on this node: a DeviceError saying how to give each rank its own.
+
 Example:
     env = detect()
     if env.is_main:
@@ -93,7 +101,8 @@ def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = 
     cluster = next(c for c in CLUSTER_ENVIRONMENTS if c.detect(environ))(environ)
     ranks = cluster.ranks()
     info = gpu_info if gpu_info is not None else probe_gpus()
-    device = select_device(cluster.name, ranks.get("local_rank", 0), gpus, info, environ)
+    device = select_device(cluster.name, ranks.get("local_rank", 0), gpus, info, environ,
+                           local_world_size=ranks.get("local_world_size", 1))
     world = ranks.get("world_size", 1)
     return DistEnv(launcher=cluster.name, device=device, supervised=environ.get(SUPERVISED) == "1",
                    backend=select_backend(backend, device, world), **ranks)
@@ -167,8 +176,14 @@ def check_gpus(spec: str, info: GpuInfo, environ: Optional[Mapping[str, str]] = 
 
 
 def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
-                  environ: Mapping[str, str]) -> str:
-    """'cpu' or 'gpu:<n>' for this process (n counts among the visible GPUs)."""
+                  environ: Mapping[str, str], local_world_size: int = 1) -> str:
+    """'cpu' or 'gpu:<n>' for this process (n counts among the visible GPUs); the rule is in
+    the module docstring.
+
+    Example:
+        # `srun --gpus-per-task=1 --gpu-bind=single:1`, the task of local rank 5:
+        select_device("slurm", 5, "", GpuInfo(True, 1), {"CUDA_VISIBLE_DEVICES": "5"}, 8)  # 'gpu:0'
+    """
     requested = check_gpus(gpus, info, environ)
     visible = visible_gpus(info, environ)
     if not visible:
@@ -185,8 +200,24 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
         if launcher == "spawn" and selected in visible:
             return f"gpu:{visible.index(selected)}"
         return f"gpu:{int(selected)}"
+    if not requested and len(visible) == 1:
+        # The engine gave this task its own GPU. (One GPU that several tasks share looks
+        # the same from here; NCCL then refuses: "Duplicate GPU detected".)
+        return "gpu:0"
     pool = requested or visible
-    return f"gpu:{visible.index(pool[local_rank % len(pool)])}"
+    ranks_here = max(local_world_size, local_rank + 1)
+    if ranks_here > len(pool):
+        raise DeviceError(gpu_shortage(launcher, ranks_here, pool, bool(requested)))
+    return f"gpu:{visible.index(pool[local_rank])}"
+
+
+def gpu_shortage(launcher: str, ranks_here: int, pool: List[str], requested: bool) -> str:
+    """The one-line error for more ranks on a node than GPUs to give them, with the fix."""
+    what = "requested with --gpus" if requested else "visible to each rank"
+    engine = EXTERNAL_ENGINES.get(launcher)
+    fix = engine.gpu_hint if engine else "start at most one rank per GPU"
+    return (f"{ranks_here} ranks on this node but only {len(pool)} GPUs ({','.join(pool)}) "
+            f"{what}, and each rank needs its own; {fix}")
 
 
 def select_backend(backend: str, device: str, world_size: int) -> str:
