@@ -65,15 +65,19 @@ bench: $(STAMP)
 		--json $(BENCH_OUT)/link_lenet_2x2.json
 	$(PY) tools/plot_bench.py $(BENCH_OUT) docs/img
 
-# OpenMPI (mpirun tests), iproute2 (two-host tests in network namespaces) and Chromium
-# (the VisualDL page rendered by tools/visualdl_shot.py): installed
-# when we may (root with apt-get); otherwise the tests that need them skip, saying why.
+# OpenMPI (mpirun tests), iproute2 (two-host tests in network namespaces), Chromium
+# (the VisualDL page rendered by tools/visualdl_shot.py) and Slurm with munge (a one-node
+# cluster that tests/integration/slurm.py starts for the test run and stops after it):
+# installed when we may (root with apt-get); otherwise the tests that need them skip, saying why.
+SYSTEM_COMMANDS := mpirun ip chromium slurmd slurmctld srun munged
+SYSTEM_PACKAGES := openmpi-bin iproute2 chromium slurmd slurmctld slurm-client munge
 system-deps:
-	@if ! command -v mpirun >/dev/null || ! command -v ip >/dev/null || ! command -v chromium >/dev/null; then \
+	@missing=$$(for c in $(SYSTEM_COMMANDS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$c >/dev/null || echo $$c; done); \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing openmpi-bin, iproute2 and chromium"; \
-			apt-get update -qq && apt-get install -y -qq openmpi-bin iproute2 chromium >/dev/null; \
-		else echo "note: mpirun, ip or chromium missing and not root: their tests will be skipped"; fi; \
+			echo "installing $(SYSTEM_PACKAGES) (missing: $$(echo $$missing))"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+		else echo "note: $$(echo $$missing) missing and not root: their tests will be skipped"; fi; \
 	fi
 
 setup: $(STAMP)
