@@ -7,6 +7,8 @@ import pytest
 from paddle_dist.env import GpuInfo, detect
 from paddle_dist.errors import DeviceError
 
+from ..integration.procs import ROOT
+
 EIGHT_GPUS = GpuInfo(True, 8)
 ONE_GPU = GpuInfo(True, 1)   # what CUDA counts when CUDA_VISIBLE_DEVICES names one id
 
@@ -92,3 +94,7 @@ def test_paddle_launch_inside_an_srun_task_uses_its_selected_gpu():
     env = detect(gpu_info=EIGHT_GPUS, environ=environ)
     assert (env.launcher, env.global_rank, env.device) == ("paddle_launch", 9, "gpu:1")
 
+
+def test_docs_show_the_sbatch_template_the_tests_run():
+    template = (ROOT / "tools" / "slurm_cpu.sbatch").read_text()
+    assert template.strip() in (ROOT / "docs" / "slurm.md").read_text()
