@@ -23,6 +23,12 @@ from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
 
+# Exit codes no restart can change: success, bad input, a stop request (saved, or before
+# anything started: 143), Ctrl+C, and machines that did not all arrive in time.
+FINAL = (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED, 128 + 15,
+         faults.EXIT_RENDEZVOUS)
+
+
 def _eval_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-only", action="store_true",
                         help="evaluate the checkpoint given by -o checkpoint.resume=PATH on the "
@@ -144,7 +150,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
             rundir.clear_status(run_dir)
         code = _start(p, cfg, here, facts, run_dir, script_args)
-        if code in (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
+        if code in FINAL:
             break
     return code
 

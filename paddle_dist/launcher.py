@@ -6,7 +6,8 @@ Modes:
 - `launch`: on one machine, paddle_dist starts `python script args` N times itself, with
   the variables `paddle.distributed.launch` would give each rank (`rank_variables`); across
   machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
-  args` on each, whose HTTP rendezvous finds the other machines' ranks;
+  args` on each, whose HTTP rendezvous finds the other machines' ranks, after the machines
+  met at paddle_dist's own rendezvous (nodes.py), which has a deadline where Paddle's has none;
 - `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`;
 - `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
   then find themselves through OpenMPI's variables.
@@ -23,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 import warnings
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import env as envlib
-from . import supervisor
+from . import faults, nodes, supervisor
 from .errors import DeviceError
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
@@ -60,6 +62,7 @@ class LaunchPlan:
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
+    gate: Optional[nodes.Gate] = None   # multi-node launch: where the machines meet first
 
 
 def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
@@ -123,7 +126,16 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
                       direct=direct, selected=selected,
-                      start_method=start_method(cfg.dist.start_method, gpus))
+                      start_method=start_method(cfg.dist.start_method, gpus),
+                      gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
+
+
+def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
+    """Where the machines of a multi-node launch meet before Paddle's launcher starts."""
+    d = cfg.dist
+    if d.nnodes == 1:
+        return None
+    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout)
 
 
 def python_args(script: str, module: str = "") -> Tuple[str, ...]:
@@ -269,11 +281,52 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
                                           run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                           script=script)
     if p.mode in ("launch", "mpirun"):
+        if p.gate is not None:
+            code = meet(p.gate)
+            if code:
+                return code
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
-                                           p.stop_timeout, Path(p.log_dir or "log"))
+                                           p.stop_timeout, Path(p.log_dir or "log"),
+                                           start_timeout=p.gate.timeout if p.gate else 0)
     if p.mode == "spawn":
         return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _StopRequested()
+
+
+def meet(gate: nodes.Gate) -> int:
+    """Wait for the other machines (nodes.meet); 0 when all arrived, else the job's exit
+    code after one line: 3 (a node missing), 143 (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing
+    has started yet, so a stop request ends the wait at once: there is nothing to save."""
+    who = "the other machines" if gate.node_rank == 0 else "node 0 and the other machines"
+    limit = f" (up to {gate.timeout:g} s)" if gate.timeout > 0 else ""
+    print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
+    old = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        nodes.meet(gate)
+        return 0
+    except nodes.NodesMissing as e:
+        print(e, file=sys.stderr, flush=True)
+        return faults.EXIT_RENDEZVOUS
+    except _StopRequested:
+        code = 128 + signal.SIGTERM
+        print(f"paddle_dist: stopped on request while waiting for the other machines (exit {code}); "
+              "no rank had started: run the same command again to start the job", file=sys.stderr, flush=True)
+        return code
+    except KeyboardInterrupt:
+        print("paddle_dist: interrupted while waiting for the other machines; no rank had started",
+              file=sys.stderr, flush=True)
+        return faults.EXIT_INTERRUPTED
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):

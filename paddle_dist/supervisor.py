@@ -99,6 +99,8 @@ def _wait_loop(poll: Callable[[], bool], ranks: Callable[[], List[int]], everyon
     sent = None
     with _Requests() as req:
         while not poll():
+            if req.kind and not ranks():
+                everyone(signal.SIGKILL)        # no rank has started: nothing to save or wait for
             if req.kind and sent != req.kind:
                 sent = req.kind
                 signal_pids(ranks(), signal.SIGINT if req.kind == "interrupt" else signal.SIGUSR1)
@@ -186,21 +188,29 @@ def launcher_exit_codes(stderr_file: Path) -> Dict[int, int]:
 
 
 def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
-                     stop_timeout: float, log_dir: Path) -> int:
+                     stop_timeout: float, log_dir: Path, start_timeout: float = 0) -> int:
     """Run `python -m paddle.distributed.launch ...` and report the job's real outcome.
 
     Paddle's launcher's own messages go to <log_dir>/launcher.err instead of the terminal:
     they blame whichever rank it killed last, and paddle_dist reports the root cause.
+    `start_timeout` (> 0): a launcher that has started no rank after that many seconds (a
+    multi-node launch whose nodes never meet in Paddle's rendezvous) is stopped: exit 3.
+    A stop request before any rank started ends the launcher at once (exit 143 or 130).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     err_path = log_dir / "launcher.err"
+    started = time.monotonic()
     with open(err_path, "w") as err:
         proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
                                 preexec_fn=die_with_parent)
     ranks = set()   # Paddle's launcher puts every rank in a session of its own
+    late = []       # set when no rank started within start_timeout
 
     def finished():
         ranks.update(children_of(proc.pid))
+        if not ranks and start_timeout > 0 and not late and time.monotonic() - started > start_timeout:
+            late.append(True)
+            everyone(signal.SIGKILL)
         return proc.poll() is not None
 
     def everyone(sig):
@@ -218,8 +228,27 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     code = proc.returncode
     if code == 0 and not request:
         return 0
+    if not ranks and (late or request):
+        return _unstarted(request, start_timeout, err_path)
     return _finish(request, run_dir, logs, exit_codes=launcher_exit_codes(err_path),
                    launcher_code=code or 1, launcher_log=err_path)
+
+
+def _unstarted(request: Optional[str], start_timeout: float, err_path: Path) -> int:
+    """The end of a launcher that started no rank: stopped on request, or too late."""
+    if request == "interrupt":
+        code, line = faults.EXIT_INTERRUPTED, "paddle_dist: interrupted; no rank had started"
+    elif request:
+        code = exit_code_of(-signal.SIGTERM)
+        line = (f"paddle_dist: stopped on request before any rank started (exit {code}); "
+                "run the same command again to start the job")
+    else:
+        code = faults.EXIT_RENDEZVOUS
+        line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s "
+                "although every machine had arrived; check that every machine reaches node 0 "
+                f"at dist.master and read its log {err_path}")
+    print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],

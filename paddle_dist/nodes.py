@@ -1,0 +1,378 @@
+"""The machines of a multi-node launch meet here before Paddle's launcher starts.
+
+`python -m paddle.distributed.launch --nnodes N` holds the ranks back until every node has
+joined its HTTP rendezvous, and waits for a missing node for ever: nothing of paddle_dist
+runs in the ranks before then, so the ranks' own deadline cannot help. So each node's
+launcher first meets the others at a small rendezvous of its own, on node 0, at the port of
+`dist.master` (which Paddle's launcher binds only after this one has closed it), and gives
+up after `dist.rendezvous_timeout` seconds, saying which `node_rank`s are missing.
+
+Protocol (version 1), over TCP. Every message is a frame: a 4-byte big-endian length, then
+that many bytes (at most MAX_FRAME) of a UTF-8 JSON object. A node (node_rank > 0) connects
+to node 0 and sends `{"v": 1, "node_rank": R, "nnodes": N, "nprocs": P}`. Node 0 answers
+`{"arrived": {"0": [P, "host"], ...}}` each time the set of arrived nodes changes, and at
+the end `{"go": true}` (every node arrived; node 0 has closed its listener), or
+`{"missing": [R, ...], "arrived": ...}` (its deadline passed), or `{"error": "..."}` (this
+node's announcement was refused: a wrong dist.nnodes, a node_rank already there). Node 0
+reads nothing unframed: a longer frame, bad JSON, or a connection that says nothing within
+HELLO_S seconds is dropped.
+
+Example:
+    meet(Gate("10.0.0.1:6170", nnodes=2, node_rank=1, nprocs=8, timeout=120))
+    # returns once every node arrived; NodesMissing after 120 s otherwise
+"""
+
+from __future__ import annotations
+
+import json
+import selectors
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .errors import UserError
+
+VERSION = 1
+MAX_FRAME = 4096          # bytes of JSON in one message; a longer one is refused unread
+HELLO_S = 5.0             # a connection must announce its node within this, or it is dropped
+RETRY_S = 0.2             # a node retries connecting to node 0 this often
+POLL_S = 0.25             # longest wait in a select or recv (signals are handled in between)
+LENGTH = struct.Struct(">I")
+CHECK = ("check that every machine has the same dist.nnodes and dist.master, reaches node 0 at "
+         "that port, and did not fail at start (dist.rendezvous_timeout sets this limit)")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Where and how long the nodes of a launch wait for each other (from `dist.*`)."""
+    master: str               # node 0's host:port
+    nnodes: int
+    node_rank: int
+    nprocs: int               # ranks on this node
+    timeout: float            # seconds; 0 = for ever
+
+
+class NodesMissing(Exception):
+    """Not every node arrived in time; the message is the one line to print (exit 3)."""
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a frame of this protocol."""
+
+
+@dataclass
+class Frames:
+    """Bytes in, messages out: cuts a stream into frames, refusing any over MAX_FRAME."""
+    buffer: bytes = b""
+
+    def feed(self, data: bytes) -> List[dict]:
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= LENGTH.size:
+            (size,) = LENGTH.unpack_from(self.buffer)
+            if size > MAX_FRAME:
+                raise ProtocolError(f"a frame of {size} bytes (at most {MAX_FRAME})")
+            if len(self.buffer) < LENGTH.size + size:
+                break
+            body, self.buffer = self.buffer[LENGTH.size:LENGTH.size + size], self.buffer[LENGTH.size + size:]
+            out.append(decode(body))
+        return out
+
+
+def encode(message: dict) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise ValueError(f"message of {len(body)} bytes exceeds {MAX_FRAME}")
+    return LENGTH.pack(len(body)) + body
+
+
+def decode(body: bytes) -> dict:
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("not a JSON object")
+    return message
+
+
+def meet(gate: Gate) -> None:
+    """Return once every node of `gate` arrived; raise NodesMissing when they did not
+    within `gate.timeout`, a UserError when this node's settings are refused."""
+    if gate.nnodes <= 1:
+        return
+    if gate.node_rank == 0:
+        _Host(gate).serve()
+    else:
+        _join(gate)
+
+
+def _deadline(timeout: float) -> float:
+    return time.monotonic() + timeout if timeout > 0 else float("inf")
+
+
+def _split(master: str) -> Tuple[str, int]:
+    host, _, port = master.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# ------------------------------------------------------------------ node 0
+@dataclass
+class _Peer:
+    sock: socket.socket
+    address: str
+    since: float
+    frames: Frames = field(default_factory=Frames)
+    node_rank: Optional[int] = None
+
+
+class _Host:
+    """Node 0: listen at dist.master, collect the other nodes, then tell them to go."""
+
+    def __init__(self, gate: Gate):
+        self.gate = gate
+        self.arrived: Dict[int, Tuple[int, str]] = {0: (gate.nprocs, _split(gate.master)[0])}
+        self.peers: Dict[socket.socket, _Peer] = {}
+        self.selector = selectors.DefaultSelector()
+
+    def serve(self) -> None:
+        listener = _listen(self.gate.master)
+        self.selector.register(listener, selectors.EVENT_READ)
+        deadline = _deadline(self.gate.timeout)
+        try:
+            while len(self.arrived) < self.gate.nnodes:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._give_up()
+                for key, _ in self.selector.select(min(POLL_S, deadline - now)):
+                    if key.fileobj is listener:
+                        self._accept(listener)
+                    else:
+                        self._read(self.peers[key.fileobj])
+                self._drop_silent(time.monotonic())
+            # Close the port before saying go: the others' Paddle launchers then find
+            # Paddle's rendezvous there, never this one.
+            self.selector.unregister(listener)
+            listener.close()
+            self._tell_all({"go": True})
+        finally:
+            listener.close()
+            for sock in list(self.peers):
+                self._close(sock)
+            self.selector.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            sock, (address, _) = listener.accept()
+        except OSError:
+            return
+        if len(self.peers) >= 4 * self.gate.nnodes + 16:     # a flood: keep the ones we have
+            sock.close()
+            return
+        sock.setblocking(False)
+        self.peers[sock] = _Peer(sock, address, time.monotonic())
+        self.selector.register(sock, selectors.EVENT_READ)
+
+    def _read(self, peer: _Peer) -> None:
+        try:
+            data = peer.sock.recv(MAX_FRAME + LENGTH.size)
+            messages = peer.frames.feed(data) if data else None
+        except (OSError, ProtocolError):
+            messages = None
+        if messages is None:                   # gone, or not speaking this protocol
+            self._forget(peer)
+            return
+        for message in messages:
+            if peer.node_rank is not None:      # nothing more is expected from a node
+                continue
+            error = self._refusal(message)
+            if error:
+                self._send(peer, {"error": error})
+                self._forget(peer)
+                return
+            peer.node_rank = message["node_rank"]
+            self.arrived[peer.node_rank] = (message["nprocs"], peer.address)
+            self._tell_all({"arrived": self._arrived()})
+
+    def _refusal(self, m: dict) -> str:
+        """Why an announcement is refused ("" when it is accepted)."""
+        fields = ("v", "node_rank", "nnodes", "nprocs")
+        if not all(isinstance(m.get(k), int) and not isinstance(m.get(k), bool) for k in fields):
+            return ("node 0 expects v, node_rank, nnodes and nprocs as integers; run the same "
+                    "paddle_dist version on every machine")
+        if m["v"] != VERSION:
+            return (f"node 0 speaks version {VERSION} of the node rendezvous, this node {m['v']}; "
+                    "run the same paddle_dist version on every machine")
+        if m["nnodes"] != self.gate.nnodes:
+            return (f"node 0 has dist.nnodes={self.gate.nnodes}, this node dist.nnodes={m['nnodes']}; "
+                    "give every machine the same dist.nnodes")
+        rank = m["node_rank"]
+        if not 0 < rank < self.gate.nnodes:
+            return (f"dist.node_rank={rank} is not in 1..{self.gate.nnodes - 1}; number the other "
+                    "machines 1 .. nnodes-1")
+        if rank in self.arrived:
+            return (f"dist.node_rank={rank} already arrived from {self.arrived[rank][1]}; "
+                    "give each machine its own dist.node_rank")
+        if m["nprocs"] < 1:
+            return f"nprocs={m['nprocs']} must be >= 1"
+        return ""
+
+    def _drop_silent(self, now: float) -> None:
+        for peer in list(self.peers.values()):
+            if peer.node_rank is None and now - peer.since > HELLO_S:
+                self._forget(peer)
+
+    def _forget(self, peer: _Peer) -> None:
+        self._close(peer.sock)
+        if peer.node_rank is not None and self.arrived.pop(peer.node_rank, None):
+            self._tell_all({"arrived": self._arrived()})
+
+    def _close(self, sock: socket.socket) -> None:
+        self.peers.pop(sock, None)
+        try:
+            self.selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
+
+    def _arrived(self) -> Dict[str, list]:
+        return {str(r): list(v) for r, v in sorted(self.arrived.items())}
+
+    def _tell_all(self, message: dict) -> None:
+        for peer in list(self.peers.values()):
+            if peer.node_rank is not None:
+                self._send(peer, message)
+
+    def _send(self, peer: _Peer, message: dict) -> None:
+        try:
+            peer.sock.setblocking(True)
+            peer.sock.settimeout(POLL_S)        # a peer that reads nothing cannot stall node 0
+            peer.sock.sendall(encode(message))
+        except OSError:
+            pass
+        finally:
+            try:
+                peer.sock.setblocking(False)
+            except OSError:
+                pass
+
+    def _give_up(self) -> None:
+        missing = [r for r in range(self.gate.nnodes) if r not in self.arrived]
+        self._tell_all({"missing": missing, "arrived": self._arrived()})
+        raise NodesMissing(missing_line(self.gate, self._arrived(), missing))
+
+
+def _listen(master: str) -> socket.socket:
+    host, port = _split(master)
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as e:
+        raise UserError(f"cannot resolve dist.master host {host!r} ({e}); set dist.master to "
+                        "node 0's IP address, e.g. 10.0.0.1:6170") from None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As Paddle's rendezvous server does: a connection of a previous attempt in TIME_WAIT
+    # must not keep the port.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+        sock.listen(64)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"node 0 cannot listen at dist.master {master} ({e.strerror}); node 0 "
+                        "must run on the machine of dist.master, with its port free: start "
+                        "node 0 there, or choose another port with -o dist.master=HOST:PORT") from None
+    sock.setblocking(False)
+    return sock
+
+
+# ------------------------------------------------------------------ the other nodes
+def _join(gate: Gate) -> None:
+    """Connect to node 0 (again, if it goes away) until it says go or the deadline passes."""
+    deadline = _deadline(gate.timeout)
+    host, port = _split(gate.master)
+    seen: Optional[Dict[str, list]] = None          # node 0's last list of arrived nodes
+    answered = False
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((host, port), timeout=min(2.0, deadline - time.monotonic()))
+        except OSError:
+            time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
+            continue
+        answered = True
+        with sock:
+            verdict, seen = _talk(sock, gate, deadline, seen)
+        if verdict is not None:
+            if "go" in verdict:
+                return
+            if "error" in verdict:
+                raise UserError(f"node 0 at {gate.master} refused this node: {verdict['error']}")
+            raise NodesMissing(missing_line(gate, verdict.get("arrived") or seen or {},
+                                            verdict.get("missing") or []))
+    raise NodesMissing(_no_answer(gate, answered, seen))
+
+
+def _talk(sock: socket.socket, gate: Gate, deadline: float,
+          seen: Optional[Dict[str, list]]) -> Tuple[Optional[dict], Optional[Dict[str, list]]]:
+    """Announce this node and read node 0's messages: (its verdict or None if the
+    connection ended first, the last list of arrived nodes)."""
+    frames = Frames()
+    try:
+        sock.settimeout(POLL_S)
+        sock.sendall(encode({"v": VERSION, "node_rank": gate.node_rank, "nnodes": gate.nnodes,
+                             "nprocs": gate.nprocs}))
+        while time.monotonic() < deadline:
+            try:
+                data = sock.recv(MAX_FRAME + LENGTH.size)
+            except socket.timeout:
+                continue
+            if not data:
+                return None, seen
+            for message in frames.feed(data):
+                if not _arrived_list(message.get("arrived", {})):
+                    raise ProtocolError("a list of arrived nodes that is not one")
+                if "arrived" in message and len(message) == 1:
+                    seen = message["arrived"]
+                else:
+                    return message, seen
+    except (OSError, ProtocolError):
+        pass
+    return None, seen
+
+
+def _arrived_list(value) -> bool:
+    """Whether `value` is node 0's {"node_rank": [nprocs, "host"], ...}."""
+    return isinstance(value, dict) and all(
+        k.isdigit() and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+        and isinstance(v[1], str) for k, v in value.items())
+
+
+def _no_answer(gate: Gate, answered: bool, seen: Optional[Dict[str, list]]) -> str:
+    if seen is not None:
+        missing = [r for r in range(gate.nnodes) if str(r) not in seen]
+        return missing_line(gate, seen, missing)
+    if answered:
+        return (f"paddle_dist: something answers at dist.master {gate.master}, but not node 0 of "
+                f"this job (a job already running there?), within {gate.timeout:g} s; stop it or "
+                "choose another port for every machine with -o dist.master=HOST:PORT")
+    return (f"paddle_dist: node 0 did not answer at dist.master {gate.master} within "
+            f"{gate.timeout:g} s (node_rank 0 missing); start node 0 there; {CHECK}")
+
+
+def missing_line(gate: Gate, arrived: Dict[str, list], missing: List[int]) -> str:
+    """The one line that ends a job whose nodes did not all arrive.
+
+    Example:
+        missing_line(Gate("10.0.0.1:6170", 3, 0, 8, 120), {"0": [8, "10.0.0.1"]}, [1, 2])
+        # 'paddle_dist: 1 of 3 nodes (8 ranks: node_rank 0 from 10.0.0.1) arrived within 120 s
+        #  at dist.master 10.0.0.1:6170; missing node_rank 1, 2; start them with ...'
+    """
+    ranks = sum(v[0] for v in arrived.values())
+    hosts = ", ".join(f"node_rank {r} from {v[1]}"
+                      for r, v in sorted(arrived.items(), key=lambda kv: int(kv[0])))
+    wait = f"{gate.timeout:g} s" if gate.timeout > 0 else "the wait"
+    return (f"paddle_dist: {len(arrived)} of {gate.nnodes} nodes ({ranks} rank{'s' * (ranks != 1)}: "
+            f"{hosts}) arrived within {wait} at dist.master {gate.master}; missing node_rank "
+            f"{', '.join(map(str, missing)) or '?'}; start {'them' if len(missing) > 1 else 'it'} "
+            f"with the command node 0 printed; {CHECK}")

@@ -1,0 +1,215 @@
+"""The machines' own rendezvous before Paddle's multi-node launcher (paddle_dist/nodes.py),
+its place in the launch plan, and the launcher's start deadline. Nodes are threads of this
+process on loopback."""
+
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+import pytest
+
+from paddle_dist import faults, launcher, nodes, supervisor
+from paddle_dist.config import load
+from paddle_dist.env import DistEnv, GpuInfo
+from paddle_dist.errors import UserError
+
+
+def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
+    return nodes.Gate(f"127.0.0.1:{port}", nnodes, node_rank, nprocs, timeout)
+
+
+class _Node(threading.Thread):
+    """nodes.meet in a thread; `.error` is what it raised (None when it returned)."""
+
+    def __init__(self, gate):
+        super().__init__(daemon=True)
+        self.gate, self.error = gate, None
+
+    def run(self):
+        try:
+            nodes.meet(self.gate)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.error = e
+
+    def result(self, timeout=20):
+        self.join(timeout)
+        assert not self.is_alive(), "nodes.meet did not return"
+        return self.error
+
+
+def _listening(port, timeout=10):
+    """Wait until node 0 listens at `port` (connecting, not sleeping a guess)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nobody listens at {port}")
+
+
+# ---------------------------------------------------------------- frames
+def test_frames_are_cut_from_a_stream_in_any_pieces():
+    data = nodes.encode({"a": 1}) + nodes.encode({"b": [2]})
+    frames = nodes.Frames()
+    got = [m for byte in data for m in frames.feed(bytes([byte]))]
+    assert got == [{"a": 1}, {"b": [2]}]
+
+
+@pytest.mark.parametrize("data", [struct.pack(">I", nodes.MAX_FRAME + 1),
+                                  b"GET / HTTP/1.1\r\n",
+                                  struct.pack(">I", 3) + b"\xff\xfe[",
+                                  struct.pack(">I", 2) + b"[]"])
+def test_anything_but_a_small_json_object_is_refused(data):
+    with pytest.raises(nodes.ProtocolError):
+        nodes.Frames().feed(data)
+
+
+# ---------------------------------------------------------------- meeting
+def test_two_nodes_meet_and_go():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0))
+    host.start()
+    other = _Node(_gate(port, 1))      # it retries until node 0 listens
+    other.start()
+    assert other.result() is None and host.result() is None
+    # Node 0 closed the port before saying go: Paddle's launcher can bind it now.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_node_0_alone_names_the_missing_node_ranks():
+    port = launcher.free_port("127.0.0.1")
+    with pytest.raises(nodes.NodesMissing) as e:
+        nodes.meet(_gate(port, 0, nnodes=3, timeout=0.5, nprocs=2))
+    assert "1 of 3 nodes (2 ranks: node_rank 0 from 127.0.0.1) arrived within 0.5 s" in str(e.value)
+    assert "missing node_rank 1, 2; start them" in str(e.value)
+
+
+def test_a_node_without_node_0_says_node_0_did_not_answer():
+    port = launcher.free_port("127.0.0.1")
+    with pytest.raises(nodes.NodesMissing) as e:
+        nodes.meet(_gate(port, 1, timeout=0.5))
+    assert f"node 0 did not answer at dist.master 127.0.0.1:{port} within 0.5 s" in str(e.value)
+
+
+def test_every_node_that_came_hears_which_are_missing():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, nnodes=3, timeout=1.5))
+    host.start()
+    _listening(port)
+    with pytest.raises(nodes.NodesMissing) as e:
+        nodes.meet(_gate(port, 1, nnodes=3, timeout=5))
+    assert "2 of 3 nodes" in str(e.value) and "missing node_rank 2;" in str(e.value)
+    assert isinstance(host.result(), nodes.NodesMissing)
+
+
+@pytest.mark.parametrize("gate, says", [
+    (dict(node_rank=1, nnodes=3), "node 0 has dist.nnodes=2, this node dist.nnodes=3"),
+    (dict(node_rank=0, nnodes=2), "dist.node_rank=0 is not in 1..1"),
+])
+def test_a_node_whose_settings_disagree_is_refused_with_the_fix(gate, says):
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, timeout=1))
+    host.start()
+    _listening(port)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # a node 0 there too
+        s.sendall(nodes.encode({"v": 1, "nprocs": 1, **gate}))
+        frames, got = nodes.Frames(), []
+        while not got:
+            got = frames.feed(s.recv(4096))
+    assert says in got[0]["error"]
+    host.result()
+
+
+def test_a_second_node_with_the_same_node_rank_is_refused():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, nnodes=3, timeout=1))
+    host.start()
+    _listening(port)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as first:
+        first.sendall(nodes.encode({"v": 1, "node_rank": 1, "nnodes": 3, "nprocs": 1}))
+        frames, got = nodes.Frames(), []
+        while not got:                      # node 0 lists node 1 as arrived
+            got = frames.feed(first.recv(4096))
+        assert sorted(got[0]["arrived"]) == ["0", "1"]
+        with pytest.raises(UserError) as e:
+            nodes.meet(_gate(port, 1, nnodes=3, timeout=5))
+    assert "dist.node_rank=1 already arrived from 127.0.0.1; give each machine its own" in str(e.value)
+    assert isinstance(host.result(), nodes.NodesMissing)
+
+
+def test_garbage_and_silent_connections_do_not_stop_the_others():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, timeout=10))
+    host.start()
+    _listening(port)
+    silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as http:
+        http.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert http.recv(100) == b""          # dropped unanswered
+    nodes.meet(_gate(port, 1))
+    assert host.result() is None
+    silent.close()
+
+
+def test_something_else_at_the_port_is_named():
+    with socket.socket() as other:            # accepts, never answers
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(nodes.NodesMissing) as e:
+            nodes.meet(_gate(port, 1, timeout=0.5))
+    assert "something answers at dist.master" in str(e.value)
+
+
+def test_node_0_must_be_on_the_master_host():
+    with pytest.raises(UserError) as e:
+        nodes.meet(nodes.Gate("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
+    assert "node 0 must run on the machine of dist.master" in str(e.value)
+
+
+def test_meet_turns_sigterm_into_143_at_once(capsys):
+    port = launcher.free_port("127.0.0.1")
+    before = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGTERM,))
+    timer.start()
+    started = time.monotonic()
+    assert launcher.meet(_gate(port, 0, timeout=30)) == 143
+    assert time.monotonic() - started < 5
+    assert "stopped on request while waiting for the other machines" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_meet_returns_3_with_the_line(capsys):
+    assert launcher.meet(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3)) == faults.EXIT_RENDEZVOUS
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node_rank 0 missing" in err[0]
+
+
+# ---------------------------------------------------------------- the plan
+def _plan(overrides, **kwargs):
+    return launcher.plan(load(overrides=overrides), DistEnv(), script="train.py",
+                         gpu_info=GpuInfo(False, 0), cpu_count=2, environ={}, **kwargs)
+
+
+def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
+    p = _plan(["dist.nnodes=3", "dist.node_rank=2", "dist.master=10.0.0.1:6170", "dist.nprocs=2",
+               "dist.rendezvous_timeout=30"])
+    assert p.gate == nodes.Gate("10.0.0.1:6170", 3, 2, 2, 30.0)
+    assert _plan(["dist.nprocs=2"]).gate is None
+    assert _plan(["dist.nnodes=2", "dist.master=10.0.0.1:6170"], always=True).gate is not None
+
+
+# ---------------------------------------------------------------- the launcher's start deadline
+def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = time.monotonic()
+    code = supervisor.supervise_launch(argv, {}, None, 60, tmp_path, start_timeout=0.5)
+    assert code == faults.EXIT_RENDEZVOUS and time.monotonic() - started < 10
+    assert "started no rank within 0.5 s" in capsys.readouterr().err
