@@ -57,10 +57,12 @@ class Problem:
 
 def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
               interfaces: Optional[Mapping[str, List[str]]] = None, statvfs: StatVfs = os.statvfs,
-              shm_path: str = SHM_PATH, shm_min: int = SHM_MIN) -> List[Problem]:
+              shm_path: str = SHM_PATH, shm_min: int = SHM_MIN,
+              route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
     """Problems that would make a job with `cfg` fail or hang on this machine, errors first.
 
-    `interfaces` defaults to this machine's ({name: [ipv4, ...]}, as netcheck.interfaces()).
+    `interfaces` defaults to this machine's ({name: [ipv4, ...]}, as netcheck.interfaces());
+    `route(master, socket_ifname)` is netcheck.check unless a test passes its own.
 
     Example:
         environ, gpus, _ = env.host_facts()
@@ -69,7 +71,7 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
     """
     table = netcheck.interfaces() if interfaces is None else interfaces
     problems = (gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
-                + port_problems(cfg, table) + proxy_problems(cfg, environ)
+                + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
                 + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
@@ -310,6 +312,21 @@ def _is_ipv4(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ------------------------------------------------ the route to the master
+def route_problems(cfg, route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
+    """The check a multi-node job makes before it starts (dist.nnodes > 1, or an mpirun
+    hostfile, with dist.master): the master resolves, this machine has a route to it, and
+    dist.nccl.socket_ifname allows the interface of that route (netcheck.check)."""
+    d = cfg.dist
+    if not d.master or not (d.nnodes > 1 or d.hostfile):
+        return []
+    try:
+        route(d.master, d.nccl.socket_ifname)
+    except netcheck.NetworkError as e:
+        return [Problem(ERROR, str(e))]
+    return []
 
 
 # ------------------------------------------------ the socket interface
