@@ -106,7 +106,7 @@ class Cluster:
                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
         """Run a Slurm client command (bounded), with `env` added to the cluster's; its
         output as text. (sbatch passes its environment on to the job.)"""
-        return subprocess.run(args, env=dict(os.environ, **self.env, **(env or {})), text=True,
+        return subprocess.run(args, env={**os.environ, **self.env, **(env or {})}, text=True,
                               timeout=timeout,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT))
 
@@ -221,9 +221,10 @@ def start(cluster: Cluster) -> None:
     """Start munged, slurmctld and slurmd; return once the node is idle."""
     root, munge_dir = cluster.root, cluster.root / "munge"
     key, conf = munge_dir / "munge.key", root / "slurm.conf"
-    _start(cluster, "munged", [find("munged"), "-F", f"--key-file={key}", f"--socket={munge_dir}/socket",
-                               f"--pid-file={munge_dir}/munged.pid", f"--log-file={munge_dir}/munged.log",
-                               f"--seed-file={munge_dir}/munged.seed"], user="munge")
+    _start(cluster, "munged", [
+        find("munged"), "-F", f"--key-file={key}", f"--socket={munge_dir}/socket",
+        f"--pid-file={munge_dir}/munged.pid", f"--log-file={munge_dir}/munged.log",
+        f"--seed-file={munge_dir}/munged.seed"], user="munge")
     _wait_for_file(munge_dir / "socket", cluster.daemons["munged"], 10)
     _start(cluster, "slurmctld", [find("slurmctld"), "-D", "-f", str(conf)])
     _wait_for_file(root / "slurmctld.pid", cluster.daemons["slurmctld"], 10)

@@ -43,8 +43,8 @@ def uninterrupted(slurm_cluster, tmp_path_factory):  # noqa: F811
     """`srun -n 2 python train.py ...` run to the end: (result, run directory)."""
     run_dir = tmp_path_factory.mktemp("srun") / "run"
     try:
-        result = run(["srun", "-n", "2", "python", "train.py"] + JOB + ["-o", f"output.run_dir={run_dir}"],
-                     env=slurm_cluster.env, timeout=120)
+        result = run(["srun", "-n", "2", "python", "train.py"] + JOB +
+                     ["-o", f"output.run_dir={run_dir}"], env=slurm_cluster.env, timeout=120)
     finally:
         slurm_cluster.drain()
     return result, run_dir
@@ -80,9 +80,11 @@ def _first_checkpoint(cluster, job_id, run_dir, out):
 
 
 def _ended(cluster, job_id, timeout=120):
-    return cluster.wait_for(
-        lambda: (lambda j: j if j.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED") else None)(
-            cluster.job(job_id)), f"job {job_id} to end", timeout, poll_s=0.2)
+    """The job's record once it has ended (bounded)."""
+    def ended():
+        job = cluster.job(job_id)
+        return job if job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED") else None
+    return cluster.wait_for(ended, f"job {job_id} to end", timeout, poll_s=0.2)
 
 
 def test_a_requeued_sbatch_job_continues_bitwise(slurm, uninterrupted, tmp_path):  # noqa: F811
