@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import env as envlib
 from . import faults, nodes, supervisor
-from .errors import DeviceError
+from .errors import DeviceError, UserError
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
 QUIET_CHILD = {
@@ -108,7 +108,10 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
         nprocs = hostfile_slots(cfg.dist.hostfile)
     alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
-    if env.launcher != "standalone" or (alone and not always):  # one process: run right here
+    if env.launcher != "standalone":          # its ranks are started already: run right here
+        check_started_outside(cfg.dist.nprocs, env)
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+    if alone and not always:                  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
     variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
@@ -136,6 +139,28 @@ def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
     if d.nnodes == 1:
         return None
     return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout)
+
+
+def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
+    """A rank that another engine started (srun, mpirun, Paddle's launcher) starts no
+    others, so a `dist.nprocs` that disagrees with that engine would be silently ignored:
+    refuse it, saying how to get that many ranks.
+
+    Example:
+        check_started_outside(8, DistEnv(launcher="slurm", local_world_size=1))   # UserError
+    """
+    # Under mpirun, dist.nprocs is mpirun's -n: the ranks of the whole job (mpirun_argv).
+    whole = env.launcher == "openmpi"
+    started = env.world_size if whole else env.local_world_size
+    if nprocs is None or nprocs == started:
+        return
+    how = {"slurm": f"srun --ntasks-per-node={nprocs} (docs/slurm.md)",
+           "openmpi": f"mpirun -n {nprocs}",
+           "paddle_launch": f"--nproc_per_node {nprocs}"}.get(env.launcher, f"{nprocs} ranks per machine")
+    where = "in all" if whole else "on this machine"
+    raise UserError(f"dist.nprocs={nprocs}, but {env.launcher} started this job with {started} "
+                    f"rank(s) {where}, and a rank started outside paddle_dist starts no others; "
+                    f"drop dist.nprocs, or ask for {how}")
 
 
 def python_args(script: str, module: str = "") -> Tuple[str, ...]:

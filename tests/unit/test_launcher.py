@@ -4,6 +4,7 @@ No process is started here: `launch()` is only exercised with Popen / spawn repl
 """
 
 import os
+import re
 import sys
 
 import pytest
@@ -146,9 +147,9 @@ def test_gpus_on_a_cpu_build_are_a_device_error():
 
 # ---------------------------------------------------------------- never launch twice
 @pytest.mark.parametrize("env", [
-    DistEnv(launcher="paddle_launch", world_size=2),
-    DistEnv(launcher="paddle_launch", global_rank=1, local_rank=1, world_size=2),
-    DistEnv(launcher="spawn", world_size=2),
+    DistEnv(launcher="paddle_launch", world_size=2, local_world_size=2),
+    DistEnv(launcher="paddle_launch", global_rank=1, local_rank=1, world_size=2, local_world_size=2),
+    DistEnv(launcher="spawn", world_size=2, local_world_size=2),
 ])
 def test_inside_a_launched_job_nothing_is_launched_again(env):
     assert make_plan(["dist.nprocs=2"], env=env).mode == "none"
@@ -365,3 +366,20 @@ def test_a_script_job_is_unchanged_by_the_module_option():
     assert launcher.python_args("", "paddle_dist.train") == MODULE
     p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"])
     assert p.argv[-4:] == (sys.executable, "train.py", "-o", "train.epochs=1")
+
+
+@pytest.mark.parametrize("launcher, started, fix", [
+    ("slurm", "1 rank(s) on this machine", "srun --ntasks-per-node=8"),
+    ("paddle_launch", "1 rank(s) on this machine", "--nproc_per_node 8"),
+    ("openmpi", "2 rank(s) in all", "mpirun -n 8")])      # mpirun's -n counts the whole job
+def test_a_rank_started_outside_refuses_a_dist_nprocs_it_would_ignore(launcher, started, fix):
+    from paddle_dist.errors import UserError
+    from paddle_dist.launcher import check_started_outside
+
+    with pytest.raises(UserError, match=re.escape(f"dist.nprocs=8, but {launcher} started this job "
+                                                  f"with {started}")) as refused:
+        check_started_outside(8, DistEnv(launcher=launcher, world_size=2, local_world_size=1))
+    assert fix in str(refused.value)
+    check_started_outside(None, DistEnv(launcher=launcher, local_world_size=1))    # not given
+    agrees = 4 if launcher == "openmpi" else 2
+    check_started_outside(agrees, DistEnv(launcher=launcher, world_size=4, local_world_size=2))
