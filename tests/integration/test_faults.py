@@ -201,8 +201,10 @@ BARE = {"paddle.distributed.launch": ["-m", "paddle.distributed.launch", "--npro
         "mpirun": ["mpirun", "-n", "2", "--allow-run-as-root", PY, "train.py"]}
 
 
+# Each launcher once, each API level under two of them (a fit() script's continuation
+# under every launcher: test_own_fit.py).
 @pytest.mark.parametrize("launcher, api", [
-    pytest.param("launch", "loop", marks=pytest.mark.compat), ("launch", "hapi"), ("spawn", "loop"),
+    pytest.param("launch", "loop", marks=pytest.mark.compat),
     pytest.param("spawn", "hapi", marks=pytest.mark.compat),
     ("paddle.distributed.launch", "loop"), pytest.param("mpirun", "hapi", marks=needs_mpirun)])
 def test_the_same_command_continues_a_killed_run(launcher, api, uninterrupted, tmp_path):

@@ -39,9 +39,9 @@ def test_node_0_alone_ends_with_3_naming_the_missing_node(tmp_path):
 
 def test_node_1_alone_ends_with_3_saying_node_0_did_not_answer(tmp_path):
     port = _port()
-    result = run(_node(1, port, tmp_path), timeout=25)
+    result = run(_node(1, port, tmp_path, timeout=3), timeout=25)
     assert result.returncode == 3, result.stderr
-    assert f"node 0 did not answer at dist.master 127.0.0.1:{port} within 10 s (node_rank 0 missing)" \
+    assert f"node 0 did not answer at dist.master 127.0.0.1:{port} within 3 s (node_rank 0 missing)" \
         in result.stderr
 
 
