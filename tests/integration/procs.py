@@ -78,10 +78,16 @@ def start(args: List[str], limit: float = 180, stdout=subprocess.PIPE) -> tuple:
     if args[0].endswith(".py") or args[0] == "-m":
         args = [PY] + args
     proc = subprocess.Popen(args, cwd=str(ROOT), stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
     killer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
     killer.start()
     return proc, killer
+
+
+def _as_from_a_terminal() -> None:
+    """Ctrl+C as a terminal gives it: a test run started in the background by a shell
+    without job control (CI) inherits SIGINT ignored, and Python then keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, killer: threading.Timer, timeout: float = 120) -> tuple:
