@@ -111,7 +111,10 @@ def train_all(out: Path, names, batch: int) -> None:
     for key, value in make_net(paddle).state_dict().items():
         weights[f"initial/{key}"] = value.numpy()
     for name in names:
+        # The cosine schedule these tolerances were measured with (load_config() alone is
+        # the typed defaults: a constant rate).
         cfg = paddle_dist.load_config(overrides=[
+            "train.lr_schedule=cosine",
             f"train.batch_size={batch}", f"train.max_steps={STEPS}", "train.epochs=1",
             "checkpoint.every_epochs=0", "train.log_every=100", f"output.run_dir={out}/{name}",
             *VARIANTS[name]])
