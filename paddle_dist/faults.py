@@ -59,43 +59,43 @@ EXIT_INTERRUPTED = 130   # Ctrl+C
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
 
 
-class Preempted(SystemExit):
-    """A stop was requested (SIGTERM/SIGUSR1); raised after the checkpoint is saved.
+class _Ending(SystemExit):
+    """How fit() ends a rank of a script of one's own: a SystemExit with the exit code
+    `CODE`, so that, left uncaught, it ends the process with that code and no traceback
+    (a script may still catch it). `str()` is its one-line message."""
 
-    A SystemExit with code 75: left uncaught in a script of one's own (fit()), it ends the
-    process with 75 and no traceback, which is what a scheduler that requeues expects.
-    """
+    CODE = EXIT_FAILED
 
     def __init__(self, message: str = ""):
-        super().__init__(EXIT_PREEMPTED)
+        super().__init__(self.CODE)
         self.message = message
 
     def __str__(self) -> str:
         return self.message
 
 
-class StoppedByPeer(SystemExit):
-    """Another rank failed and fit() stopped this one: a SystemExit with code 5 (EXIT_PEER),
-    so that a script of one's own ends with the one line fit() logged, not a traceback
+class Preempted(_Ending):
+    """A stop was requested (SIGTERM/SIGUSR1); raised after the checkpoint is saved. Exit 75
+    is what a scheduler that requeues expects."""
+
+    CODE = EXIT_PREEMPTED
+
+
+class StoppedByPeer(_Ending):
+    """Another rank failed and fit() stopped this one (exit 5): one line, not a traceback
     of a consequence; the launcher or rank 0 names the root cause."""
 
-    def __init__(self, message: str = ""):
-        super().__init__(EXIT_PEER)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+    CODE = EXIT_PEER
 
 
-class Interrupted(SystemExit):
-    """Ctrl+C in fit(): a SystemExit with code 130, so that a script of one's own ends
-    with one line, not a KeyboardInterrupt traceback through Paddle's and its own frames."""
+class Interrupted(_Ending):
+    """Ctrl+C in fit() (exit 130): one line, not a KeyboardInterrupt traceback through
+    Paddle's and its own frames."""
 
-    def __init__(self):
-        super().__init__(EXIT_INTERRUPTED)
+    CODE = EXIT_INTERRUPTED
 
-    def __str__(self) -> str:
-        return "interrupted"
+    def __init__(self, message: str = "interrupted"):
+        super().__init__(message)
 
 
 def outcome_of(exc: BaseException) -> str:
