@@ -13,8 +13,9 @@ Usage:
         shows no progress for SECONDS outside a collective, ask the rank for its Python
         stack (SIGUSR2: faulthandler writes it to STACK_FILE, even while native code holds
         the GIL), record "hung" in STATUS_FILE, print why, and SIGKILL PID.
-Both exit quietly when their stdin closes (the rank finished in time, or died), and ignore
-Ctrl+C (SIGINT), which is the rank's to handle.
+Both exit quietly when their stdin closes (the rank finished in time, or died). The rank
+starts them in a session of their own, so a terminal's Ctrl+C (which the rank handles) never
+reaches them, not even while this interpreter is still starting.
 """
 
 import json
@@ -141,8 +142,8 @@ def _record(status_file: str, record: dict) -> None:
 
 
 if __name__ == "__main__":
-    # Ctrl+C reaches the whole foreground process group, this watchdog included: the rank
-    # it watches decides what an interrupt means, and this process ends when its stdin closes.
+    # An interrupt sent to this process by name is the rank's to handle, not this watchdog's:
+    # it ends when its stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.argv[1] == "--heartbeat":
         pid_, beat_, seconds_, status_, rank_, stack_, log_ = sys.argv[2:9]

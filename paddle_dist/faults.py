@@ -198,7 +198,7 @@ class Monitor:
         return subprocess.Popen(
             [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
              str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
-             self._stacks.name, self.log_path], stdin=subprocess.PIPE)
+             self._stacks.name, self.log_path], stdin=subprocess.PIPE, start_new_session=True)
 
     def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
         watchdog.stdin.close()             # the watchdog exits quietly
@@ -321,7 +321,8 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     script = Path(__file__).with_name("_deadline.py")
     previous = _exit_on_sigquit()
     watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
-                                 str(status_file or ""), str(rank)], stdin=subprocess.PIPE)
+                                 str(status_file or ""), str(rank)], stdin=subprocess.PIPE,
+                                start_new_session=True)
     try:
         yield
     finally:

@@ -332,9 +332,11 @@ def meet(gate: nodes.Gate) -> int:
     has started yet, so a stop request ends the wait at once: there is nothing to save."""
     who = "the other machines" if gate.node_rank == 0 else "node 0 and the other machines"
     limit = f" (up to {gate.timeout:g} s)" if gate.timeout > 0 else ""
-    print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
-    old = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    old = {}
     try:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
+            old[sig] = signal.signal(sig, _raise_stop)
+        print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
         nodes.meet(gate)
         return 0
     except nodes.NodesMissing as e:
