@@ -8,6 +8,7 @@ Options are long and distinct (`--config/-c`, `--override/-o`) because
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -130,14 +131,17 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         cfg.dist.master = f"{first}:{launcher.free_port()}"
         p = launcher.plan(cfg, here, script_args=script_args, **facts)
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
-    choice = rundir.choose(cfg, world, rundir.own_command(), hold=cfg.dist.node_rank == 0)
-    run_dir = choice.path
-    cfg.output.run_dir = str(run_dir)
-    if choice.note:
-        print(f"paddle_dist: {choice.note}", flush=True)
+    run_dir = None        # another machine of a multi-node launch: node 0 names it (_meet)
+    if p.gate is None or cfg.dist.node_rank == 0:
+        choice = rundir.choose(cfg, world, rundir.own_command())
+        run_dir = choice.path
+        cfg.output.run_dir = str(run_dir)
+        if choice.note:
+            print(f"paddle_dist: {choice.note}", flush=True)
     ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}" + (f" on this machine ({world} in all)"
                                                           if world != p.nprocs else "")
-    print(f"paddle_dist: starting {ranks} with {p.mode}; outputs in {run_dir}", flush=True)
+    where = f"; outputs in {run_dir}" if run_dir else ""
+    print(f"paddle_dist: starting {ranks} with {p.mode}{where}", flush=True)
     _tell_other_nodes(cfg, script, script_args, module)
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):
@@ -171,13 +175,18 @@ def _check_data(cfg) -> None:
             cifar.load_cifar10(cfg.data.root, split)
 
 
-def _start(p, cfg, here, facts, run_dir: Path, script_args: List[str]) -> int:
+def _start(p, cfg, here, facts, run_dir: Optional[Path], script_args: List[str]) -> int:
     if p.mode in ("launch", "mpirun"):
+        met = None
+        if p.gate is not None:
+            code, met, run_dir = _meet(p.gate, cfg, run_dir)
+            if code:
+                return code
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
                  "-o", f"faults.inject={cfg.faults.inject}", "-o", f"dist.master={cfg.dist.master}"]
         p = launcher.plan(cfg, here, script_args=list(script_args) + extra,
                           log_dir=str(run_dir / "launch"), **facts)
-        return launcher.launch(p, run_dir=run_dir)
+        return launcher.launch(p, run_dir=run_dir, met=met)
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
     # imported, and forked ranks keep this import: make it with the ranks' environment.
     old = envlib.export(p.env)
@@ -186,6 +195,25 @@ def _start(p, cfg, here, facts, run_dir: Path, script_args: List[str]) -> int:
     finally:
         envlib.restore(old)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
+
+
+def _meet(gate, cfg, run_dir: Optional[Path]):
+    """Meet the other machines of a multi-node launch: (0, what they learnt, this machine's
+    run directory), or (exit code, None, None) when they did not all come. Node 0 tells
+    them its run's name; every other machine writes under a directory of that name
+    (rundir.node_run_dir). Each clears its own ranks' status records, which an earlier
+    attempt of the run may have left."""
+    node0 = gate.node_rank == 0
+    code, met = launcher.meeting(dataclasses.replace(gate, run=run_dir.name if node0 else ""))
+    if code:
+        return code, None, None
+    if not node0:
+        run_dir = rundir.node_run_dir(cfg, met.run)
+        cfg.output.run_dir = str(run_dir)
+        print(f"paddle_dist: this machine's outputs in {run_dir} (node 0's run {met.run or run_dir.name})",
+              flush=True)
+    rundir.clear_status(run_dir, met.ranks_of(gate.node_rank))
+    return 0, met, run_dir
 
 
 def _tell_other_nodes(cfg, script: str, script_args: List[str], module: str = "") -> None:

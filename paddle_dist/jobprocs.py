@@ -36,6 +36,28 @@ def signal_pids(pids: List[int], sig: int) -> None:
             pass
 
 
+def place_of(pid: int) -> Optional[Tuple[int, int, int]]:
+    """(local rank, global rank, number of nodes) of a rank that Paddle's launcher started,
+    from the variables it gave the process (PADDLE_LOCAL_RANK, PADDLE_TRAINER_ID,
+    PADDLE_NNODES in /proc/<pid>/environ); None when they cannot be read. Its launcher
+    numbers the ranks it started (its log files, its exit messages) 0, 1, ... on each
+    machine: this says which rank of the job each one is.
+
+    Example:
+        place_of(4711)        # (0, 2, 2): the first rank here is rank 2 of a job on 2 nodes
+    """
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    found = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    try:
+        return (int(found[b"PADDLE_LOCAL_RANK"]), int(found[b"PADDLE_TRAINER_ID"]),
+                int(found.get(b"PADDLE_NNODES", b"1")))
+    except (KeyError, ValueError):
+        return None
+
+
 def _start_time(pid: int) -> str:
     """When `pid` started (clock ticks since boot; "" when gone): a pid and its start time
     name one process, even after the pid is reused."""

@@ -296,23 +296,26 @@ def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: s
 
 
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
-           run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None) -> int:
+           run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None,
+           met: Optional[nodes.Meeting] = None) -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;
-    `script`: the ranks run a user's script (python -m paddle_dist.launch)."""
+    `script`: the ranks run a user's script (python -m paddle_dist.launch); `met`: what the
+    machines of a multi-node launch learnt when they met, if they have met already
+    (meeting()); the report names the ranks' hosts from it."""
     if p.direct:
         return supervisor.supervise_ranks(list(p.argv), envlib.child_environ(p.env),
                                           rank_variables(p.nprocs, p.selected, free_port()),
                                           run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                           script=script)
     if p.mode in ("launch", "mpirun"):
-        if p.gate is not None:
-            code = meet(p.gate)
+        if p.gate is not None and met is None:
+            code, met = meeting(p.gate)
             if code:
                 return code
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
                                            p.stop_timeout, Path(p.log_dir or "log"),
-                                           start_timeout=p.gate.timeout if p.gate else 0)
+                                           start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
     if p.mode == "spawn":
         return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
@@ -330,6 +333,15 @@ def meet(gate: nodes.Gate) -> int:
     """Wait for the other machines (nodes.meet); 0 when all arrived, else the job's exit
     code after one line: 3 (a node missing), 143 (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing
     has started yet, so a stop request ends the wait at once: there is nothing to save."""
+    return meeting(gate)[0]
+
+
+def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
+    """meet(), and what the machines learnt (None when they did not all meet).
+
+    Example:
+        code, met = meeting(gate)     # 0, Meeting(run='mnist_lenet-...', nodes={0: ..., 1: ...})
+    """
     who = "the other machines" if gate.node_rank == 0 else "node 0 and the other machines"
     limit = f" (up to {gate.timeout:g} s)" if gate.timeout > 0 else ""
     old = {}
@@ -337,20 +349,19 @@ def meet(gate: nodes.Gate) -> int:
         for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
             old[sig] = signal.signal(sig, _raise_stop)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
-        nodes.meet(gate)
-        return 0
+        return 0, nodes.meet(gate)
     except nodes.NodesMissing as e:
         print(e, file=sys.stderr, flush=True)
-        return faults.EXIT_RENDEZVOUS
+        return faults.EXIT_RENDEZVOUS, None
     except _StopRequested:
         code = 128 + signal.SIGTERM
         print(f"paddle_dist: stopped on request while waiting for the other machines (exit {code}); "
               "no rank had started: run the same command again to start the job", file=sys.stderr, flush=True)
-        return code
+        return code, None
     except KeyboardInterrupt:
         print("paddle_dist: interrupted while waiting for the other machines; no rank had started",
               file=sys.stderr, flush=True)
-        return faults.EXIT_INTERRUPTED
+        return faults.EXIT_INTERRUPTED, None
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

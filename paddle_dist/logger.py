@@ -1,7 +1,10 @@
-"""Per-rank log files, rank-0 console progress and VisualDL scalars.
+"""Per-rank log files, console progress and VisualDL scalars.
 
-Every rank writes `<run>/logs/rank<N>.log`; only global rank 0 prints to the console and
-writes VisualDL scalars under `<run>/vdl`.
+Every rank writes `<run>/logs/rank<N>.log`. Global rank 0 prints to the console and
+writes VisualDL scalars under `<run>/vdl`; in a job on several machines the first rank of
+every other machine (local rank 0) prints too, so that each machine's terminal shows its
+progress and its end, and every console line then starts with its machine
+(`[node 1 nodeB] epoch 1/5 step 20/63 ...`; a job on one machine prints no label).
 
 Example:
     log = setup(run_dir, env)
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -37,11 +41,28 @@ def setup(run_dir: Optional[Path], env) -> logging.Logger:
         file_handler.setFormatter(logging.Formatter(
             f"%(asctime)s rank{env.global_rank} %(levelname)s %(message)s"))
         log.addHandler(file_handler)
-    if env.is_main:
+    if prints(env):
         console = logging.StreamHandler(sys.stdout)
-        console.setFormatter(logging.Formatter("%(message)s"))
+        console.setFormatter(logging.Formatter(console_label(env).replace("%", "%%") + "%(message)s"))
         log.addHandler(console)
     return log
+
+
+def prints(env) -> bool:
+    """Whether this rank prints to the console: global rank 0, and the first rank of each
+    machine of a job on several machines."""
+    return env.is_main or (env.nnodes > 1 and env.is_local_main)
+
+
+def console_label(env, host: str = "") -> str:
+    """What starts this rank's console lines: "" on one machine, else its machine.
+
+    Example:
+        console_label(DistEnv(nnodes=2, node_rank=1), "nodeB")    # '[node 1 nodeB] '
+    """
+    if env.nnodes <= 1:
+        return ""
+    return f"[node {env.node_rank} {host or socket.gethostname()}] "
 
 
 def get() -> logging.Logger:

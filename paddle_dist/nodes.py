@@ -7,18 +7,24 @@ launcher first meets the others at a small rendezvous of its own, on node 0, at 
 `dist.master` (which Paddle's launcher binds only after this one has closed it), and gives
 up after `dist.rendezvous_timeout` seconds, saying which `node_rank`s are missing.
 
-Protocol (version 1), over TCP. Every message is a frame: a 4-byte big-endian length, then
+Protocol (version 2), over TCP. Every message is a frame: a 4-byte big-endian length, then
 that many bytes (at most MAX_FRAME) of a UTF-8 JSON object. A node (node_rank > 0) connects
-to node 0 and sends `{"v": 1, "node_rank": R, "nnodes": N, "nprocs": P}`. Node 0 answers
-`{"arrived": {"0": [P, "host"], ...}}` each time the set of arrived nodes changes, and at
-the end `{"go": true}` (every node arrived; node 0 has closed its listener), or
+to node 0 and sends `{"v": 2, "node_rank": R, "nnodes": N, "nprocs": P, "host": "name"}`
+("host": its host name, at most MAX_NAME characters, for node 0's reports). Node 0 answers
+`{"arrived": {"0": [P, "address"], ...}}` each time the set of arrived nodes changes, and at
+the end `{"go": true, "run": "name"}` (every node arrived; node 0 has closed its listener;
+"run", when node 0 has chosen its run directory already, is that directory's name, at most
+MAX_NAME characters and never a path: every machine then writes under a directory of that
+name, so that all of a job's records carry one name and never join another job's), or
 `{"missing": [R, ...], "arrived": ...}` (its deadline passed), or `{"error": "..."}` (this
-node's announcement was refused: a wrong dist.nnodes, a node_rank already there). Node 0
-reads nothing unframed: a longer frame, bad JSON, or a connection that says nothing within
-HELLO_S seconds is dropped.
+node's announcement was refused: a wrong dist.nnodes, a node_rank already there, another
+version). Node 0 reads nothing unframed: a longer frame, bad JSON, or a connection that
+says nothing within HELLO_S seconds is dropped; a node drops a "run" that is not a plain
+name (a "/", "." or "..") as a protocol error.
 
 Example:
-    meet(Gate("10.0.0.1:6170", nnodes=2, node_rank=1, nprocs=8, timeout=120))
+    meeting = meet(Gate("10.0.0.1:6170", nnodes=2, node_rank=1, nprocs=8, timeout=120))
+    meeting.run, meeting.nodes[0].nprocs     # 'mnist_lenet-20261123-061500', 8
     # returns once every node arrived; NodesMissing after 120 s otherwise
 """
 
@@ -29,13 +35,14 @@ import selectors
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from .errors import UserError
 
-VERSION = 1
+VERSION = 2
 MAX_FRAME = 4096          # bytes of JSON in one message; a longer one is refused unread
+MAX_NAME = 200            # characters of a host name or run name in a message
 HELLO_S = 5.0             # a connection must announce its node within this, or it is dropped
 RETRY_S = 0.2             # a node retries connecting to node 0 this often
 POLL_S = 0.25             # longest wait in a select or recv (signals are handled in between)
@@ -52,6 +59,55 @@ class Gate:
     node_rank: int
     nprocs: int               # ranks on this node
     timeout: float            # seconds; 0 = for ever
+    run: str = ""             # node 0: the name of its run directory, told to the others
+    host: str = ""            # this machine's host name, told to node 0 ("": the system's)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the job, as the meeting saw it: its ranks, its address as node 0
+    saw it (node 0: dist.master's host), and its host name ("" when not told)."""
+    nprocs: int
+    address: str
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """What the machines learnt when they met: node 0's run name ("" when it has none yet),
+    every node by node_rank (a node > 0 knows no other node's host name) and which one
+    this machine is."""
+    run: str = ""
+    nodes: Dict[int, Node] = field(default_factory=dict)
+    node_rank: int = 0
+
+    def ranks_of(self, node_rank: int) -> range:
+        """The global ranks of node `node_rank`: Paddle's launcher numbers the ranks of the
+        nodes in node_rank order (its rank_offset), each node's in a block.
+
+        Example:
+            Meeting("", {0: Node(2, "a"), 1: Node(2, "b")}).ranks_of(1)   # range(2, 4)
+        """
+        start = sum(n.nprocs for r, n in self.nodes.items() if r < node_rank)
+        return range(start, start + self.nodes[node_rank].nprocs) if node_rank in self.nodes else range(0)
+
+    def node_of(self, rank: int) -> Optional[int]:
+        """The node_rank holding global rank `rank` (None when unknown)."""
+        for node_rank in sorted(self.nodes):
+            if rank in self.ranks_of(node_rank):
+                return node_rank
+        return None
+
+
+def plain_name(text) -> bool:
+    """Whether `text` may name a directory inside output.root: a short string that is no
+    path (no "/", NUL, "." or "..").
+
+    Example:
+        plain_name("mnist_lenet-20261123-061500"), plain_name("../etc")   # True, False
+    """
+    return (isinstance(text, str) and 0 < len(text) <= MAX_NAME and "/" not in text
+            and "\0" not in text and text not in (".", ".."))
 
 
 class NodesMissing(Exception):
@@ -98,15 +154,17 @@ def decode(body: bytes) -> dict:
     return message
 
 
-def meet(gate: Gate) -> None:
-    """Return once every node of `gate` arrived; raise NodesMissing when they did not
-    within `gate.timeout`, a UserError when this node's settings are refused."""
+def meet(gate: Gate) -> Meeting:
+    """Return what the machines learnt once every node of `gate` arrived; raise
+    NodesMissing when they did not within `gate.timeout`, a UserError when this node's
+    settings are refused."""
+    gate = gate if gate.host else replace(gate, host=socket.gethostname()[:MAX_NAME])
     if gate.nnodes <= 1:
-        return
+        return Meeting(gate.run, {0: Node(gate.nprocs, _split(gate.master)[0] if gate.master else "",
+                                          gate.host)})
     if gate.node_rank == 0:
-        _Host(gate).serve()
-    else:
-        _join(gate)
+        return _Host(gate).serve()
+    return _join(gate)
 
 
 def _deadline(timeout: float) -> float:
@@ -134,10 +192,11 @@ class _Host:
     def __init__(self, gate: Gate):
         self.gate = gate
         self.arrived: Dict[int, Tuple[int, str]] = {0: (gate.nprocs, _split(gate.master)[0])}
+        self.hosts: Dict[int, str] = {0: gate.host}
         self.peers: Dict[socket.socket, _Peer] = {}
         self.selector = selectors.DefaultSelector()
 
-    def serve(self) -> None:
+    def serve(self) -> Meeting:
         listener = _listen(self.gate.master)
         self.selector.register(listener, selectors.EVENT_READ)
         deadline = _deadline(self.gate.timeout)
@@ -156,7 +215,9 @@ class _Host:
             # Paddle's rendezvous there, never this one.
             self.selector.unregister(listener)
             listener.close()
-            self._tell_all({"go": True})
+            self._tell_all({"go": True, **({"run": self.gate.run} if self.gate.run else {})})
+            return Meeting(self.gate.run, {r: Node(p, a, self.hosts.get(r, ""))
+                                           for r, (p, a) in sorted(self.arrived.items())}, 0)
         finally:
             listener.close()
             for sock in list(self.peers):
@@ -194,6 +255,7 @@ class _Host:
                 return
             peer.node_rank = message["node_rank"]
             self.arrived[peer.node_rank] = (message["nprocs"], peer.address)
+            self.hosts[peer.node_rank] = message.get("host", "")
             self._tell_all({"arrived": self._arrived()})
 
     def _refusal(self, m: dict) -> str:
@@ -217,6 +279,8 @@ class _Host:
                     "give each machine its own dist.node_rank")
         if m["nprocs"] < 1:
             return f"nprocs={m['nprocs']} must be >= 1"
+        if not isinstance(m.get("host", ""), str) or len(m.get("host", "")) > MAX_NAME:
+            return f"the host name must be a string of at most {MAX_NAME} characters"
         return ""
 
     def _drop_silent(self, now: float) -> None:
@@ -288,7 +352,7 @@ def _listen(master: str) -> socket.socket:
 
 
 # ------------------------------------------------------------------ the other nodes
-def _join(gate: Gate) -> None:
+def _join(gate: Gate) -> Meeting:
     """Connect to node 0 (again, if it goes away) until it says go or the deadline passes."""
     deadline = _deadline(gate.timeout)
     host, port = _split(gate.master)
@@ -305,7 +369,9 @@ def _join(gate: Gate) -> None:
             verdict, seen = _talk(sock, gate, deadline, seen)
         if verdict is not None:
             if "go" in verdict:
-                return
+                return Meeting(verdict.get("run", ""), {int(r): Node(v[0], v[1])
+                                                         for r, v in (seen or {}).items()},
+                               gate.node_rank)
             if "error" in verdict:
                 raise UserError(f"node 0 at {gate.master} refused this node: {verdict['error']}")
             raise NodesMissing(missing_line(gate, verdict.get("arrived") or seen or {},
@@ -321,7 +387,7 @@ def _talk(sock: socket.socket, gate: Gate, deadline: float,
     try:
         sock.settimeout(POLL_S)
         sock.sendall(encode({"v": VERSION, "node_rank": gate.node_rank, "nnodes": gate.nnodes,
-                             "nprocs": gate.nprocs}))
+                             "nprocs": gate.nprocs, "host": gate.host[:MAX_NAME]}))
         while time.monotonic() < deadline:
             try:
                 data = sock.recv(MAX_FRAME + LENGTH.size)
@@ -332,6 +398,8 @@ def _talk(sock: socket.socket, gate: Gate, deadline: float,
             for message in frames.feed(data):
                 if not _arrived_list(message.get("arrived", {})):
                     raise ProtocolError("a list of arrived nodes that is not one")
+                if "run" in message and not plain_name(message["run"]):
+                    raise ProtocolError("a run name that is not a plain name")
                 if "arrived" in message and len(message) == 1:
                     seen = message["arrived"]
                 else:

@@ -2,6 +2,12 @@
 rank whose failure ended the job (exception, hang, signal), its log, the ranks stopped as a
 consequence, and the exact command that continues the run.
 
+Ranks are named by their global rank. In a job on several machines each machine's launcher
+reports what it saw, naming every rank with its host (`rank 3 (host nodeB) killed by
+SIGKILL`), from `Machines`; a machine whose ranks all stopped because a peer failed, none
+of them failing itself, names the machine(s) where the cause must be, and no more: their
+own reports name the rank and why.
+
 Example:
     print(with_resume(root_cause(read_status(run_dir), exit_codes), run_dir).text)
 """
@@ -10,15 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import faults, rundir
+from .nodes import Meeting
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
 # Two exits seen this close together count as simultaneous: the order in which the
@@ -26,6 +34,55 @@ POLL_S = 0.2             # how often a waiting loop looks again (here and in sup
 # (a gloo error thrown through C++ when the peer's connection broke).
 SIMULTANEOUS_S = 0.5
 SIGABRT_CODE = -signal.SIGABRT
+# A peer's address in gloo's messages: "Read error [198.18.0.2]:23443: Connection reset by peer".
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where a job's ranks run, as one machine's launcher knows it: this machine's host name
+    and global ranks, the job's number of machines, and what the machines learnt when they
+    met (a multi-node launch, nodes.Meeting). The default is a job on one machine, whose
+    reports name ranks without hosts.
+
+    Example:
+        Machines("nodeB", (2, 3), nnodes=2).name(3)     # 'rank 3 (host nodeB)'
+    """
+    host: str = ""
+    local: Tuple[int, ...] = ()
+    nnodes: int = 1
+    meeting: Optional[Meeting] = None
+
+    @property
+    def several(self) -> bool:
+        return self.nnodes > 1 or (self.meeting is not None and len(self.meeting.nodes) > 1)
+
+    def host_of(self, rank: int, record: Optional[dict] = None) -> str:
+        """Rank `rank`'s host: its status record's, this machine's for its own ranks, else
+        the address its machine met from ("" when unknown)."""
+        if record and record.get("host"):
+            return str(record["host"])
+        if rank in self.local:
+            return self.host
+        node = self.meeting.node_of(rank) if self.meeting else None
+        return (self.meeting.nodes[node].host or self.meeting.nodes[node].address) if node is not None else ""
+
+    def name(self, rank: int, record: Optional[dict] = None, more: str = "") -> str:
+        """'rank 3' on one machine; 'rank 3 (host nodeB)' on several; `more` joins the
+        parenthesis ('rank 3 (host nodeB, killed by SIGABRT)')."""
+        said = [f"host {self.host_of(rank, record)}"] if self.several and self.host_of(rank, record) else []
+        said += [more] if more else []
+        return f"rank {rank} ({', '.join(said)})" if said else f"rank {rank}"
+
+    def is_here(self, record: dict) -> bool:
+        """Whether a status record is of a rank of this machine (on shared storage the
+        other machines' are there too), so that its pid means something here."""
+        if self.local:
+            return record.get("rank") in self.local
+        return not self.several or not self.host or record.get("host") in (None, self.host)
+
+
+ONE_MACHINE = Machines()
 
 
 @dataclass(frozen=True)
@@ -108,14 +165,16 @@ class Report:
 
 def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = None,
                launcher_code: int = 1, logs: Optional[Dict[int, str]] = None,
-               exits: Optional[Sequence[Exit]] = None) -> Report:
-    """Name the rank whose failure ended the job, from status records and exits.
+               exits: Optional[Sequence[Exit]] = None, machines: Machines = ONE_MACHINE) -> Report:
+    """Name the rank whose failure ended the job, from status records and exits (all by
+    global rank; `machines`: where they run, see Machines).
 
     Order of evidence: a rank that reported a failure or a hang (earliest first); then a
     rank that died without reporting (killed by a signal, e.g. SIGKILL or the OOM
     killer), the first by the order of `exits` when the launcher saw them (first_failure),
     else the lowest rank; ranks that stopped because of a peer are consequences, never
-    the cause. Every rank ending with 75 (a requested stop, saved) is not a failure.
+    the cause; when every rank here stopped so, on several machines, the cause is on
+    another machine. Every rank ending with 75 (a requested stop, saved) is not a failure.
 
     Example:
         root_cause({0: {"state": "stopped", ...}, 1: {"state": "failed", ...}}).code  # 1
@@ -135,20 +194,26 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     if bad:
         cause = bad[0]
         code = faults.EXIT_HANG if cause["state"] == "hung" else cause.get("exit_code", 1)
-        return _report(cause, code, _describe(cause), status, exit_codes, logs)
-    silent = _died_silently(status, exit_codes, exits)
+        return _report(cause, code, _describe(cause, machines), status, exit_codes, logs, machines)
+    silent = _died_silently(status, exit_codes, exits, machines)
     if silent is not None:
         rank, code = silent
         record = status.get(rank, {"rank": rank})
         exit_code = exit_code_of(code) if code is not None else launcher_code
-        return _report(record, exit_code or launcher_code, f"rank {rank} {how_it_ended(code)}",
-                       status, exit_codes, logs)
+        headline = f"{machines.name(rank, record)} {how_it_ended(code)}"
+        if code == SIGABRT_CODE and machines.several:
+            headline += ("; gloo ends a rank so when a peer fails: a rank on another machine may "
+                         "have failed first, see the other machines' reports")
+        return _report(record, exit_code or launcher_code, headline, status, exit_codes, logs, machines)
+    elsewhere = _elsewhere(status, machines)
+    if elsewhere is not None:
+        return elsewhere
     return Report(launcher_code, [f"paddle_dist: the job failed (exit {launcher_code}) before any rank "
                                   "reported its state; see the launcher's logs"])
 
 
 def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],
-                   exits: Optional[Sequence[Exit]] = None):
+                   exits: Optional[Sequence[Exit]] = None, machines: Machines = ONE_MACHINE):
     """(rank, exit code or None) of a rank that ended without recording why: the first
     to fail by `exits` when the launcher saw them, else the lowest rank."""
     if exits is not None:
@@ -162,9 +227,42 @@ def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],
         if code != 0 and state in (None, "running"):
             return rank, code
     for rank, record in sorted(status.items()):
-        if record.get("state") == "running" and not pid_alive(record.get("pid")):
+        if record.get("state") == "running" and machines.is_here(record) and not pid_alive(record.get("pid")):
             return rank, None
     return None
+
+
+def _elsewhere(status: Dict[int, dict], machines: Machines) -> Optional[Report]:
+    """On several machines, when every rank here stopped because a peer failed and none
+    failed itself: the machine(s) where the cause must be (the one whose address gloo's
+    messages name, else every other one). Only that machine's report can say which rank
+    failed and why: this one says where to look."""
+    if not machines.several or not status or not all(
+            r.get("state") == "stopped" and r.get("exit_code") == faults.EXIT_PEER for r in status.values()):
+        return None
+    errors = [r.get("error", "") for _, r in sorted(status.items()) if r.get("error")]
+    named = {address for error in errors for address in PEER_ADDRESS.findall(error)}
+    meeting = machines.meeting
+    others = {n: node for n, node in meeting.nodes.items() if n != meeting.node_rank} if meeting else {}
+    suspects = {n: node for n, node in others.items() if node.address in named} or others
+
+    def node_words(n: int) -> str:
+        node, ranks = suspects[n], meeting.ranks_of(n)
+        where = f"host {node.host} at {node.address}" if node.host else node.address
+        listed = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        return f"node {n} ({where}, {listed})"
+
+    there = " or ".join(node_words(n) for n in sorted(suspects)) or \
+        (", ".join(sorted(named)) if named else "another machine")
+    one = len(suspects) == 1 or (not suspects and len(named) == 1)
+    how = "lost their connection to it" if named and one else "stopped when a peer failed"
+    reports = "that machine's report names" if one else "those machines' reports name"
+    lines = [f"paddle_dist: job failed (exit {faults.EXIT_PEER}). Root cause: a rank on another machine, "
+             f"{there}: this machine's ranks {how}; {reports} the rank and why"]
+    lines += [f"  this machine's ranks met: {errors[0]}"] if errors else []
+    lines.append("  stopped as a consequence: " + ", ".join(
+        machines.name(r, status[r]) for r in sorted(status)))
+    return Report(faults.EXIT_PEER, lines)
 
 
 def pid_alive(pid) -> bool:
@@ -179,14 +277,15 @@ def pid_alive(pid) -> bool:
     return True
 
 
-def _describe(record: dict) -> str:
+def _describe(record: dict, machines: Machines = ONE_MACHINE) -> str:
     if record["state"] == "hung":
-        return record.get("message", f"rank {record['rank']} hung")
-    return f"rank {record['rank']} raised {record.get('error_type', 'an error')}: {record.get('error', '')}"
+        return record.get("message", f"{machines.name(record['rank'], record)} hung")
+    return (f"{machines.name(record['rank'], record)} raised {record.get('error_type', 'an error')}: "
+            f"{record.get('error', '')}")
 
 
 def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
-            exit_codes: Dict[int, int], logs: Dict[int, str]) -> Report:
+            exit_codes: Dict[int, int], logs: Dict[int, str], machines: Machines = ONE_MACHINE) -> Report:
     rank = cause.get("rank")
     lines = [f"paddle_dist: job failed (exit {code}). Root cause: {headline}"]
     where = [f"last heartbeat at step {cause['step']}" if "step" in cause else "",
@@ -205,7 +304,7 @@ def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
     others = sorted((set(status) | set(exit_codes)) - {rank})
     if others:
         lines.append("  stopped as a consequence: " + ", ".join(
-            f"rank {r}" + _ending(status.get(r, {}), exit_codes.get(r)) for r in others))
+            machines.name(r, status.get(r), _ending(status.get(r, {}), exit_codes.get(r))) for r in others))
     return Report(code, lines)
 
 
@@ -213,7 +312,7 @@ def _ending(record: dict, code: Optional[int]) -> str:
     """How a rank stopped as a consequence ended, when it says more than its status."""
     if record.get("state") in ("stopped", "preempted") or code in (None, 0, faults.EXIT_PEER):
         return ""
-    return f" ({how_it_ended(code)})"
+    return how_it_ended(code)
 
 
 def is_noise(line: str) -> bool:

@@ -8,8 +8,12 @@ choose it too). The rule, also in docs/faults.md ("Which run a command continues
   its latest checkpoint if it has one. Finished: a new run starts, and says so.
 - otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
   `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>`, with a suffix if taken.
-- the other machines of a multi-node job keep their ranks' logs and status in
-  `<output.root>/<output.name>-<master>`; rank 0 alone reads checkpoints and sends them.
+- the other machines of a multi-node launch write under a directory of the name node 0
+  chose by this rule and told them when the machines met (nodes.py): `<output.root>/<name>`
+  on each (node_run_dir), so a job's records carry one name on every machine and a new job
+  never writes into an earlier one's; rank 0 alone reads checkpoints and sends them. Ranks
+  started without paddle_dist's launcher (by hand, mpirun, srun) all use the directory
+  their rank 0 chose (runtime.make_run_dir).
 
 The process that chooses (paddle_dist's launcher; rank 0 of a job started without it) holds
 the run with an flock on `<run>/.lock` until it exits, and chooses while holding
@@ -31,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from .config import config_hash, evaluates_only
 from .errors import UserError
@@ -59,8 +63,6 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
     the script's model, optimizer and data}), so that only the same job continues it.
     """
     named = cfg.output.run_dir
-    if not named and cfg.dist.nnodes > 1 and cfg.dist.node_rank > 0:
-        named = Path(cfg.output.root) / f"{cfg.output.name}-{cfg.dist.master.replace(':', '-')}"
     identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
                 "world_size": world_size, "job": "eval" if evaluates_only(cfg) else "train",
                 **(extra or {})}
@@ -222,11 +224,32 @@ def _continuing(path: Path) -> str:
     return f"continuing the unfinished run {path} (same config and world size; attempt {attempt}) {from_where}"
 
 
-def clear_status(path: Path) -> None:
+def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
     """A continued run starts with no status records: the last attempt's would be read as
-    this one's."""
-    for record in (path / "status").glob("rank*.json"):
+    this one's. `ranks`: only those global ranks' (a machine of a multi-node job clears its
+    own ranks' records, never another machine's on shared storage)."""
+    if ranks is not None:
+        for rank in ranks:
+            (Path(path) / "status" / f"rank{rank}.json").unlink(missing_ok=True)
+        return
+    for record in (Path(path) / "status").glob("rank*.json"):
         record.unlink(missing_ok=True)
+
+
+def node_run_dir(cfg, name: str) -> Path:
+    """Where a machine other than node 0 of a multi-node launch writes its ranks' logs and
+    status: `output.run_dir` when given, else `<output.root>/<name>`, `name` being node 0's
+    run (nodes.Meeting.run), checked and created here (node 0's launcher holds the run).
+
+    Example:
+        node_run_dir(cfg, "mnist_lenet-20261123-061500")   # runs/mnist_lenet-20261123-061500
+    """
+    if cfg.output.run_dir:
+        return _given(Path(cfg.output.run_dir), hold=False).resolve()
+    if not name:
+        raise UserError("node 0 did not name its run directory; run the same paddle_dist version "
+                        "on every machine")
+    return _given(Path(cfg.output.root) / name, hold=False).resolve()
 
 
 # ------------------------------------------------------------------ run.json

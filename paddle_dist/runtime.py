@@ -145,7 +145,8 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     more of what makes the run this job (fit(): its model, optimizer and data).
 
     Under `python -m paddle_dist.launch`, rank 0 also tells the launcher where the run is
-    (env.run_pointer), for its report and the command that continues the run."""
+    (env.run_pointer), for its report and the command that continues the run; so does the
+    first rank of every other machine, whose launcher reports from its own ranks' records."""
     pointer = envlib.run_pointer()
     if env.supervised and cfg.output.run_dir and not pointer:     # train.py's launcher chose it
         return rundir.choose(cfg, env.world_size, hold=False, extra=identity).path
@@ -157,7 +158,10 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
         rundir.point_to(choice.path, pointer)
         return str(choice.path)
 
-    return Path(from_rank0(cfg, env, decide)).resolve()
+    path = Path(from_rank0(cfg, env, decide)).resolve()
+    if env.is_local_main and not env.is_main:
+        rundir.point_to(path, pointer)
+    return path
 
 
 def from_rank0(cfg, env, decide: Callable[[], Any]) -> Any:

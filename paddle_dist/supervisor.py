@@ -11,8 +11,10 @@
 - Ctrl+C stops every rank at once; SIGTERM / SIGUSR1 ask the ranks to save a checkpoint
   and stop (preemption), and whatever has not stopped after `dist.stop_timeout` is killed.
 - The end of a failed job is explained once (report.py): which rank failed first and how,
-  and the ranks stopped as a consequence. The job's exit code is the root cause's, not
-  the launcher's.
+  and the ranks stopped as a consequence, by global rank (Paddle's launcher numbers the
+  ranks of each machine from 0: each is mapped to the rank it is in the job) and, on
+  several machines, with their host. The job's exit code is the root cause's, not the
+  launcher's.
 
 Example:
     code = supervise_launch(plan.argv, child_env, run_dir, stop_timeout=60)
@@ -24,6 +26,7 @@ import ctypes
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,10 +36,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import faults
-from .jobprocs import Ranks, remove_segments, signal_pids
+from .jobprocs import Ranks, place_of, remove_segments, signal_pids
+from .nodes import Meeting
 from .procfs import process_table
-from .report import (POLL_S, Exit, Report, exit_code_of, first_failure, how_it_ended, is_noise,
-                     read_status, root_cause, tail_lines, with_resume)
+from .report import (ONE_MACHINE, POLL_S, Exit, Machines, Report, exit_code_of, first_failure,
+                     how_it_ended, is_noise, read_status, root_cause, tail_lines, with_resume)
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
@@ -188,7 +192,8 @@ def launcher_exit_codes(stderr_file: Path) -> Dict[int, int]:
 
 
 def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
-                     stop_timeout: float, log_dir: Path, start_timeout: float = 0) -> int:
+                     stop_timeout: float, log_dir: Path, start_timeout: float = 0,
+                     meeting: Optional[Meeting] = None) -> int:
     """Run `python -m paddle.distributed.launch ...` and report the job's real outcome.
 
     Paddle's launcher's own messages go to <log_dir>/launcher.err instead of the terminal:
@@ -196,6 +201,8 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     `start_timeout` (> 0): a launcher that has started no rank after that many seconds (a
     multi-node launch whose nodes never meet in Paddle's rendezvous) is stopped: exit 3.
     A stop request before any rank started ends the launcher at once (exit 143 or 130).
+    `meeting`: what the machines of a multi-node launch learnt when they met (the report
+    names the other machines from it).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     err_path = log_dir / "launcher.err"
@@ -204,10 +211,15 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
         proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
                                 preexec_fn=die_with_parent)
     ranks = set()   # Paddle's launcher puts every rank in a session of its own
+    places: Dict[int, Tuple[int, int, int]] = {}    # rank pid: (local rank, global rank, nnodes)
     late = []       # set when no rank started within start_timeout
 
     def finished():
         ranks.update(children_of(proc.pid))
+        for pid in ranks - set(places):     # read once each rank runs with its own variables
+            place = place_of(pid)
+            if place is not None:
+                places[pid] = place
         if not ranks and start_timeout > 0 and not late and time.monotonic() - started > start_timeout:
             late.append(True)
             everyone(signal.SIGKILL)
@@ -224,14 +236,45 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
         request = _wait_loop(finished, lambda: sorted(ranks), everyone, stop_timeout)
     finally:
         everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
-    logs = {r: str(log_dir / f"workerlog.{r}") for r in range(64) if (log_dir / f"workerlog.{r}").exists()}
     code = proc.returncode
     if code == 0 and not request:
         return 0
     if not ranks and (late or request):
         return _unstarted(request, start_timeout, err_path)
-    return _finish(request, run_dir, logs, exit_codes=launcher_exit_codes(err_path),
-                   launcher_code=code or 1, launcher_log=err_path)
+    number = global_ranks(places.values(), meeting)
+    logs = {number(r): str(log_dir / f"workerlog.{r}") for r in range(64)
+            if (log_dir / f"workerlog.{r}").exists()}
+    codes = {number(r): c for r, c in launcher_exit_codes(err_path).items()}
+    return _finish(request, run_dir, logs, exit_codes=codes, launcher_code=code or 1,
+                   launcher_log=err_path, machines=_machines(places.values(), meeting, number))
+
+
+def global_ranks(places, meeting: Optional[Meeting] = None) -> Callable[[int], int]:
+    """local rank -> global rank of this machine's ranks under Paddle's launcher: from the
+    ranks' own variables (jobprocs.place_of), else from the meeting's numbering (a rank
+    that ended before its variables were read), else unchanged (one machine).
+
+    Example:
+        global_ranks([(0, 2, 2), (1, 3, 2)])(1)      # 3
+    """
+    found = {local: rank for local, rank, _ in places}
+    block = meeting.ranks_of(meeting.node_rank) if meeting else range(0)
+
+    def number(local: int) -> int:
+        if local in found:
+            return found[local]
+        return block[local] if local < len(block) else local
+    return number
+
+
+def _machines(places, meeting: Optional[Meeting], number: Callable[[int], int]) -> Machines:
+    """Where this machine's ranks run, for the report (report.Machines)."""
+    places = list(places)
+    nnodes = max([n for _, _, n in places] + [len(meeting.nodes) if meeting else 1])
+    if nnodes <= 1:
+        return ONE_MACHINE
+    local = {rank for _, rank, _ in places} | set(meeting.ranks_of(meeting.node_rank) if meeting else ())
+    return Machines(socket.gethostname(), tuple(sorted(local)), nnodes, meeting)
 
 
 def _unstarted(request: Optional[str], start_timeout: float, err_path: Path) -> int:
@@ -382,7 +425,7 @@ def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
 def _finish(request: Optional[str], run_dir: Optional[Path], logs: Dict[int, str],
             exits: Optional[List[Exit]] = None, exit_codes: Optional[Dict[int, int]] = None,
             launcher_code: int = 1, launcher_log: Optional[Path] = None,
-            script: Optional[UserScript] = None) -> int:
+            script: Optional[UserScript] = None, machines: Machines = ONE_MACHINE) -> int:
     """Print the report of a job that failed or was stopped; return its exit code."""
     status = read_status(run_dir)
     rerun = script.command if script else ()
@@ -391,7 +434,8 @@ def _finish(request: Optional[str], run_dir: Optional[Path], logs: Dict[int, str
         if script is not None and run_dir is None:
             rerun = ()                     # Ctrl+C by a user's script: one line
     else:
-        report = root_cause(status, exit_codes, launcher_code=launcher_code, logs=logs, exits=exits)
+        report = root_cause(status, exit_codes, launcher_code=launcher_code, logs=logs, exits=exits,
+                            machines=machines)
         if request == "stop" and exits and report.code != faults.EXIT_PREEMPTED and \
                 first_failure(exits) is None and not status:
             report = _stopped_unsaved(exits)

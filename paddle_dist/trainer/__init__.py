@@ -27,7 +27,7 @@ import numpy as np
 import paddle
 from paddle.optimizer.lr import LRScheduler
 
-from .. import amp, checkpoint, faults, logger, report, rundir, runtime
+from .. import amp, checkpoint, comm, faults, logger, report, rundir, runtime
 from .. import config as configlib
 from .. import env as envlib
 from ..errors import ConfigError
@@ -158,7 +158,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
         if parts.classes:
             (run_dir / "classes.json").write_text(json.dumps(parts.classes))
     monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
-    with monitor.running():
+    with monitor.running(), comm.watched(monitor.phase):
         try:
             result = _run(parts, cfg, env, run_dir, monitor, log, precision, prepared)
         except BaseException as exc:
@@ -181,6 +181,9 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
         built_in = parts.name in configlib.MODEL_TASKS       # not a fit() of the user's own model
         if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
+    elif logger.prints(env):         # the first rank of another machine: that machine's end
+        log.info(f"finished: {result.steps} steps, {result.samples_per_s:,.0f} samples/s, "
+                 f"{result.wall_time_s:.1f} s; this machine's logs and status in {run_dir}")
     return result
 
 

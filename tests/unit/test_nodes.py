@@ -119,7 +119,7 @@ def test_a_node_whose_settings_disagree_is_refused_with_the_fix(gate, says):
     host.start()
     _listening(port)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # a node 0 there too
-        s.sendall(nodes.encode({"v": 1, "nprocs": 1, **gate}))
+        s.sendall(nodes.encode({"v": nodes.VERSION, "nprocs": 1, **gate}))
         frames, got = nodes.Frames(), []
         while not got:
             got = frames.feed(s.recv(4096))
@@ -133,7 +133,7 @@ def test_a_second_node_with_the_same_node_rank_is_refused():
     host.start()
     _listening(port)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as first:
-        first.sendall(nodes.encode({"v": 1, "node_rank": 1, "nnodes": 3, "nprocs": 1}))
+        first.sendall(nodes.encode({"v": nodes.VERSION, "node_rank": 1, "nnodes": 3, "nprocs": 1}))
         frames, got = nodes.Frames(), []
         while not got:                      # node 0 lists node 1 as arrived
             got = frames.feed(first.recv(4096))

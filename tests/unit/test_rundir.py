@@ -160,10 +160,28 @@ def test_a_named_run_dir_in_use_or_finished_is_refused(tmp_path):
         rundir.choose(cfg_for(tmp_path, f"output.run_dir={held}"), 2)
 
 
-def test_the_other_machines_of_a_job_keep_a_local_directory(tmp_path):
+def test_the_other_machines_of_a_job_write_under_node_0s_run_name(tmp_path):
     cfg = cfg_for(tmp_path, "dist.nnodes=2", "dist.node_rank=1", "dist.master=198.18.0.1:6170")
-    choice = rundir.choose(cfg, 4, hold=False)
-    assert choice.path.name == "job-198.18.0.1-6170" and not rundir.read_run(choice.path)
+    path = rundir.node_run_dir(cfg, "job-20261125-090351")
+    assert path == (tmp_path / "runs" / "job-20261125-090351").resolve() and path.is_dir()
+    assert not rundir.read_run(path)                 # node 0 holds and records the run
+    assert rundir.node_run_dir(cfg, "job-20261125-090351") == path      # the same command again
+    assert rundir.node_run_dir(cfg, "job-20261125-100000") != path      # another job: another one
+    named = cfg_for(tmp_path, "dist.nnodes=2", "dist.node_rank=1", "dist.master=198.18.0.1:6170",
+                    f"output.run_dir={tmp_path / 'mine'}")
+    assert rundir.node_run_dir(named, "job-20261125-090351") == (tmp_path / "mine").resolve()
+    with pytest.raises(UserError, match="node 0 did not name its run directory"):
+        rundir.node_run_dir(cfg, "")
+
+
+def test_a_machine_clears_only_its_own_ranks_status(tmp_path):
+    (tmp_path / "status").mkdir()
+    for rank in range(4):
+        (tmp_path / "status" / f"rank{rank}.json").write_text("{}")
+    rundir.clear_status(tmp_path, range(2, 4))
+    assert sorted(p.name for p in (tmp_path / "status").iterdir()) == ["rank0.json", "rank1.json"]
+    rundir.clear_status(tmp_path)
+    assert not list((tmp_path / "status").iterdir())
 
 
 # ------------------------------------------------------------------ the command to continue
