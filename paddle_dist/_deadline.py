@@ -8,14 +8,18 @@ Usage:
     python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
         the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there.
-    python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG
-        the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat). When it
-        shows no progress for SECONDS outside a collective, ask the rank for its Python
-        stack (SIGUSR2: faulthandler writes it to STACK_FILE, even while native code holds
-        the GIL), record "hung" in STATUS_FILE, print why, and SIGKILL PID.
+    python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG JOB WORLD
+        the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat); JOB names
+        the heartbeats of the job's other ranks on this machine ('' for none), WORLD is the
+        job's number of ranks. When no rank has made progress for SECONDS (hangs.judge),
+        the watchdog of a rank to blame acts at once; the others wait GRACE_S more, in
+        case the blame lies with a rank whose watchdog cannot act (on another machine).
+        Acting: ask the rank for its Python stack (SIGUSR2: faulthandler writes it to
+        STACK_FILE, even while native code holds the GIL; not asked of a stopped process),
+        record "hung" and the verdict in STATUS_FILE, print them, and SIGKILL PID.
 Both exit quietly when their stdin closes (the rank finished in time, or died). The rank
-starts them in a session of their own, so a terminal's Ctrl+C (which the rank handles) never
-reaches them, not even while this interpreter is still starting.
+starts them in a process group of their own, so a terminal's Ctrl+C (which the rank
+handles) never reaches them, not even while this interpreter is still starting.
 """
 
 import json
@@ -24,16 +28,19 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 
+try:
+    from . import hangs
+except ImportError:            # run as a script: paddle_dist/ is on sys.path
+    import hangs
+
 EXIT_RENDEZVOUS = 3
-BEAT_FORMAT = "<dqqq"   # last progress (time.monotonic(): one clock for every process), step, epoch, in a collective
-BEAT_SIZE = struct.calcsize(BEAT_FORMAT)
 POLL_S = 1.0
 STACK_WAIT_S = 3.0
 QUIT_WAIT_S = 3.0
+GRACE_S = STACK_WAIT_S + 3 * POLL_S    # time for the watchdog of a rank to blame to act first
 
 
 def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0") -> int:
@@ -72,38 +79,47 @@ def _running(pid: int) -> bool:
 
 
 def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str, stack_file: str,
-          log: str) -> int:
+          log: str, job: str = "", world: int = 1) -> int:
     """The hang watchdog (module docstring). Removes the heartbeat and stack files when it
     ends, whichever way the rank ended."""
+    maps: dict = {}
+    hung_since, own = None, None
     try:
-        with open(beat_file, "r+b") as f:
-            beat = mmap.mmap(f.fileno(), BEAT_SIZE)
+        with open(beat_file, "rb") as f:
+            own = mmap.mmap(f.fileno(), hangs.BEAT_SIZE, access=mmap.ACCESS_READ)
         while not _stdin_closed(POLL_S):
-            progress, step, epoch, in_collective = struct.unpack_from(BEAT_FORMAT, beat)
-            silent = time.monotonic() - progress
-            if in_collective or silent <= seconds:
+            now = time.monotonic()
+            beats = hangs.read_beats(job, maps) if job else \
+                [hangs.Beat.unpack(int(rank), pid, own, hangs.process_state(pid))]
+            verdict = hangs.judge(beats, now, seconds, world if job else 1)
+            hung_since = None if verdict is None else (hung_since or now)
+            if verdict is None or (int(rank) not in verdict.culprits and now - hung_since < GRACE_S):
                 continue
-            if struct.unpack_from(BEAT_FORMAT, beat)[0] != progress:   # it moved on meanwhile
-                continue
-            message = (f"rank {rank} silent for {silent:.0f} s at step {step} "
-                       f"(dist.hang_timeout={seconds:g})")
-            stack = _stack_of(pid, stack_file)
-            if status_file:
-                _record(status_file, {"rank": int(rank), "pid": pid, "host": socket.gethostname(),
-                                      "state": "hung", "step": step, "epoch": epoch, "phase": "train",
-                                      "time": time.time(), "log": log, "message": message,
-                                      "traceback": stack[-4000:]})
-            sys.stderr.write(f"paddle_dist: {message}; stopping the job\n{stack}")
-            sys.stderr.flush()
-            os.kill(pid, signal.SIGKILL)
+            _stop_hung(pid, hangs.Beat.unpack(int(rank), pid, own, hangs.process_state(pid)),
+                       f"{verdict.message} (dist.hang_timeout={seconds:g})", status_file, stack_file, log)
             return 0
         return 0
     finally:
+        for mapped in list(maps.values()) + ([own] if own is not None else []):
+            mapped.close()
         for path in (beat_file, stack_file):
             try:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _stop_hung(pid: int, beat, message: str, status_file: str, stack_file: str, log: str) -> None:
+    """Record and print why the job is hung, with this rank's stack, and SIGKILL the rank."""
+    stack = "" if beat.state in hangs.STOPPED_STATES else _stack_of(pid, stack_file)
+    if status_file:
+        _record(status_file, {"rank": beat.rank, "pid": pid, "host": socket.gethostname(),
+                              "state": "hung", "step": beat.step, "epoch": beat.epoch, "phase": "train",
+                              "collective": beat.kind, "time": time.time(), "log": log,
+                              "message": message, "traceback": stack[-4000:]})
+    sys.stderr.write(f"paddle_dist: {message}; stopping rank {beat.rank}\n{stack}")
+    sys.stderr.flush()
+    os.kill(pid, signal.SIGKILL)
 
 
 def _stdin_closed(seconds: float) -> bool:
@@ -146,6 +162,6 @@ if __name__ == "__main__":
     # it ends when its stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.argv[1] == "--heartbeat":
-        pid_, beat_, seconds_, status_, rank_, stack_, log_ = sys.argv[2:9]
-        sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_))
+        pid_, beat_, seconds_, status_, rank_, stack_, log_, job_, world_ = sys.argv[2:11]
+        sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_, job_, int(world_)))
     sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:6]))

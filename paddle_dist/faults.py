@@ -3,12 +3,13 @@
 - A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
   failed, stopped, hung, preempted), step, phase, last progress time, and for a failure
   the exception and its traceback. Launchers read these to name the root cause.
-- A hang watchdog: a rank whose training code makes no progress for `dist.hang_timeout`
-  seconds (outside collectives, where it would only be waiting for someone else) is
-  declared hung, its stack is logged and recorded, and it is stopped (reported as
-  EXIT_HANG). The watchdog is a process of its own (paddle_dist/_deadline.py) reading the
-  rank's heartbeat from shared memory, so a rank stuck in native code that holds the GIL
-  is caught too; the stack comes from faulthandler, which needs no GIL.
+- A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
+  seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
+  in another collective than the rest: hangs.judge) has its stack logged and recorded, and
+  is stopped (reported as EXIT_HANG), with one line naming every rank's step and the
+  collective it waits in. The watchdog is a process of its own (paddle_dist/_deadline.py)
+  reading the ranks' heartbeats from shared memory, so a rank stuck in native code that
+  holds the GIL is caught too; the stack comes from faulthandler, which needs no GIL.
 - A deadline for the rendezvous: a rank whose peers never arrive is stopped with a
   message instead of waiting forever (SIGKILL from a watchdog process; launchers
   report EXIT_RENDEZVOUS).
@@ -17,7 +18,8 @@
 - Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above:
   raise, exit (code 1), kill (SIGKILL), hang (stall in training code), nativehang (stall
   in a C call that holds the GIL), slowsave (the checkpoint of that step takes
-  SLOW_SAVE_S longer to write).
+  SLOW_SAVE_S longer to write), slow (SLOW_STEPS steps from STEP take SLOW_STEP_S longer
+  each, with progress: slow but alive).
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
@@ -35,7 +37,6 @@ import mmap
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -45,7 +46,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from ._deadline import BEAT_FORMAT, BEAT_SIZE
+from . import hangs
 
 # Exit codes (documented in docs/faults.md).
 EXIT_FAILED = 1          # a rank raised
@@ -57,6 +58,8 @@ EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
+SLOW_STEP_S = 4.0        # the injected slow steps: each this much longer,
+SLOW_STEPS = 3           # this many of them
 
 
 class _Ending(SystemExit):
@@ -135,21 +138,26 @@ def stop_signals():
 
 
 class Heartbeat:
-    """A rank's progress where its watchdog process reads it: a few bytes of shared memory
-    (_deadline.BEAT_FORMAT). Writing is one struct.pack_into, cheap enough for every step
-    and every collective."""
+    """A rank's progress where its watchdog process, and its peers' on the same machine,
+    read it: a few bytes of shared memory (hangs.BEAT_FORMAT) named after the job
+    (hangs.beat_path). Writing is one struct.pack_into, cheap enough for every step and
+    every collective."""
 
-    def __init__(self):
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, self.path = tempfile.mkstemp(prefix=f"paddle_dist-beat-{os.getpid()}-", dir=folder)
+    def __init__(self, job: str, rank: int, progress: float):
+        self.path = hangs.beat_path(job or "none", rank, os.getpid())
+        fd, made = tempfile.mkstemp(prefix=f"paddle_dist-beat-{os.getpid()}-new-",
+                                    dir=os.path.dirname(self.path))
         try:
-            os.ftruncate(fd, BEAT_SIZE)
-            self.map = mmap.mmap(fd, BEAT_SIZE)
+            os.ftruncate(fd, hangs.BEAT_SIZE)
+            self.map = mmap.mmap(fd, hangs.BEAT_SIZE)
         finally:
             os.close(fd)
+        self.write(progress, 0, 0)
+        os.replace(made, self.path)        # peers never read a beat before its first write
 
-    def write(self, progress: float, step: int, epoch: int, in_collective: bool) -> None:
-        struct.pack_into(BEAT_FORMAT, self.map, 0, progress, step, epoch, int(in_collective))
+    def write(self, progress: float, step: int, epoch: int, collective: tuple = ()) -> None:
+        """`collective`: (kind, number, size in bytes, since) while in one."""
+        hangs.pack(self.map, progress, step, epoch, *collective)
 
     def close(self) -> None:
         self.map.close()
@@ -170,6 +178,9 @@ class Monitor:
         self.stop_asked = False
         self._written = 0.0
         self._heartbeat: Optional[Heartbeat] = None
+        self.collectives = 0               # collectives entered so far (the same count on every rank)
+        self._collective: tuple = ()       # (kind, number, size, since) while in one
+        self.job = hangs.job_key(run_dir) if run_dir else ""
 
     # ------------------------------------------------------------ life cycle
     @contextlib.contextmanager
@@ -190,7 +201,7 @@ class Monitor:
     def _start_watchdog(self) -> subprocess.Popen:
         """The hang watchdog process (module docstring), and faulthandler ready to write
         this rank's stacks for it on SIGUSR2."""
-        self._heartbeat = Heartbeat()
+        self._heartbeat = Heartbeat(self.job, self.env.global_rank, time.monotonic())
         self._beat()
         self._stacks = open(f"{self._heartbeat.path}.stack", "w")
         faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
@@ -198,7 +209,8 @@ class Monitor:
         return subprocess.Popen(
             [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
              str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
-             self._stacks.name, self.log_path], stdin=subprocess.PIPE, start_new_session=True)
+             self._stacks.name, self.log_path, self.job, str(self.env.world_size)],
+            stdin=subprocess.PIPE, preexec_fn=os.setpgrp)
 
     def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
         watchdog.stdin.close()             # the watchdog exits quietly
@@ -213,7 +225,7 @@ class Monitor:
     def _beat(self) -> None:
         self.last_progress = time.monotonic()
         if self._heartbeat is not None:
-            self._heartbeat.write(self.last_progress, self.step_no, self.epoch, self.phase_name == "comm")
+            self._heartbeat.write(self.last_progress, self.step_no, self.epoch, self._collective)
 
     def _on_stop_signal(self, signum, frame):
         self.stop_asked = True
@@ -230,6 +242,8 @@ class Monitor:
         self._write("running")
         if self._fault_due(step) and self.fault[2] == step:
             self._inject(self.fault[0])
+        if self._fault_due(step) and self.fault[0] == "slow" and step < self.fault[2] + SLOW_STEPS:
+            self._slow_step()
 
     def _fault_due(self, step: int) -> bool:
         return bool(self.fault) and self.fault[1] == self.env.global_rank and step >= self.fault[2]
@@ -245,14 +259,24 @@ class Monitor:
         self._beat()
 
     @contextlib.contextmanager
-    def phase(self, name: str):
-        """Mark time spent waiting for other ranks ("comm"): the watchdog never blames it."""
+    def phase(self, name: str, kind: str = "", size: int = 0):
+        """Mark time spent waiting for other ranks ("comm": a collective of `kind`, e.g.
+        "all-reduce", moving `size` bytes): its heartbeat says which collective this rank
+        waits in (hangs.py). A collective inside a collective is the same wait."""
+        if name == "comm" and self._collective:
+            yield
+            return
         previous, self.phase_name = self.phase_name, name
+        if name == "comm":
+            self.collectives += 1
+            self._collective = (kind or "collective", self.collectives, size, time.monotonic())
         self._beat()
         try:
             yield
         finally:
             self.phase_name = previous
+            if name == "comm":
+                self._collective = ()
             self._beat()
 
     def _inject(self, kind: str) -> None:
@@ -268,7 +292,15 @@ class Monitor:
             libc = ctypes.PyDLL(None)
             while True:
                 libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
-        # slowsave acts in save_delay()
+        # slowsave acts in save_delay(); slow in step()
+
+    def _slow_step(self) -> None:
+        """SLOW_STEP_S more for this step, with progress all along: a rank slower than its
+        peers but alive (its evaluation batches, say), which must not be called hung."""
+        end = time.monotonic() + SLOW_STEP_S
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            self._beat()
 
     # ------------------------------------------------------------ outcomes
     def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
@@ -322,7 +354,7 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     previous = _exit_on_sigquit()
     watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
                                  str(status_file or ""), str(rank)], stdin=subprocess.PIPE,
-                                start_new_session=True)
+                                preexec_fn=os.setpgrp)
     try:
         yield
     finally:

@@ -220,4 +220,4 @@ NON_NEGATIVE = ("model.num_classes", "train.epochs", "dist.node_rank", "train.ma
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
-FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave")   # faults.inject (faults.py)
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow")   # faults.inject (faults.py)

@@ -189,7 +189,7 @@ class GradSync(ClipGradBase):
         return [(p, averaged.get(id(p), g)) for p, g in params_grads]
 
     def _finish_overlap(self, params_grads):
-        guard = self.phase("comm") if self.phase else contextlib.nullcontext()
+        guard = self.phase("comm", "all-reduce") if self.phase else contextlib.nullcontext()
         with guard:
             self.stop_requested = self.overlap.finish() > 0
         self.calls = self.overlap.exchange.calls
@@ -294,7 +294,8 @@ class GradSync(ClipGradBase):
         Returns ({id(param): grad}, the stop flag's sum, scaled like the gradients)."""
         views = [compat.numpy_view(g.detach()) for _, g in present]
         flag = np.array([stop], dtype=np.float32)
-        guard = self.phase("comm") if self.phase else contextlib.nullcontext()
+        size = sum(v.nbytes for v in views)
+        guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
         with guard:
             try:
                 self.calls += self.reducer.all_reduce(views + [flag], scale=1.0 / self.env.world_size)

@@ -2,7 +2,11 @@
 written as a user would, with no override of paddle_dist's config.
 
     python own_fit.py --out DIR [--root RUNS] [--width 8] [--api loop] [--epochs 2]
-                      [--spawn N] [--scheduler]
+                      [--spawn N] [--scheduler] [--skip-allreduce RANK:STEP] [--override K=V]
+
+--skip-allreduce: the model all-reduces a statistic of its activations in every training
+forward (as a synchronised batch norm would), except on rank RANK at step STEP: the
+classic collective mismatch of a rank-dependent branch.
 
 Run as is, under `python -m paddle.distributed.launch`, under `python -m paddle_dist.launch`
 or with `--spawn N` (Paddle's own spawn). Rank 0 writes the initial weights to
@@ -33,6 +37,22 @@ class SmallCNN(paddle.nn.Layer):
         return self.head(paddle.flatten(paddle.nn.functional.relu(self.conv(x)), 1))
 
 
+class StatsCNN(SmallCNN):
+    """SmallCNN that all-reduces the mean of its activations in training, except when
+    `skip` (rank, step) says this rank skips it."""
+
+    def __init__(self, width, skip):
+        super().__init__(width)
+        self.skip, self.steps = skip, 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+            if (paddle.distributed.get_rank(), self.steps) != self.skip:
+                paddle.distributed.all_reduce(paddle.mean(x).detach())
+        return super().forward(x)
+
+
 class RandomImages(paddle.io.Dataset):
     def __init__(self, count, seed):
         rng = np.random.RandomState(seed)
@@ -58,7 +78,8 @@ def train(opts):
                  f"output.root={opts.root}", "train.log_every=1"]
     cfg = paddle_dist.load_config(overrides=overrides + opts.override)
     env = paddle_dist.setup(cfg)
-    net = SmallCNN(opts.width)
+    net = StatsCNN(opts.width, tuple(map(int, opts.skip_allreduce.split(":")))) if opts.skip_allreduce \
+        else SmallCNN(opts.width)
     out = Path(opts.out)
     if env.is_main:
         np.savez(out / "initial.npz", **{k: v.numpy() for k, v in net.state_dict().items()})
@@ -79,6 +100,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--spawn", type=int, default=0)
     parser.add_argument("--scheduler", action="store_true")
+    parser.add_argument("--skip-allreduce", default="")
     parser.add_argument("--override", action="append", default=[])
     opts = parser.parse_args()
     if opts.spawn:

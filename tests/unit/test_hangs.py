@@ -1,0 +1,95 @@
+"""hangs.judge: when a job is hung and whom to blame, from every rank's heartbeat; and the
+heartbeat files themselves, written by faults.Heartbeat and read by hangs.read_beats."""
+
+import os
+import time
+
+from paddle_dist import faults, hangs
+from paddle_dist.hangs import Beat, judge
+
+NOW, T = 1000.0, 30.0
+
+
+def _beat(rank, age, step=812, kind="", count=0, size=0, since_age=None, state="S"):
+    since = NOW - (age if since_age is None else since_age) if kind else 0.0
+    return Beat(rank, 100 + rank, NOW - age, step, 3, kind, count, size, since, state)
+
+
+def test_a_live_rank_means_no_hang_even_when_the_others_wait_long():
+    """A slow peer still beats: its peers' long wait in the all-reduce is not a hang."""
+    beats = [_beat(0, 45, kind="all-reduce", count=1624), _beat(1, 2, step=811),
+             _beat(2, 45, kind="all-reduce", count=1624)]
+    assert judge(beats, NOW, T, world=3) is None
+
+
+def test_a_silent_rank_is_blamed_and_the_waiters_are_listed():
+    beats = [_beat(0, 31, kind="all-reduce", count=1624, size=4_200_000), _beat(1, 31),
+             _beat(2, 31, kind="all-reduce", count=1624, size=4_200_000),
+             _beat(3, 31, kind="all-reduce", count=1624, size=4_200_000)]
+    verdict = judge(beats, NOW, T, world=4)
+    assert verdict.culprits == [1]
+    assert verdict.message == ("rank 1 silent for 31 s at step 812 (no heartbeat); "
+                               "ranks 0, 2, 3 in all-reduce #1624 (4.2 MB) at step 812 since 31 s")
+
+
+def test_a_stopped_process_is_blamed_even_inside_the_collective():
+    beats = [_beat(0, 40, kind="all-reduce", count=7), _beat(1, 40, kind="all-reduce", count=7, state="T")]
+    verdict = judge(beats, NOW, T, world=2)
+    assert verdict.culprits == [1]
+    assert verdict.message.startswith("rank 1 stopped by a signal (process state T) at step 812, in all-reduce #7")
+    assert "rank 0 in all-reduce #7" in verdict.message
+
+
+def test_a_rank_in_another_collective_is_a_mismatch_and_the_odd_one_is_blamed():
+    beats = [_beat(0, 35, kind="all-reduce", count=9, size=4), _beat(1, 35, kind="all-reduce", count=9, size=800),
+             _beat(2, 35, kind="all-reduce", count=9, size=4)]
+    verdict = judge(beats, NOW, T, world=3)
+    assert verdict.culprits == [1]
+    assert verdict.message.startswith("collective mismatch: rank 1 in all-reduce #9 (800 B)")
+    assert "ranks 0, 2 in all-reduce #9 (4 B)" in verdict.message
+
+
+def test_two_ranks_in_different_collectives_blame_both():
+    beats = [_beat(0, 35, kind="all-reduce", count=9), _beat(1, 35, kind="barrier", count=9)]
+    verdict = judge(beats, NOW, T, world=2)
+    assert verdict.culprits == [0, 1] and verdict.message.startswith("collective mismatch")
+
+
+def test_everyone_here_waiting_names_the_ranks_elsewhere():
+    beats = [_beat(2, 33, kind="all-reduce", count=5), _beat(3, 33, kind="all-reduce", count=5)]
+    verdict = judge(beats, NOW, T, world=4)
+    assert verdict.culprits == []
+    assert verdict.message.endswith("waiting for ranks 0, 1 (not on this machine)")
+
+
+def test_every_rank_in_the_same_collective_blames_the_collective():
+    beats = [_beat(0, 33, kind="broadcast", count=5), _beat(1, 33, kind="broadcast", count=5)]
+    verdict = judge(beats, NOW, T, world=2)
+    assert verdict.culprits == [0, 1] and "the communication itself is stuck" in verdict.message
+
+
+def test_no_beats_no_verdict():
+    assert judge([], NOW, T, world=2) is None
+
+
+class _Env:
+    global_rank, world_size = 3, 4
+
+
+def test_heartbeats_are_found_by_job_and_carry_the_collective(tmp_path):
+    """Written through faults.Monitor (a collective entered and left), read through
+    hangs.read_beats; another job's heartbeat is not read."""
+    monitor = faults.Monitor(_Env(), tmp_path)
+    other = faults.Heartbeat(hangs.job_key(tmp_path / "other"), 0, time.monotonic())
+    monitor._heartbeat = faults.Heartbeat(monitor.job, 3, time.monotonic())
+    try:
+        with monitor.phase("comm", "all-reduce", 4096):
+            with monitor.phase("comm", "all-reduce", 8):        # nested: the same wait
+                [beat] = hangs.read_beats(monitor.job)
+        assert (beat.rank, beat.pid, beat.kind, beat.count, beat.size) == (3, os.getpid(), "all-reduce", 1, 4096)
+        [beat] = hangs.read_beats(monitor.job)
+        assert not beat.in_collective and monitor.collectives == 1
+    finally:
+        monitor._heartbeat.close()
+        other.close()
+    assert hangs.read_beats(monitor.job) == []
