@@ -104,13 +104,14 @@ def test_a_stopped_rank_of_train_py_is_named_with_what_the_others_wait_in(ranks,
     assert status[victim]["state"] == "hung" and status[victim]["message"] in cause
 
 
-def test_a_stopped_rank_of_a_users_fit_script_is_named(tmp_path):
-    args, runs = _own_script(tmp_path, 2)
-    code, err, status = _stop_one_rank(args, runs, 2, 1)
+@pytest.mark.parametrize("ranks, victim, waiting", [(2, 1, "rank 0"), (3, 2, "ranks 0, 1")])
+def test_a_stopped_rank_of_a_users_fit_script_is_named(ranks, victim, waiting, tmp_path):
+    args, runs = _own_script(tmp_path, ranks)
+    code, err, status = _stop_one_rank(args, runs, ranks, victim)
     assert code == 4, err
-    assert "Root cause: rank 1 stopped by a signal (process state T)" in err
-    assert "rank 0 in all-reduce #" in err
-    assert status[1]["state"] == "hung"
+    assert f"Root cause: rank {victim} stopped by a signal (process state T)" in err
+    assert f"{waiting} in all-reduce #" in err
+    assert status[victim]["state"] == "hung"
 
 
 def test_a_rank_that_skips_an_all_reduce_is_named_as_the_odd_one(tmp_path):
