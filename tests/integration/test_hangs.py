@@ -114,6 +114,7 @@ def test_a_stopped_rank_of_a_users_fit_script_is_named(ranks, victim, waiting, t
     assert status[victim]["state"] == "hung"
 
 
+@pytest.mark.compat           # the training code's own paddle.distributed calls are marked
 def test_a_rank_that_skips_an_all_reduce_is_named_as_the_odd_one(tmp_path):
     """own_fit.py's model all-reduces a statistic in every training forward; rank 1
     skips it at step 12 and goes on to the gradients' all-reduce."""
