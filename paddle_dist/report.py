@@ -195,6 +195,9 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         cause = bad[0]
         code = faults.EXIT_HANG if cause["state"] == "hung" else cause.get("exit_code", 1)
         return _report(cause, code, _describe(cause, machines), status, exit_codes, logs, machines)
+    elsewhere = _elsewhere(status, exit_codes, machines)
+    if elsewhere is not None:
+        return elsewhere
     silent = _died_silently(status, exit_codes, exits, machines)
     if silent is not None:
         rank, code = silent
@@ -205,9 +208,6 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
             headline += ("; gloo ends a rank so when a peer fails: a rank on another machine may "
                          "have failed first, see the other machines' reports")
         return _report(record, exit_code or launcher_code, headline, status, exit_codes, logs, machines)
-    elsewhere = _elsewhere(status, machines)
-    if elsewhere is not None:
-        return elsewhere
     return Report(launcher_code, [f"paddle_dist: the job failed (exit {launcher_code}) before any rank "
                                   "reported its state; see the launcher's logs"])
 
@@ -232,13 +232,19 @@ def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],
     return None
 
 
-def _elsewhere(status: Dict[int, dict], machines: Machines) -> Optional[Report]:
-    """On several machines, when every rank here stopped because a peer failed and none
-    failed itself: the machine(s) where the cause must be (the one whose address gloo's
-    messages name, else every other one). Only that machine's report can say which rank
-    failed and why: this one says where to look."""
-    if not machines.several or not status or not all(
-            r.get("state") == "stopped" and r.get("exit_code") == faults.EXIT_PEER for r in status.values()):
+def _elsewhere(status: Dict[int, dict], exit_codes: Dict[int, int],
+               machines: Machines) -> Optional[Report]:
+    """On several machines, when no rank here failed by itself but ranks here stopped
+    because a peer failed (every rank, or the first ones Paddle's launcher saw end: it
+    stops the others itself): the machine(s) where the cause must be (the one whose address
+    gloo's messages name, else every other one). Only that machine's report can say which
+    rank failed and why: this one says where to look."""
+    def by_peer(record: dict) -> bool:
+        return record.get("state") == "stopped" and record.get("exit_code") == faults.EXIT_PEER
+    if not machines.several or not any(by_peer(r) for r in status.values()):
+        return None
+    first_seen = exit_codes and all(code == faults.EXIT_PEER for code in exit_codes.values())
+    if not first_seen and not all(by_peer(r) for r in status.values()):
         return None
     errors = [r.get("error", "") for _, r in sorted(status.items()) if r.get("error")]
     named = {address for error in errors for address in PEER_ADDRESS.findall(error)}

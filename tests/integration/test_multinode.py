@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from paddle_dist import faults
+
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, needs_mpirun, run
 
@@ -118,6 +120,65 @@ def test_resume_across_hosts_with_separate_run_directories(two_hosts, tmp_path):
                                                         "-o", f"output.run_dir={clean}"], timeout=180))
     assert max(float(np.abs(a - b).max()) for a, b in
                zip(_final(run_a).values(), _final(clean).values())) <= 1e-6
+
+
+def _as_host(hosts, ns, name, argv):
+    """`argv` run in namespace `ns` under host name `name` (a UTS namespace of its own), so
+    that the two hosts' reports can be told apart as on two real machines."""
+    return hosts.cmd(ns, ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', name, PY] + argv)
+
+
+def _separate(hosts, tmp_path, port, nprocs=1, extra=()):
+    """(node 0's command, node 1's command): a multi-node launch with a root of its own on
+    each host (no shared storage), under host names nodeA and nodeB."""
+    roots = {0: tmp_path / "a", 1: tmp_path / "b"}
+    job = ["train.py"] + JOB + ["-o", "dist.nnodes=2", "-o", f"dist.master={hosts.ip_a}:{port}",
+                                "-o", f"dist.nprocs={nprocs}", "-o", "train.log_every=5", *extra]
+    return roots, [_as_host(hosts, ns, name, job + ["-o", f"dist.node_rank={node}",
+                                                    "-o", f"output.root={roots[node]}"])
+                   for node, (ns, name) in enumerate(((hosts.a, "nodeA"), (hosts.b, "nodeB")))]
+
+
+def _both_argv(commands, timeout=180):
+    """Run full command lines at the same time, each bounded and checked for leftovers."""
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        return [f.result() for f in [pool.submit(run, argv, timeout) for argv in commands]]
+
+
+def test_each_job_gets_one_run_of_one_name_on_every_host_and_node_1_prints(two_hosts, tmp_path):
+    """Two jobs in a row with the same master: two runs, each named alike on both hosts
+    (node 0 names them), each rank log holding one run; node 1 prints its progress and end."""
+    roots, commands = _separate(two_hosts, tmp_path, 6175)
+    for _ in range(2):
+        results = [check(r) for r in _both_argv(commands)]
+    runs = {node: sorted(d.name for d in roots[node].iterdir() if d.is_dir()) for node in roots}
+    assert len(runs[0]) == 2 and runs[0] == runs[1], runs
+    for name in runs[1]:
+        log = (roots[1] / name / "logs" / "rank1.log").read_text()
+        assert log.count("rank(s) via paddle_launch") == 1, log
+    out = results[1].stdout
+    assert f"this machine's outputs in {roots[1].resolve() / runs[1][1]}" in out
+    assert "[node 1 nodeB] epoch 1/8 step 5/63 loss" in out
+    assert "[node 1 nodeB] finished: 20 steps" in out
+    assert "[node 0 nodeA] epoch 1/8 step 5/63 loss" in results[0].stdout
+
+
+def test_a_rank_killed_on_node_1_is_named_by_its_global_rank_and_host_on_both(two_hosts, tmp_path):
+    """2 hosts x 2 ranks, rank 3 (node 1's second rank) SIGKILLed: node 1's report names
+    rank 3 on nodeB and rank 2 as its consequence; node 0, whose ranks only saw their
+    connection break, names node 1 and its ranks and says that machine's report has it."""
+    _, commands = _separate(two_hosts, tmp_path, 6176, nprocs=2,
+                            extra=["-o", "faults.inject=kill:3:12"])
+    node0, node1 = _both_argv(commands, timeout=240)
+    assert node1.returncode == 137, node1.stderr
+    assert "Root cause: rank 3 (host nodeB) killed by SIGKILL" in node1.stderr
+    assert "stopped as a consequence: rank 2 (host nodeB)" in node1.stderr
+    assert node0.returncode == faults.EXIT_PEER, node0.stderr
+    assert ("Root cause: a rank on another machine, node 1 (host nodeB at 198.18.0.2, ranks 2-3)"
+            in node0.stderr), node0.stderr
+    assert "that machine's report names the rank and why" in node0.stderr
+    assert "stopped as a consequence: rank 0 (host nodeA), rank 1 (host nodeA)" in node0.stderr
+    assert "before any rank reported" not in node0.stderr
 
 
 def test_master_nobody_serves_fails_within_the_timeout(two_hosts, tmp_path):
