@@ -57,7 +57,8 @@ EXIT_PEER = 5            # this rank stopped because another one failed
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
-SLOW_SAVE_S = 35.0       # longer than gloo's fixed 30 s collective timeout
+GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
+SLOW_SAVE_S = 35.0       # longer than that
 SLOW_STEP_S = 4.0        # the injected slow steps: each this much longer,
 SLOW_STEPS = 3           # this many of them
 
@@ -180,6 +181,7 @@ class Monitor:
         self._heartbeat: Optional[Heartbeat] = None
         self.collectives = 0               # collectives entered so far (the same count on every rank)
         self._collective: tuple = ()       # (kind, number, size, since) while in one
+        self._last_collective: tuple = ()  # the latest one left
         self.job = hangs.job_key(run_dir) if run_dir else ""
 
     # ------------------------------------------------------------ life cycle
@@ -276,7 +278,7 @@ class Monitor:
         finally:
             self.phase_name = previous
             if name == "comm":
-                self._collective = ()
+                self._last_collective, self._collective = self._collective, ()
             self._beat()
 
     def _inject(self, kind: str) -> None:
@@ -314,7 +316,30 @@ class Monitor:
                     "traceback": "".join(traceback.format_exception(error))[-4000:]}
         if message:
             info["message"] = message
+        held_up = self._held_up_by(error) if state == "stopped" else None
+        if held_up:          # the root cause as this rank saw it: nobody's watchdog had fired
+            state, info["message"] = "hung", held_up
         self._write(state, force=True, **info)
+
+    def _held_up_by(self, error: Optional[BaseException]) -> str:
+        """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
+        dist.hang_timeout), who held the job up, from the heartbeats (hangs.judge); ''
+        when that is not why this rank stopped, or nobody can be named."""
+        if not self.job or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
+            return ""
+        if not self._last_collective:
+            return ""
+        # This rank as it was until gloo gave up: in that collective since it entered it.
+        kind, count, size, since = self._last_collective
+        me = hangs.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
+                        kind, count, size, since)
+        peers = [b for b in hangs.read_beats(self.job) if b.rank != me.rank]
+        now = time.monotonic()
+        verdict = hangs.judge(peers + [me], now, min(now - since, self.hang_timeout or now) * 0.8,
+                              self.env.world_size)
+        if verdict is None:
+            return ""
+        return f"{verdict.message} (gloo gave up after {GLOO_TIMEOUT_S:g} s)"
 
     # ------------------------------------------------------------ status file
     def _write(self, state: str, force: bool = False, **extra: Any) -> None:

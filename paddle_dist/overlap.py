@@ -75,6 +75,7 @@ class Overlap:
     def __init__(self, params, exchange, cap_bytes: int, stop: Callable[[], float] = lambda: 0.0,
                  accumulate_steps: int = 1):
         self.buckets = plan_buckets(params, cap_bytes)
+        self.nbytes = sum(int(p.size) * p.element_size() for bucket in self.buckets for p in bucket)
         self.exchange = exchange
         self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.ready: List[set] = [set() for _ in self.buckets]

@@ -189,7 +189,8 @@ class GradSync(ClipGradBase):
         return [(p, averaged.get(id(p), g)) for p, g in params_grads]
 
     def _finish_overlap(self, params_grads):
-        guard = self.phase("comm", "all-reduce") if self.phase else contextlib.nullcontext()
+        size = self.overlap.nbytes
+        guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
         with guard:
             self.stop_requested = self.overlap.finish() > 0
         self.calls = self.overlap.exchange.calls

@@ -1,7 +1,8 @@
 """Hangs that explain themselves: a rank frozen by SIGSTOP mid-training, a rank that skips
 an all-reduce, and a rank that is only slow. The first two end the job with exit 4 within
 `dist.hang_timeout` + 15 s, with a report naming the rank to blame and the collective the
-others wait in; the slow one ends normally.
+others wait in; the slow one ends normally. When gloo's own 30 s timeout comes first, the
+rank it ends names the rank to blame just the same.
 
 Each job runs in its own session (tests/integration/procs.py) and the test fails if any
 process of it is left, the ranks' watchdogs included.
@@ -76,13 +77,13 @@ def _watchdogs_of(pids) -> list:
     return alive()
 
 
-def _stop_one_rank(args, run_dir: Path, ranks: int, victim: int):
+def _stop_one_rank(args, run_dir: Path, ranks: int, victim: int, ends_within: float = HANG_S + ENDS_WITHIN_S):
     proc, killer = start(args, limit=240)
     status = _wait_for_step(proc, run_dir, ranks, 10)
     pids = {str(r["pid"]) for r in status.values()}
     os.kill(status[victim]["pid"], signal.SIGSTOP)
     try:
-        out, err = finish(proc, killer, timeout=HANG_S + ENDS_WITHIN_S)   # hung after HANG_S, then ended
+        out, err = finish(proc, killer, timeout=ends_within)   # hung after HANG_S, then ended
     finally:
         with_left = _watchdogs_of(pids)
         for pid in with_left:
@@ -138,3 +139,16 @@ def test_a_slow_but_live_rank_is_not_a_hang(tmp_path):
     status = _status(tmp_path)
     assert [status[r]["state"] for r in (0, 1)] == ["done", "done"], result.stderr
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
+
+
+def test_a_hang_that_gloo_gives_up_on_first_is_still_named(tmp_path):
+    """Gradients through gloo (sync.transport=backend) and the default dist.hang_timeout
+    (300 s): gloo's own 30 s timeout ends rank 0's wait first, and rank 0 then names who
+    held it up, from the heartbeats."""
+    args = ["train.py", "-o", "dist.nprocs=2", *MLP, "-o", "sync.transport=backend",
+            "-o", "dist.stop_timeout=5", "-o", f"output.run_dir={tmp_path / 'run'}"]
+    code, err, status = _stop_one_rank(args, tmp_path / "run", 2, 1, ends_within=30 + ENDS_WITHIN_S)
+    assert code == 4, err
+    assert "Root cause: rank 1 stopped by a signal (process state T)" in err
+    assert "rank 0 in all-reduce #" in err and "(gloo gave up after 30 s)" in err
+    assert status[0]["state"] == "hung"
