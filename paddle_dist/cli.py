@@ -19,7 +19,7 @@ import shlex
 
 from . import config as configlib
 from . import env as envlib
-from . import amp, cifar, compat, faults, idx, launcher, netcheck, preflight, rundir, supervisor
+from . import amp, cifar, clusters, compat, faults, idx, launcher, netcheck, preflight, rundir, supervisor
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -104,8 +104,11 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     """Run the built-in job: here, or as the ranks it starts, each running `script` (or
     `-m module`) with `script_args`."""
     environ, gpu_info, cores = envlib.host_facts()
+    node = clusters.srun_node_launcher(environ, cfg.dist.nprocs)
+    if node is not None:
+        _as_node_launcher(cfg, node)
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
-                         environ=environ)
+                         environ=clusters.as_launcher(environ) if node else environ)
     # What every plan below shares: the ranks' command and this host's facts.
     facts = dict(script=script, module=module, environ=environ, gpu_info=gpu_info, cpu_count=cores)
     p = launcher.plan(cfg, here, script_args=script_args, **facts)
@@ -142,7 +145,8 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
                                                           if world != p.nprocs else "")
     where = f"; outputs in {run_dir}" if run_dir else ""
     print(f"paddle_dist: starting {ranks} with {p.mode}{where}", flush=True)
-    _tell_other_nodes(cfg, script, script_args, module)
+    if node is None:      # under srun, Slurm starts the other machines' tasks itself
+        _tell_other_nodes(cfg, script, script_args, module)
     code = 0
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
@@ -157,6 +161,22 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
         if code in FINAL:
             break
     return code
+
+
+def _as_node_launcher(cfg, node: dict) -> None:
+    """An srun task alone on its node, asked for dist.nprocs ranks, starts them as a
+    multi-node launch does (clusters.srun_node_launcher): Slurm says how many nodes, which
+    one this is and, unless dist.master does, where node 0 is."""
+    for key, default in (("nnodes", 1), ("node_rank", 0)):
+        given = getattr(cfg.dist, key)
+        if given not in (node[key], default):
+            raise UserError(f"dist.{key}={given}, but srun started this task as node_rank "
+                            f"{node['node_rank']} of {node['nnodes']} nodes; drop dist.{key}")
+    cfg.dist.nnodes, cfg.dist.node_rank = node["nnodes"], node["node_rank"]
+    cfg.dist.master = cfg.dist.master or node["master"]
+    cfg.dist.launcher = "launch"
+    print(f"paddle_dist: srun task of node {cfg.dist.node_rank} of {cfg.dist.nnodes}: it starts this "
+          f"node's {cfg.dist.nprocs} ranks (master {cfg.dist.master})", flush=True)
 
 
 def _check_data(cfg) -> None:
@@ -185,7 +205,7 @@ def _start(p, cfg, here, facts, run_dir: Optional[Path], script_args: List[str])
         extra = ["-o", f"output.run_dir={run_dir}", "-o", f"checkpoint.resume={cfg.checkpoint.resume}",
                  "-o", f"faults.inject={cfg.faults.inject}", "-o", f"dist.master={cfg.dist.master}"]
         p = launcher.plan(cfg, here, script_args=list(script_args) + extra,
-                          log_dir=str(run_dir / "launch"), **facts)
+                          log_dir=str(launch_logs(run_dir, cfg.dist)), **facts)
         return launcher.launch(p, run_dir=run_dir, met=met)
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
     # imported, and forked ranks keep this import: make it with the ranks' environment.
@@ -195,6 +215,12 @@ def _start(p, cfg, here, facts, run_dir: Optional[Path], script_args: List[str])
     finally:
         envlib.restore(old)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
+
+
+def launch_logs(run_dir: Path, dist) -> Path:
+    """Where Paddle's launcher writes its workerlog.<i> files: `launch/`, or per machine
+    (`launch-node<N>/`) in a multi-node job, whose machines may share the run directory."""
+    return run_dir / ("launch" if dist.nnodes == 1 else f"launch-node{dist.node_rank}")
 
 
 def _meet(gate, cfg, run_dir: Optional[Path]):
@@ -265,8 +291,11 @@ def _launch_script(args) -> int:
         raise UserError(f"script {args.script!r} {what}; give the path of a Python file")
     cfg = _load(args)
     environ, gpu_info, cores = envlib.host_facts()
+    node = clusters.srun_node_launcher(environ, cfg.dist.nprocs)
+    if node is not None:
+        _as_node_launcher(cfg, node)
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
-                         environ=environ)
+                         environ=clusters.as_launcher(environ) if node else environ)
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the script directly")
     cfg.dist.launcher = "launch"     # spawn needs a function; a script is run by launch

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 class ClusterEnvironment:
     """One way processes get started. `detect(environ)` says whether it started this one."""
@@ -275,6 +275,31 @@ class Slurm(ExternalEngine):
         # same first node collide: give each its own MASTER_PORT.
         port = self.env.get("MASTER_PORT") or str(12000 + self._int("SLURM_JOB_ID") % 20000)
         return f"{host}:{port}"
+
+
+def srun_node_launcher(environ: Mapping[str, str], nprocs: Optional[int]) -> Optional[Dict[str, object]]:
+    """The multi-node settings of an srun task that is to start its node's ranks itself:
+    alone on its node in a step of one task per node, asked for `nprocs` > 1 ranks
+    (`srun --ntasks-per-node=1 python train.py -o dist.nprocs=8`). Every task derives the
+    same settings without talking to the others; None for any other process.
+
+    Example:
+        srun_node_launcher(environ_of_task_1_of_2_nodes, 8)
+        # {'nnodes': 2, 'node_rank': 1, 'master': 'gpu07:16242'}
+    """
+    if not nprocs or nprocs < 2 or not Slurm.detect(environ):
+        return None
+    task = Slurm(environ)
+    if task.local_world_size != 1 or task.world_size != task.nnodes:
+        return None
+    return {"nnodes": task.nnodes, "node_rank": task.node_rank, "master": task.master}
+
+
+def as_launcher(environ: Mapping[str, str]) -> Dict[str, str]:
+    """`environ` without what makes it an srun task (SLURM_PROCID): seen through it, a node
+    launcher is a process of its own, which starts the ranks; they still inherit every
+    SLURM_* variable, but the launcher's variables come first (CLUSTER_ENVIRONMENTS)."""
+    return {key: value for key, value in environ.items() if key != "SLURM_PROCID"}
 
 
 class TorchrunStyle(ExternalEngine):

@@ -8,6 +8,7 @@ requeued job's final weights equal an uninterrupted run's bit for bit.
 """
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -134,6 +135,33 @@ def test_srun_runs_a_users_fit_script(slurm, tmp_path):  # noqa: F811
     assert not _same_weights(ranks[0], dict(np.load(out / "initial.npz")))   # it trained
     returned = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert returned[0] == returned[1] and returned[0]["world_size"] == 2
+
+
+def test_one_srun_task_per_node_starts_that_nodes_ranks(slurm, tmp_path):  # noqa: F811
+    """`srun --ntasks-per-node=1 python train.py -o dist.nprocs=2`: the task is its node's
+    launcher (here the only node), its two ranks train alike; SIGTERM through Slurm (as
+    --signal or a preemption sends it) makes them save, and srun exits 75."""
+    run_dir = tmp_path / "run"
+    args = ["srun", "-N", "1", "--ntasks-per-node=1", "--job-name", f"node-launcher-{tmp_path.name}",
+            "python", "train.py"] + JOB + ["-o", "dist.nprocs=2", "-o", f"output.run_dir={run_dir}"]
+    result = check(run(args, env=slurm.env, timeout=180))
+    assert "srun task of node 0 of 1: it starts this node's 2 ranks" in result.stdout
+    status = [_status(run_dir, rank) for rank in (0, 1)]
+    assert [(s["state"], s["step"]) for s in status] == [("done", 120), ("done", 120)]
+    assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
+
+    stopped, out = tmp_path / "stopped", tmp_path / "job.out"
+    command = shlex.join(args[:-1] + [f"output.run_dir={stopped}"])
+    submitted = slurm.client(["sbatch", "--parsable", f"--output={out}", "--wrap", f"{command}; echo rc=$?"])
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    _first_checkpoint(slurm, job_id, stopped, out)
+    assert slurm.client(["scancel", "--signal=TERM", job_id]).returncode == 0
+    _ended(slurm, job_id)
+    assert "rc=75" in out.read_text(), out.read_text()
+    status = [_status(stopped, rank) for rank in (0, 1)]
+    assert [(s["state"], s["exit_code"]) for s in status] == [("preempted", 75), ("preempted", 75)]
+    assert json.loads((_latest(stopped) / "meta.json").read_text())["global_step"] == status[0]["step"] < 120
 
 
 @pytest.mark.parametrize("lacking, reason", [("root", "needs root"), ("slurmd", "slurmd not found")])

@@ -4,6 +4,7 @@ the CUDA_VISIBLE_DEVICES each binding mode leaves (no GPU needed)."""
 
 import pytest
 
+from paddle_dist import clusters
 from paddle_dist.env import GpuInfo, detect
 from paddle_dist.errors import DeviceError
 
@@ -98,3 +99,44 @@ def test_paddle_launch_inside_an_srun_task_uses_its_selected_gpu():
 def test_docs_show_the_sbatch_template_the_tests_run():
     template = (ROOT / "tools" / "slurm_cpu.sbatch").read_text()
     assert template.strip() in (ROOT / "docs" / "slurm.md").read_text()
+
+
+# ------------------------------------------------------------------ a launcher per node
+def _node_task(node, nnodes=2, **extra):
+    """The one task on node `node` of `srun -N2 --ntasks-per-node=1`."""
+    return dict({
+        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+        "SLURM_NODEID": str(node), "SLURM_NTASKS": str(nnodes), "SLURM_NNODES": str(nnodes),
+        "SLURM_STEP_NUM_TASKS": str(nnodes), "SLURM_STEP_NUM_NODES": str(nnodes),
+        "SLURM_STEP_TASKS_PER_NODE": f"1(x{nnodes})", "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_NODELIST": "gpu[07-08]"}, **extra)
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_the_one_task_of_each_node_asked_for_8_ranks_launches_them(node):
+    settings = clusters.srun_node_launcher(_node_task(node), 8)
+    assert settings == {"nnodes": 2, "node_rank": node, "master": "gpu07:16242"}
+
+
+def test_a_node_launcher_honours_master_addr_and_port():
+    environ = _node_task(1, MASTER_ADDR="10.1.2.3", MASTER_PORT="6170")
+    assert clusters.srun_node_launcher(environ, 8)["master"] == "10.1.2.3:6170"
+
+
+@pytest.mark.parametrize("environ, nprocs", [
+    (_node_task(0), None), (_node_task(0), 1),                 # the task is the rank
+    (srun_task(0), 8),                                          # 8 tasks per node: ranks already
+    ({"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, 8),   # a batch script
+])
+def test_anything_else_is_no_node_launcher(environ, nprocs):
+    assert clusters.srun_node_launcher(environ, nprocs) is None
+
+
+def test_through_as_launcher_a_node_launcher_is_standalone_and_its_ranks_paddle_launched():
+    environ = clusters.as_launcher(_node_task(1))
+    assert detect(gpu_info=GpuInfo(False, 0), environ=environ).launcher == "standalone"
+    rank = dict(_node_task(1), PADDLE_TRAINER_ID="9", PADDLE_TRAINERS_NUM="16", PADDLE_LOCAL_RANK="1",
+                PADDLE_NNODES="2", PADDLE_MASTER="gpu07:16242", PADDLE_TRAINER_ENDPOINTS="a:1",
+                PADDLE_CURRENT_ENDPOINT="a:1", PADDLE_LOCAL_SIZE="8")
+    env = detect(gpu_info=GpuInfo(False, 0), environ=rank)
+    assert (env.launcher, env.global_rank) == ("paddle_launch", 9)
