@@ -324,7 +324,8 @@ class Monitor:
     def _held_up_by(self, error: Optional[BaseException]) -> str:
         """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
         dist.hang_timeout), who held the job up, from the heartbeats (hangs.judge); ''
-        when that is not why this rank stopped, or nobody can be named."""
+        when that is not why this rank stopped, or no rank seen here is to blame (a peer
+        on another machine that died also ends in gloo's TIMEOUT)."""
         if not self.job or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
             return ""
         if not self._last_collective:
@@ -334,10 +335,9 @@ class Monitor:
         me = hangs.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
                         kind, count, size, since)
         peers = [b for b in hangs.read_beats(self.job) if b.rank != me.rank]
-        now = time.monotonic()
-        verdict = hangs.judge(peers + [me], now, min(now - since, self.hang_timeout or now) * 0.8,
-                              self.env.world_size)
-        if verdict is None:
+        seconds = min(self.hang_timeout or GLOO_TIMEOUT_S, GLOO_TIMEOUT_S) * 0.8
+        verdict = hangs.judge(peers + [me], time.monotonic(), seconds, self.env.world_size)
+        if verdict is None or not verdict.names_a_rank:     # a dead peer elsewhere times out too
             return ""
         return f"{verdict.message} (gloo gave up after {GLOO_TIMEOUT_S:g} s)"
 

@@ -128,6 +128,12 @@ def process_state(pid: int) -> str:
 class Verdict:
     culprits: List[int]        # the ranks to blame (may be none of those seen here)
     message: str               # one line, every rank seen here in it
+    why: str = "stuck"         # stopped | silent | mismatch | elsewhere | stuck
+
+    @property
+    def names_a_rank(self) -> bool:
+        """The blame falls on particular ranks seen here, not on what is out of sight."""
+        return self.why in ("stopped", "silent", "mismatch")
 
 
 def judge(beats: Sequence[Beat], now: float, seconds: float, world: int) -> Optional[Verdict]:
@@ -150,18 +156,18 @@ def judge(beats: Sequence[Beat], now: float, seconds: float, world: int) -> Opti
     lines += [_waiting(g, now) for g in ordered[::-1 if mismatch else 1]]
     absent = sorted(set(range(world)) - {b.rank for b in beats})
     if stopped or silent:
-        culprits = [b.rank for b in stopped or silent]
+        why, culprits = ("stopped" if stopped else "silent"), [b.rank for b in stopped or silent]
     elif mismatch:
         odd = [b.rank for g in ordered[1:] for b in g]
-        culprits = odd if len(ordered[0]) > len(ordered[1]) else [b.rank for b in waiting]
+        why, culprits = "mismatch", odd if len(ordered[0]) > len(ordered[1]) else [b.rank for b in waiting]
         lines[0] = "collective mismatch: " + lines[0]
     elif absent:
-        culprits = []
+        why, culprits = "elsewhere", []
         lines.append(f"waiting for {_ranks_n(absent)} (not on this machine)")
     else:
-        culprits = [b.rank for b in waiting]
+        why, culprits = "stuck", [b.rank for b in waiting]
         lines.append("every rank is in it: the communication itself is stuck")
-    return Verdict(sorted(culprits), "; ".join(lines))
+    return Verdict(sorted(culprits), "; ".join(lines), why)
 
 
 def _waiting(group: List[Beat], now: float) -> str:

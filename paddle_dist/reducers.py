@@ -193,6 +193,8 @@ def _open_local(env, keys: List[str], chunk: int, phase):
     if not ready and reducer is not None:
         reducer.close()
         reducer = None
+    if reducer is not None:
+        reducer.ranks = mine         # its errors name peers by their global rank
     return reducer, ready
 
 

@@ -36,6 +36,8 @@ SIMULTANEOUS_S = 0.5
 SIGABRT_CODE = -signal.SIGABRT
 # A peer's address in gloo's messages: "Read error [198.18.0.2]:23443: Connection reset by peer".
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+# shm.PeerGone: a rank on the same machine died in the shared-memory exchange
+DIED_HERE = re.compile(r"rank (\d+) \(pid \d+\) died during the shared-memory")
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,8 @@ def _elsewhere(status: Dict[int, dict], exit_codes: Dict[int, int],
     if not first_seen and not all(by_peer(r) for r in status.values()):
         return None
     errors = [r.get("error", "") for _, r in sorted(status.items()) if r.get("error")]
+    if {int(r) for error in errors for r in DIED_HERE.findall(error)} & set(status):
+        return None         # the shared-memory exchange saw a rank of this machine die
     named = {address for error in errors for address in PEER_ADDRESS.findall(error)}
     meeting = machines.meeting
     others = {n: node for n, node in meeting.nodes.items() if n != meeting.node_rank} if meeting else {}
@@ -300,10 +304,10 @@ def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
     if any(where):
         lines.append("  " + ", ".join(w for w in where if w))
     lines += [f"  log: {log}" for log in (cause.get("log"), logs.get(rank)) if log]
-    trace = [line for line in cause.get("traceback", "").splitlines() if line.strip()]
+    title, trace = innermost(cause.get("traceback", ""), 6)
     if trace:
-        lines.append("  traceback (last lines):")
-        lines += [f"  | {line}" for line in trace[-6:]]
+        lines.append(f"  {title}:")
+        lines += [f"  | {line}" for line in trace]
     else:   # no traceback recorded (killed, or not a paddle_dist rank): its last output
         output = logs.get(rank) or cause.get("log")
         lines += [f"  | {line}" for line in tail_lines(output, 6)] if output else []
@@ -312,6 +316,25 @@ def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
         lines.append("  stopped as a consequence: " + ", ".join(
             machines.name(r, status.get(r), _ending(status.get(r, {}), exit_codes.get(r))) for r in others))
     return Report(code, lines)
+
+
+def innermost(text: str, count: int):
+    """(title, lines): the `count` innermost lines of a Python traceback (innermost last),
+    or of a stack that faulthandler dumped (innermost first: the current thread's, which
+    is the one that was stuck; a hang's stack is such a dump).
+
+    Example:
+        innermost("Current thread 0x7f (most recent call first):\n  File ...", 6)[0]
+        # 'stack (innermost first)'
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    heads = [i for i, line in enumerate(lines) if line.endswith("(most recent call first):")]
+    if not heads:
+        return "traceback (last lines)", lines[-count:]
+    current = [i for i in heads if lines[i].startswith("Current thread")] or heads
+    start = current[0] + 1
+    end = next((i for i in heads if i > current[0]), len(lines))
+    return "stack (innermost first)", lines[start:min(end, start + count)]
 
 
 def _ending(record: dict, code: Optional[int]) -> str:

@@ -142,6 +142,7 @@ class ShmReducer:
 
     def __init__(self, fd: int, rank: int, world: int, chunk: int, small_round: int = SMALL_ROUND):
         self.rank, self.world, self.chunk, self.small_round = rank, world, chunk, small_round
+        self.ranks = list(range(world))    # the job's rank of each of this segment's ranks
         self.map = mmap.mmap(fd, segment_bytes(world, chunk))
         os.close(fd)
         width = _lines(world) * _BLOCK
@@ -254,7 +255,7 @@ class ShmReducer:
     def _check_peers(self, counters: np.ndarray, target: int) -> None:
         for rank in np.flatnonzero(counters < target):
             if not _alive(int(self.pids[rank])):
-                raise PeerGone(f"rank {rank} (pid {int(self.pids[rank])}) died during the "
+                raise PeerGone(f"rank {self.ranks[rank]} (pid {int(self.pids[rank])}) died during the "
                                "shared-memory all-reduce")
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ def test_a_silent_rank_is_blamed_and_the_waiters_are_listed():
              _beat(2, 31, kind="all-reduce", count=1624, size=4_200_000),
              _beat(3, 31, kind="all-reduce", count=1624, size=4_200_000)]
     verdict = judge(beats, NOW, T, world=4)
-    assert verdict.culprits == [1]
+    assert (verdict.culprits, verdict.why, verdict.names_a_rank) == ([1], "silent", True)
     assert verdict.message == ("rank 1 silent for 31 s at step 812 (no heartbeat); "
                                "ranks 0, 2, 3 in all-reduce #1624 (4.2 MB) at step 812 since 31 s")
 
@@ -58,7 +58,7 @@ def test_two_ranks_in_different_collectives_blame_both():
 def test_everyone_here_waiting_names_the_ranks_elsewhere():
     beats = [_beat(2, 33, kind="all-reduce", count=5), _beat(3, 33, kind="all-reduce", count=5)]
     verdict = judge(beats, NOW, T, world=4)
-    assert verdict.culprits == []
+    assert (verdict.culprits, verdict.why, verdict.names_a_rank) == ([], "elsewhere", False)
     assert verdict.message.endswith("waiting for ranks 0, 1 (not on this machine)")
 
 
@@ -66,6 +66,7 @@ def test_every_rank_in_the_same_collective_blames_the_collective():
     beats = [_beat(0, 33, kind="broadcast", count=5), _beat(1, 33, kind="broadcast", count=5)]
     verdict = judge(beats, NOW, T, world=2)
     assert verdict.culprits == [0, 1] and "the communication itself is stuck" in verdict.message
+    assert not verdict.names_a_rank
 
 
 def test_no_beats_no_verdict():

@@ -98,9 +98,10 @@ def test_a_machines_ranks_are_numbered_as_the_job_numbers_them():
 
 def test_place_of_reads_the_variables_paddles_launcher_gave_a_rank():
     env = dict(os.environ, PADDLE_LOCAL_RANK="1", PADDLE_TRAINER_ID="3", PADDLE_NNODES="2")
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], env=env,
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        child.stdout.readline()      # it runs: until exec, /proc shows its parent's environment
         assert place_of(child.pid) == (1, 3, 2)
     finally:
         child.stdin.close()
@@ -116,6 +117,18 @@ def test_the_machine_of_a_killed_rank_names_it_and_its_peers_by_global_rank_and_
     report = root_cause(status, {3: KILL}, machines=here)
     assert report.lines[0] == "paddle_dist: job failed (exit 137). Root cause: rank 3 (host nodeB) killed by SIGKILL"
     assert report.lines[-1] == "  stopped as a consequence: rank 2 (host nodeB)"
+
+
+def test_a_rank_that_died_here_is_named_even_when_its_peer_was_seen_ending_first():
+    """Rank 3 killed; rank 2's shared-memory exchange saw it die and ended first (5), and
+    Paddle's launcher reported only that: the cause is here, not on another machine."""
+    here = Machines("nodeB", (2, 3), 2, Meeting("", TWO_BY_TWO.nodes, node_rank=1))
+    gone = 2 ** 22 + 7         # above Linux's largest pid: no such process
+    status = {2: _stopped(2, "nodeB", f"gradient all-reduce failed: rank 3 (pid {gone}) died during the "
+                                      "shared-memory all-reduce"),
+              3: {"rank": 3, "host": "nodeB", "state": "running", "pid": gone}}
+    report = root_cause(status, {2: faults.EXIT_PEER}, machines=here)
+    assert "Root cause: rank 3 (host nodeB) died without reporting an error" in report.lines[0], report.text
 
 
 def test_a_machine_whose_ranks_stopped_on_a_peer_names_that_peers_machine():

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from paddle_dist import faults, jobprocs, supervisor
+from paddle_dist import faults, jobprocs, report, supervisor
 from paddle_dist.report import Exit, first_failure, root_cause, with_resume
 
 KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
@@ -106,3 +106,15 @@ def test_the_console_drops_paddles_banner_and_info_lines(capfd):
     console.mute()                        # after Ctrl+C: nothing
     console.write(b"Traceback (most recent call last):\n")
     assert capfd.readouterr().out == ""
+
+
+def test_a_hangs_stack_shows_the_stuck_threads_innermost_frames():
+    """faulthandler writes the current (stuck) thread last, innermost frame first; a
+    Python traceback has its innermost frame last."""
+    dump = ("Thread 0x00007f01 (most recent call first):\n  File \"overlap.py\", line 9 in _serve\n\n"
+            "Current thread 0x00007f00 (most recent call first):\n  File \"shm.py\", line 247 in _wait\n"
+            "  File \"shm.py\", line 190 in all_reduce\n  File \"train.py\", line 3 in <module>\n")
+    assert report.innermost(dump, 2) == ("stack (innermost first)", [
+        '  File "shm.py", line 247 in _wait', '  File "shm.py", line 190 in all_reduce'])
+    trace = "Traceback (most recent call last):\n  File \"a.py\", line 1\n  x()\nRuntimeError: boom\n"
+    assert report.innermost(trace, 2) == ("traceback (last lines)", ["  x()", "RuntimeError: boom"])
