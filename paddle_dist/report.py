@@ -204,7 +204,9 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     if silent is not None:
         rank, code = silent
         record = status.get(rank, {"rank": rank})
-        exit_code = exit_code_of(code) if code is not None else launcher_code
+        # Its own code unseen, the launcher's may be a consequence's (5): not the cause's.
+        unseen = faults.EXIT_FAILED if launcher_code == faults.EXIT_PEER else launcher_code
+        exit_code = exit_code_of(code) if code is not None else unseen
         headline = f"{machines.name(rank, record)} {how_it_ended(code)}"
         if code == SIGABRT_CODE and machines.several:
             headline += ("; gloo ends a rank so when a peer fails: a rank on another machine may "
@@ -249,8 +251,9 @@ def _elsewhere(status: Dict[int, dict], exit_codes: Dict[int, int],
     if not first_seen and not all(by_peer(r) for r in status.values()):
         return None
     errors = [r.get("error", "") for _, r in sorted(status.items()) if r.get("error")]
-    if {int(r) for error in errors for r in DIED_HERE.findall(error)} & set(status):
-        return None         # the shared-memory exchange saw a rank of this machine die
+    died = {int(r) for error in errors for r in DIED_HERE.findall(error)}
+    if any(status.get(r, {}).get("state") in (None, "running") for r in died & set(status)):
+        return None         # the shared-memory exchange saw a rank of this machine die unrecorded
     named = {address for error in errors for address in PEER_ADDRESS.findall(error)}
     meeting = machines.meeting
     others = {n: node for n, node in meeting.nodes.items() if n != meeting.node_rank} if meeting else {}

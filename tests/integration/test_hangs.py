@@ -39,10 +39,14 @@ def _own_script(tmp: Path, ranks: int, *extra: str):
 def _status(run_dir: Path):
     """Every rank's status record, by rank ({} until the run directory has them)."""
     found = {}
-    for path in run_dir.glob("**/status/rank*.json"):
+    try:
+        paths = list(run_dir.glob("**/status/rank*.json"))
+    except OSError:                # a directory went while it was read (the run's set-up)
+        return found
+    for path in paths:
         try:
             record = json.loads(path.read_text())
-        except ValueError:         # being replaced right now
+        except (OSError, ValueError):     # being replaced right now
             continue
         found[record["rank"]] = record
     return found

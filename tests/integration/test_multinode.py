@@ -170,8 +170,11 @@ def test_a_rank_killed_on_node_1_is_named_by_its_global_rank_and_host_on_both(tw
     _, commands = _separate(two_hosts, tmp_path, 6176, nprocs=2,
                             extra=["-o", "faults.inject=kill:3:12"])
     node0, node1 = _both_argv(commands, timeout=240)
-    assert node1.returncode == 137, node1.stderr
-    assert "Root cause: rank 3 (host nodeB) killed by SIGKILL" in node1.stderr
+    # Paddle's launcher, not paddle_dist's, waits for node 1's ranks: when it reports rank 2's
+    # exit first, rank 3's own code is never seen, only its unrecorded death.
+    seen = "Root cause: rank 3 (host nodeB) killed by SIGKILL" in node1.stderr
+    unseen = "Root cause: rank 3 (host nodeB) died without reporting an error" in node1.stderr
+    assert (seen and node1.returncode == 137) or (unseen and node1.returncode == 1), node1.stderr
     assert "stopped as a consequence: rank 2 (host nodeB)" in node1.stderr
     assert node0.returncode == faults.EXIT_PEER, node0.stderr
     assert ("Root cause: a rank on another machine, node 1 (host nodeB at 198.18.0.2, ranks 2-3)"

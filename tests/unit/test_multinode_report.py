@@ -129,6 +129,12 @@ def test_a_rank_that_died_here_is_named_even_when_its_peer_was_seen_ending_first
               3: {"rank": 3, "host": "nodeB", "state": "running", "pid": gone}}
     report = root_cause(status, {2: faults.EXIT_PEER}, machines=here)
     assert "Root cause: rank 3 (host nodeB) died without reporting an error" in report.lines[0], report.text
+    # On the other machine a rank that stopped on the peer failure ends the exchange too:
+    # its record says so, and the cause is still elsewhere.
+    there = Machines("nodeA", (0, 1), 2, TWO_BY_TWO)
+    status = {0: _stopped(0, "nodeA"), 1: _stopped(1, "nodeA", f"gradient all-reduce failed: rank 0 (pid {gone}) "
+                                                               "died during the shared-memory all-reduce")}
+    assert "Root cause: a rank on another machine, node 1" in root_cause(status, {0: 5}, machines=there).lines[0]
 
 
 def test_a_machine_whose_ranks_stopped_on_a_peer_names_that_peers_machine():
