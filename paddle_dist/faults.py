@@ -59,7 +59,7 @@ EXIT_INTERRUPTED = 130   # Ctrl+C
 
 GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
 SLOW_SAVE_S = 35.0       # longer than that
-SLOW_STEP_S = 4.0        # the injected slow steps: each this much longer,
+SLOW_STEP_S = 5.0        # the injected slow steps: each this much longer,
 SLOW_STEPS = 3           # this many of them
 
 
