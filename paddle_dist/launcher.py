@@ -138,7 +138,7 @@ def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
     d = cfg.dist
     if d.nnodes == 1:
         return None
-    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout)
+    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout, token_file=d.token_file)
 
 
 def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
@@ -348,6 +348,10 @@ def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
     try:
         for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
             old[sig] = signal.signal(sig, _raise_stop)
+        if not gate.token_file:
+            print(f"paddle_dist: the machines meet unauthenticated: anyone who reaches {gate.master} "
+                  "can join as a machine of this job; -o dist.token_file=PATH on every machine "
+                  "admits only those with its token (docs/multinode.md)", flush=True)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
         return 0, nodes.meet(gate)
     except nodes.NodesMissing as e:

@@ -18,9 +18,13 @@ MAX_NAME characters and never a path: every machine then writes under a director
 name, so that all of a job's records carry one name and never join another job's), or
 `{"missing": [R, ...], "arrived": ...}` (its deadline passed), or `{"error": "..."}` (this
 node's announcement was refused: a wrong dist.nnodes, a node_rank already there, another
-version). Node 0 reads nothing unframed: a longer frame, bad JSON, or a connection that
-says nothing within HELLO_S seconds is dropped; a node drops a "run" that is not a plain
-name (a "/", "." or "..") as a protocol error.
+version, a wrong job token). With a job token (`dist.token_file`, auth.py) the announcement
+also carries the node's nonce, `"nonce": hex`; node 0 answers it first with
+`{"challenge": its nonce, "proof": HMAC("server", ...)}` and admits the node only after
+its `{"proof": HMAC("client", ...)}` (every node sends a nonce; one with a token refuses
+to go on when node 0 proves nothing). Node 0 reads nothing unframed: a longer frame, bad
+JSON, or a connection that is not admitted within HELLO_S seconds is dropped; a node drops
+a "run" that is not a plain name (a "/", "." or "..") as a protocol error.
 
 Example:
     meeting = meet(Gate("10.0.0.1:6170", nnodes=2, node_rank=1, nprocs=8, timeout=120))
@@ -38,6 +42,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
+from . import auth
 from .errors import UserError
 
 VERSION = 2
@@ -61,6 +66,7 @@ class Gate:
     timeout: float            # seconds; 0 = for ever
     run: str = ""             # node 0: the name of its run directory, told to the others
     host: str = ""            # this machine's host name, told to node 0 ("": the system's)
+    token_file: str = ""      # dist.token_file: only machines that prove its token meet (auth.py)
 
 
 @dataclass(frozen=True)
@@ -159,12 +165,13 @@ def meet(gate: Gate) -> Meeting:
     NodesMissing when they did not within `gate.timeout`, a UserError when this node's
     settings are refused."""
     gate = gate if gate.host else replace(gate, host=socket.gethostname()[:MAX_NAME])
+    token = auth.read_token(gate.token_file) if gate.token_file else b""
     if gate.nnodes <= 1:
         return Meeting(gate.run, {0: Node(gate.nprocs, _split(gate.master)[0] if gate.master else "",
                                           gate.host)})
     if gate.node_rank == 0:
-        return _Host(gate).serve()
-    return _join(gate)
+        return _Host(gate, token).serve()
+    return _join(gate, token)
 
 
 def _deadline(timeout: float) -> float:
@@ -184,13 +191,15 @@ class _Peer:
     since: float
     frames: Frames = field(default_factory=Frames)
     node_rank: Optional[int] = None
+    hello: Optional[dict] = None       # with a token: its announcement, while its proof is awaited
+    challenge: str = ""                # node 0's nonce for it
 
 
 class _Host:
     """Node 0: listen at dist.master, collect the other nodes, then tell them to go."""
 
-    def __init__(self, gate: Gate):
-        self.gate = gate
+    def __init__(self, gate: Gate, token: bytes = b""):
+        self.gate, self.token = gate, token
         self.arrived: Dict[int, Tuple[int, str]] = {0: (gate.nprocs, _split(gate.master)[0])}
         self.hosts: Dict[int, str] = {0: gate.host}
         self.peers: Dict[socket.socket, _Peer] = {}
@@ -248,11 +257,20 @@ class _Host:
         for message in messages:
             if peer.node_rank is not None:      # nothing more is expected from a node
                 continue
-            error = self._refusal(message)
+            if self.token and peer.hello is None:
+                error = self._refusal(message) or self._challenge(peer, message)
+            elif self.token:
+                error = self._proven(peer, message)
+                message = peer.hello
+                error = error or self._refusal(message)      # the rank may have come meanwhile
+            else:
+                error = self._refusal(message)
             if error:
                 self._send(peer, {"error": error})
                 self._forget(peer)
                 return
+            if self.token and not peer.challenge.startswith("proven"):
+                continue
             peer.node_rank = message["node_rank"]
             self.arrived[peer.node_rank] = (message["nprocs"], peer.address)
             self.hosts[peer.node_rank] = message.get("host", "")
@@ -281,6 +299,26 @@ class _Host:
             return f"nprocs={m['nprocs']} must be >= 1"
         if not isinstance(m.get("host", ""), str) or len(m.get("host", "")) > MAX_NAME:
             return f"the host name must be a string of at most {MAX_NAME} characters"
+        return ""
+
+    def _challenge(self, peer: _Peer, hello: dict) -> str:
+        """Answer an announcement with node 0's nonce and its proof of the token; "" once
+        sent (the node's proof comes next), else why the node is refused."""
+        if not auth.good_nonce(hello.get("nonce")):
+            return "node 0 admits only machines with the job's dist.token_file; give this machine the same file"
+        peer.hello, peer.challenge = hello, auth.nonce()
+        self._send(peer, {"challenge": peer.challenge, "proof": auth.proof(
+            self.token, "server", job_id(self.gate), hello["node_rank"], hello["nonce"], peer.challenge)})
+        return ""
+
+    def _proven(self, peer: _Peer, message: dict) -> str:
+        """Check a node's proof of the token against this connection's nonces."""
+        hello = peer.hello
+        expected = auth.proof(self.token, "client", job_id(self.gate), hello["node_rank"],
+                              peer.challenge, hello["nonce"])
+        if not auth.matches(expected, message.get("proof")):
+            return "wrong job token: this machine's dist.token_file is not node 0's"
+        peer.challenge = "proven"
         return ""
 
     def _drop_silent(self, now: float) -> None:
@@ -352,7 +390,7 @@ def _listen(master: str) -> socket.socket:
 
 
 # ------------------------------------------------------------------ the other nodes
-def _join(gate: Gate) -> Meeting:
+def _join(gate: Gate, token: bytes = b"") -> Meeting:
     """Connect to node 0 (again, if it goes away) until it says go or the deadline passes."""
     deadline = _deadline(gate.timeout)
     host, port = _split(gate.master)
@@ -366,7 +404,7 @@ def _join(gate: Gate) -> Meeting:
             continue
         answered = True
         with sock:
-            verdict, seen = _talk(sock, gate, deadline, seen)
+            verdict, seen = _talk(sock, gate, deadline, seen, token)
         if verdict is not None:
             if "go" in verdict:
                 return Meeting(verdict.get("run", ""), {int(r): Node(v[0], v[1])
@@ -379,15 +417,16 @@ def _join(gate: Gate) -> Meeting:
     raise NodesMissing(_no_answer(gate, answered, seen))
 
 
-def _talk(sock: socket.socket, gate: Gate, deadline: float,
-          seen: Optional[Dict[str, list]]) -> Tuple[Optional[dict], Optional[Dict[str, list]]]:
+def _talk(sock: socket.socket, gate: Gate, deadline: float, seen: Optional[Dict[str, list]],
+          token: bytes = b"") -> Tuple[Optional[dict], Optional[Dict[str, list]]]:
     """Announce this node and read node 0's messages: (its verdict or None if the
-    connection ended first, the last list of arrived nodes)."""
-    frames = Frames()
+    connection ended first, the last list of arrived nodes). With a token, node 0 must
+    prove it before this node proves it in turn (a UserError when node 0 cannot)."""
+    frames, mine, proven = Frames(), auth.nonce(), False
     try:
         sock.settimeout(POLL_S)
         sock.sendall(encode({"v": VERSION, "node_rank": gate.node_rank, "nnodes": gate.nnodes,
-                             "nprocs": gate.nprocs, "host": gate.host[:MAX_NAME]}))
+                             "nprocs": gate.nprocs, "host": gate.host[:MAX_NAME], "nonce": mine}))
         while time.monotonic() < deadline:
             try:
                 data = sock.recv(MAX_FRAME + LENGTH.size)
@@ -400,13 +439,37 @@ def _talk(sock: socket.socket, gate: Gate, deadline: float,
                     raise ProtocolError("a list of arrived nodes that is not one")
                 if "run" in message and not plain_name(message["run"]):
                     raise ProtocolError("a run name that is not a plain name")
-                if "arrived" in message and len(message) == 1:
+                if "challenge" in message:
+                    sock.sendall(encode({"proof": _answer(gate, token, mine, message)}))
+                    proven = True
+                elif token and not proven and ("arrived" in message or "go" in message):
+                    raise UserError(f"paddle_dist: node 0 at {gate.master} runs without the job token "
+                                    "that this machine has (dist.token_file); give node 0 the same file")
+                elif "arrived" in message and len(message) == 1:
                     seen = message["arrived"]
                 else:
                     return message, seen
     except (OSError, ProtocolError):
         pass
     return None, seen
+
+
+def _answer(gate: Gate, token: bytes, mine: str, challenge: dict) -> str:
+    """This node's proof of the token, once node 0 has proven it holds it too."""
+    if not token:
+        raise UserError(f"paddle_dist: node 0 at {gate.master} admits only machines with the job's "
+                        "dist.token_file; give this machine the same file")
+    theirs = challenge.get("challenge")
+    expected = auth.proof(token, "server", job_id(gate), gate.node_rank, mine, theirs)
+    if not auth.good_nonce(theirs) or not auth.matches(expected, challenge.get("proof")):
+        raise UserError(f"paddle_dist: wrong job token: node 0 at {gate.master} did not prove this "
+                        "machine's, so their dist.token_file differ; give every machine the same file")
+    return auth.proof(token, "client", job_id(gate), gate.node_rank, theirs, mine)
+
+
+def job_id(gate: Gate) -> str:
+    """What the proofs are bound to: node 0's address and the number of machines."""
+    return f"{gate.master}/{gate.nnodes}"
 
 
 def _arrived_list(value) -> bool:

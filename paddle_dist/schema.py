@@ -122,10 +122,12 @@ class DistConfig:
     host: str = ""                 # this machine's address as the others see it; "" = the
                                    # local address of the route to the master
     hostfile: str = ""             # mpirun: OpenMPI hostfile ("HOST slots=N" lines)
+    token_file: str = ""           # multi-node: a 0600 file with the job's token, the same on every
+                                   # machine; only machines that prove it meet (docs/multinode.md)
     gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
-    hang_timeout: float = 300.0    # a rank with no progress this long (outside collectives) is hung; 0 = off
+    hang_timeout: float = 300.0    # no rank progressing this long is a hang (docs/faults.md); 0 = off
     stop_timeout: float = 60.0     # after SIGTERM, seconds the ranks get to save and stop before SIGKILL
     max_restarts: int = 0          # restart a failed job from its latest checkpoint up to N times
     nccl: NcclConfig = field(default_factory=NcclConfig)

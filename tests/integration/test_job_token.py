@@ -1,0 +1,63 @@
+"""A job token for the meeting of the machines (dist.token_file), with real processes on
+loopback: a machine holding another token is refused in one line (exit 2) while node 0
+waits on; the machine holding the job's token then joins and both train to the same
+weights. The token is in no file of the run, in no command line and in no environment."""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from .procs import check, finish, run, start
+
+JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32",
+       "-o", "train.max_steps=10", "-o", "checkpoint.every_epochs=0", "-o", "dist.nnodes=2"]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _token_file(path: Path) -> str:
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def _node(rank, port, run_dir, token_file):
+    return JOB + ["-o", f"dist.master=127.0.0.1:{port}", "-o", f"dist.node_rank={rank}",
+                  "-o", "dist.rendezvous_timeout=60", "-o", f"output.run_dir={run_dir}",
+                  "-o", f"dist.token_file={token_file}"]
+
+
+def test_only_machines_holding_the_job_token_meet(tmp_path):
+    token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
+    port, run_dir = _port(), tmp_path / "run"
+    node0, killer = start(_node(0, port, run_dir, token), limit=180)
+    for line in node0.stdout:                          # node 0 waits for the other machine
+        if "waiting for the other machines" in line:
+            break
+    intruder = run(_node(1, port, tmp_path / "intruder", other), timeout=60)
+    assert intruder.returncode == 2, intruder.stderr
+    [said] = [line for line in intruder.stderr.splitlines() if line.strip()]
+    assert "wrong job token" in said
+    assert node0.poll() is None                        # still waiting, for the right machine
+    node1 = check(run(_node(1, port, run_dir, token), timeout=120))
+    out, err = finish(node0, killer, timeout=120)
+    assert node0.returncode == 0, err
+    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
+    secret = Path(token).read_text().strip()
+    for text in [out, err, node1.stdout, node1.stderr] + [
+            p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file() and p.stat().st_size < 10 ** 7]:
+        assert secret not in text and bytes.fromhex(secret).hex().upper() not in text
+
+
+def test_a_token_file_open_to_others_is_refused_before_anything_starts(tmp_path):
+    token = _token_file(tmp_path / "job.token")
+    os.chmod(token, 0o644)
+    result = run(_node(0, _port(), tmp_path / "run", token), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"dist.token_file {token} is open to others (mode 0644); run: chmod 600 {token}" in result.stderr

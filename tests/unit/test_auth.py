@@ -1,0 +1,150 @@
+"""The job token (paddle_dist/auth.py) and the node gate's proofs of it, over real loopback
+sockets: the right token meets; another token, none, a replayed exchange, a reflected
+proof and a node 0 that cannot prove the token are all refused in one line, and node 0
+goes on waiting for the right machine."""
+
+import os
+import socket
+
+import pytest
+
+from paddle_dist import auth, launcher, nodes
+from paddle_dist.errors import UserError
+
+from .test_nodes import _listening, _Node
+
+
+def _token_file(tmp_path, name="job.token", mode=0o600, text=None):
+    path = tmp_path / name
+    path.write_text(text if text is not None else os.urandom(32).hex() + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def _gate(port, node_rank, token_file="", timeout=10.0):
+    return nodes.Gate(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file)
+
+
+# ---------------------------------------------------------------- the token file
+def test_a_token_file_is_read_only_when_it_is_its_owners_alone(tmp_path):
+    assert len(auth.read_token(_token_file(tmp_path))) == 32
+    with pytest.raises(UserError, match=r"is open to others \(mode 0644\); run: chmod 600"):
+        auth.read_token(_token_file(tmp_path, "wide.token", 0o644))
+    with pytest.raises(UserError, match="does not hold 64 hexadecimal digits"):
+        auth.read_token(_token_file(tmp_path, "short.token", text="abcd\n"))
+    with pytest.raises(UserError, match="cannot be read"):
+        auth.read_token(str(tmp_path / "missing.token"))
+
+
+def test_a_proof_is_bound_to_its_direction_job_node_and_nonces():
+    token, a, b = os.urandom(32), auth.nonce(), auth.nonce()
+    mine = auth.proof(token, "client", "m:1/2", 1, a, b)
+    assert auth.matches(mine, auth.proof(token, "client", "m:1/2", 1, a, b))
+    for other in (auth.proof(token, "server", "m:1/2", 1, a, b), auth.proof(token, "client", "m:2/2", 1, a, b),
+                  auth.proof(token, "client", "m:1/2", 2, a, b), auth.proof(token, "client", "m:1/2", 1, b, a),
+                  auth.proof(os.urandom(32), "client", "m:1/2", 1, a, b)):
+        assert not auth.matches(mine, other)
+    assert not auth.matches(mine, None) and not auth.matches(mine, mine[:-1])
+
+
+# ---------------------------------------------------------------- the gate
+def test_machines_with_the_same_token_meet(tmp_path):
+    token = _token_file(tmp_path)
+    port = launcher.free_port("127.0.0.1")
+    host, other = _Node(_gate(port, 0, token)), _Node(_gate(port, 1, token))
+    host.start()
+    other.start()
+    assert other.result() is None and host.result() is None
+
+
+@pytest.mark.parametrize("intruder", ["another", "none"])
+def test_a_machine_with_another_token_or_none_is_refused_and_node_0_waits_on(intruder, tmp_path):
+    token = _token_file(tmp_path)
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, token))
+    host.start()
+    _listening(port)
+    bad = _gate(port, 1, _token_file(tmp_path, "other.token") if intruder == "another" else "")
+    with pytest.raises(UserError) as refused:
+        nodes.meet(bad)
+    assert "\n" not in str(refused.value)
+    assert ("wrong job token" if intruder == "another" else "admits only machines with the job's "
+            "dist.token_file") in str(refused.value)
+    assert host.is_alive()                          # node 0 still waits, for the right machine
+    right = _Node(_gate(port, 1, token))
+    right.start()
+    assert right.result() is None and host.result() is None
+
+
+def test_a_machine_refuses_a_node_0_that_cannot_prove_the_token(tmp_path):
+    """Node 0 without a token cannot tell: it lets the machine in and goes on (to wait for
+    its ranks in Paddle's launcher, until dist.rendezvous_timeout); the machine refuses."""
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, "", timeout=3))
+    host.start()
+    with pytest.raises(UserError, match="runs without the job token that this machine has"):
+        nodes.meet(_gate(port, 1, _token_file(tmp_path), timeout=3))
+    host.result()
+
+
+def _exchange(port, hello):
+    """Connect to node 0, announce, and return (socket, its challenge message)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(nodes.encode(hello))
+    frames = nodes.Frames()
+    while True:
+        for message in frames.feed(sock.recv(8192)):
+            return sock, message
+
+
+def _answer_of(sock):
+    frames = nodes.Frames()
+    while True:
+        data = sock.recv(8192)
+        if not data:
+            return None
+        for message in frames.feed(data):
+            return message
+
+
+def test_a_replayed_proof_and_a_reflected_one_are_refused(tmp_path):
+    """A proof recorded from one connection does not open another (node 0's nonce is new),
+    and node 0's own proof sent back to it is refused (the direction is in the MAC)."""
+    path = _token_file(tmp_path)
+    token = auth.read_token(path)
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, path))
+    host.start()
+    _listening(port)
+    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    first, challenge = _exchange(port, hello)
+    job = nodes.job_id(_gate(port, 1))
+    recorded = auth.proof(token, "client", job, 1, challenge["challenge"], hello["nonce"])
+    first.close()                                   # a recording of a join that went no further
+    replay, _ = _exchange(port, hello)
+    replay.sendall(nodes.encode({"proof": recorded}))
+    assert _answer_of(replay) == {"error": "wrong job token: this machine's dist.token_file is not node 0's"}
+    reflect, challenge = _exchange(port, hello)
+    reflect.sendall(nodes.encode({"proof": challenge["proof"]}))
+    assert "wrong job token" in _answer_of(reflect)["error"]
+    for sock in (replay, reflect):
+        sock.close()
+    right = _Node(_gate(port, 1, path))
+    right.start()
+    assert right.result() is None and host.result() is None
+
+
+def test_the_token_is_in_no_gate_and_no_message(tmp_path):
+    path = _token_file(tmp_path)
+    hexed = auth.read_token(path).hex()
+    assert hexed not in repr(_gate(1, 0, path))
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, path))
+    host.start()
+    _listening(port)
+    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    sock, challenge = _exchange(port, hello)
+    assert hexed not in str(challenge)
+    sock.close()
+    _Node(_gate(port, 1, path)).start()
+    assert host.result() is None
