@@ -238,9 +238,13 @@ class _Host:
             sock, (address, _) = listener.accept()
         except OSError:
             return
-        if len(self.peers) >= 4 * self.gate.nnodes + 16:     # a flood: keep the ones we have
-            sock.close()
-            return
+        if len(self.peers) >= 4 * self.gate.nnodes + 16:     # a flood: make room, never for long
+            waiting = [p for p in self.peers.values() if p.node_rank is None]
+            if not waiting:
+                sock.close()
+                return
+            self._forget(min(waiting, key=lambda p: p.since))  # the oldest not admitted
+
         sock.setblocking(False)
         self.peers[sock] = _Peer(sock, address, time.monotonic())
         self.selector.register(sock, selectors.EVENT_READ)
@@ -373,7 +377,11 @@ def _listen(master: str) -> socket.socket:
     except OSError as e:
         raise UserError(f"cannot resolve dist.master host {host!r} ({e}); set dist.master to "
                         "node 0's IP address, e.g. 10.0.0.1:6170") from None
+    if address == "0.0.0.0":
+        raise UserError(f"dist.master {master} would have node 0 listen on every interface, and the "
+                        "other machines cannot reach 0.0.0.0; give node 0's own address, e.g. 10.0.0.1:6170")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # One address, the one the other machines reach, never every interface.
     # As Paddle's rendezvous server does: a connection of a previous attempt in TIME_WAIT
     # must not keep the port.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from . import env as envlib
-from . import netcheck
+from . import auth, netcheck
 from .errors import UserError
 
 ERROR, WARNING = "error", "warning"
@@ -72,8 +72,20 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
     table = netcheck.interfaces() if interfaces is None else interfaces
     problems = (gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
                 + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
-                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min))
+                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg))
     return sorted(problems, key=lambda p: p.severity != ERROR)
+
+
+def token_problems(cfg) -> List[Problem]:
+    """dist.token_file can be the job's token (auth.read_token: readable, 0600, 64 hex
+    digits), checked before the run directory or any rank exists."""
+    d = cfg.dist
+    if d.token_file:
+        try:
+            auth.read_token(d.token_file)
+        except UserError as e:
+            return [Problem(ERROR, str(e))]
+    return []
 
 
 def check(cfg, environ: Optional[Mapping[str, str]] = None,

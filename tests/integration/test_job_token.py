@@ -61,3 +61,4 @@ def test_a_token_file_open_to_others_is_refused_before_anything_starts(tmp_path)
     result = run(_node(0, _port(), tmp_path / "run", token), timeout=60)
     assert result.returncode == 2, result.stderr
     assert f"dist.token_file {token} is open to others (mode 0644); run: chmod 600 {token}" in result.stderr
+    assert not (tmp_path / "run").exists()            # refused before the run directory

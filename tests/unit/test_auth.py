@@ -148,3 +148,58 @@ def test_the_token_is_in_no_gate_and_no_message(tmp_path):
     sock.close()
     _Node(_gate(port, 1, path)).start()
     assert host.result() is None
+
+
+@pytest.mark.parametrize("with_token", [True, False])
+def test_200_connections_that_hold_do_not_keep_a_machine_out(with_token, tmp_path):
+    """A flood of connections that say nothing: node 0 makes room by dropping the oldest
+    that was not admitted, so the machine still joins well within its deadline."""
+    path = _token_file(tmp_path) if with_token else ""
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, path, timeout=20))
+    host.start()
+    _listening(port)
+    holders = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+    try:
+        assert nodes.meet(_gate(port, 1, path, timeout=4)).nodes[1].nprocs == 1
+        assert host.result() is None
+    finally:
+        for sock in holders:
+            sock.close()
+
+
+def test_random_frames_huge_lengths_and_cut_frames_leave_node_0_serving(tmp_path):
+    """10^4 random frames (random lengths and bytes), a 4 GiB length prefix and a frame cut
+    short: each connection is dropped, nothing escapes, and the right machine then joins."""
+    import random
+
+    path = _token_file(tmp_path)
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, path, timeout=60))
+    host.start()
+    _listening(port)
+    rng = random.Random(5)
+    payloads = [b"\xff\xff\xff\xff" + b"x" * 64, nodes.encode({"v": 2})[:7]]
+    payloads += [rng.randbytes(rng.randint(1, 64)) for _ in range(10 ** 4)]
+    for start in range(0, len(payloads), 100):          # 100 frames a connection
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            try:
+                sock.sendall(b"".join(payloads[start:start + 100]))
+            except OSError:                                 # dropped at the first bad frame
+                pass
+    assert host.is_alive()
+    right = _Node(_gate(port, 1, path))
+    right.start()
+    assert right.result() is None and host.result() is None
+
+
+def test_node_0_listens_on_the_masters_address_only():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, "", timeout=3))
+    host.start()
+    _listening(port)
+    with pytest.raises(ConnectionRefusedError):        # another address of this host
+        socket.create_connection(("127.0.0.2", port), timeout=2).close()
+    assert isinstance(host.result(), nodes.NodesMissing)
+    with pytest.raises(UserError, match="would have node 0 listen on every interface"):
+        nodes.meet(nodes.Gate(f"0.0.0.0:{port}", 2, 0, 1, 1.0))
