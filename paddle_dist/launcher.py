@@ -351,7 +351,11 @@ def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
         if not gate.token_file:
             print(f"paddle_dist: the machines meet unauthenticated: anyone who reaches {gate.master} "
                   "can join as a machine of this job; -o dist.token_file=PATH on every machine "
-                  "admits only those with its token (docs/multinode.md)", flush=True)
+                  "admits only those with its token (docs/security.md)", flush=True)
+        else:
+            print(f"paddle_dist: only machines proving the token of {gate.token_file} meet at {gate.master}; "
+                  "after that, Paddle's store and the gradient traffic are unauthenticated and "
+                  "unencrypted (docs/security.md)", flush=True)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
         return 0, nodes.meet(gate)
     except nodes.NodesMissing as e:
