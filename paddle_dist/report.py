@@ -355,13 +355,26 @@ def is_noise(line: str) -> bool:
             or (len(text) > 5 and text[0] == "I" and text[1:5].isdigit()))
 
 
-def tail_lines(path: str, count: int) -> List[str]:
-    """The last `count` lines of a text file that are not noise ([] when it cannot be read)."""
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
+
+
+def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
+    """The last `count` lines of a text file that are not noise ([] when it cannot be
+    read). When the first exception line among the last `reach` lines is not in them (a
+    process's threads left several tracebacks, the cause's first), it comes first.
+
+    Example:
+        tail_lines("log/workerlog.1", 6)
+        # ['SystemError: (Fatal) DataLoader process (pid 10144) exited is killed ...', ..., 'KeyError: 9']
+    """
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [line for line in lines if not is_noise(line)][-count:]
+    kept = [line for line in lines if not is_noise(line)]
+    tail = kept[-count:]
+    first = next((line for line in kept[-reach:] if EXCEPTION_LINE.match(line)), None)
+    return ([first] if first is not None and first not in tail else []) + tail
 
 
 def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:

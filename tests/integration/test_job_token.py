@@ -5,19 +5,10 @@ weights. The token is in no file of the run, in no command line and in no enviro
 
 import json
 import os
-import socket
 from pathlib import Path
 
 from .procs import check, finish, run, start
-
-JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32",
-       "-o", "train.max_steps=10", "-o", "checkpoint.every_epochs=0", "-o", "dist.nnodes=2"]
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .test_missing_node import JOB, _port
 
 
 def _token_file(path: Path) -> str:

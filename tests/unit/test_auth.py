@@ -87,6 +87,16 @@ def test_a_machine_refuses_a_node_0_that_cannot_prove_the_token(tmp_path):
     host.result()
 
 
+def _node_0_waiting(token_file):
+    """(port, node 0 waiting there with `token_file`, an announcement of node 1 to send it)."""
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0, token_file))
+    host.start()
+    _listening(port)
+    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    return port, host, hello
+
+
 def _exchange(port, hello):
     """Connect to node 0, announce, and return (socket, its challenge message)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -112,11 +122,7 @@ def test_a_replayed_proof_and_a_reflected_one_are_refused(tmp_path):
     and node 0's own proof sent back to it is refused (the direction is in the MAC)."""
     path = _token_file(tmp_path)
     token = auth.read_token(path)
-    port = launcher.free_port("127.0.0.1")
-    host = _Node(_gate(port, 0, path))
-    host.start()
-    _listening(port)
-    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    port, host, hello = _node_0_waiting(path)
     first, challenge = _exchange(port, hello)
     job = nodes.job_id(_gate(port, 1))
     recorded = auth.proof(token, "client", job, 1, challenge["challenge"], hello["nonce"])
@@ -138,11 +144,7 @@ def test_the_token_is_in_no_gate_and_no_message(tmp_path):
     path = _token_file(tmp_path)
     hexed = auth.read_token(path).hex()
     assert hexed not in repr(_gate(1, 0, path))
-    port = launcher.free_port("127.0.0.1")
-    host = _Node(_gate(port, 0, path))
-    host.start()
-    _listening(port)
-    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    port, host, hello = _node_0_waiting(path)
     sock, challenge = _exchange(port, hello)
     assert hexed not in str(challenge)
     sock.close()

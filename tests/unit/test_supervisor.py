@@ -118,3 +118,17 @@ def test_a_hangs_stack_shows_the_stuck_threads_innermost_frames():
         '  File "shm.py", line 247 in _wait', '  File "shm.py", line 190 in all_reduce'])
     trace = "Traceback (most recent call last):\n  File \"a.py\", line 1\n  x()\nRuntimeError: boom\n"
     assert report.innermost(trace, 2) == ("traceback (last lines)", ["  x()", "RuntimeError: boom"])
+
+
+def test_a_rank_logs_first_exception_comes_with_its_last_lines(tmp_path):
+    """Two threads' tracebacks: the DataLoader's error, then a KeyError from the thread that
+    read its queue; the report's lines keep the first."""
+    log = tmp_path / "workerlog.1"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "SystemError: (Fatal) DataLoader process (pid 1) exited is killed by signal: Killed.\n"
+                   + "".join(f"  frame {i}\n" for i in range(8)) + "KeyError: 9\n")
+    lines = report.tail_lines(str(log), 6)
+    assert lines[0].startswith("SystemError: (Fatal) DataLoader process") and lines[-1] == "KeyError: 9"
+    assert len(lines) == 7
+    log.write_text("a\nb\nValueError: bad\n")
+    assert report.tail_lines(str(log), 6) == ["a", "b", "ValueError: bad"]
