@@ -97,33 +97,32 @@ def _stop_one_rank(args, run_dir: Path, ranks: int, victim: int, ends_within: fl
     return proc.returncode, err, _status(run_dir)
 
 
-def _all_wait_in_an_all_reduce(cause: str, ranks) -> None:
-    """Every rank in `ranks` is listed as waiting in an all-reduce (not always the same one:
-    a rank stopped after its part of one lets some peers through to the next)."""
-    for rank in ranks:
+def _stopped_rank_named(args, run_dir: Path, ranks: int, victim: int):
+    """SIGSTOP `victim` mid-run: exit 4, the report names it, lists every other rank as
+    waiting in an all-reduce (not always the same one: a rank stopped after its part of
+    one lets some peers through to the next), and its record says hung. Returns the
+    report's root-cause line and the status records."""
+    code, err, status = _stop_one_rank(args, run_dir, ranks, victim)
+    assert code == 4, err
+    cause = next(line for line in err.splitlines() if "Root cause:" in line)
+    assert f"Root cause: rank {victim} stopped by a signal (process state T)" in cause, err
+    for rank in set(range(ranks)) - {victim}:
         assert re.search(rf"\branks? (\d+, )*{rank}(, \d+)* in all-reduce #", cause), (rank, cause)
+    assert status[victim]["state"] == "hung"
+    return cause, status
 
 
 @pytest.mark.parametrize("ranks, victim", [(2, 1), (3, 1)])
 def test_a_stopped_rank_of_train_py_is_named_with_what_the_others_wait_in(ranks, victim, tmp_path):
     args, run_dir = _train_py(tmp_path, ranks)
-    code, err, status = _stop_one_rank(args, run_dir, ranks, victim)
-    assert code == 4, err
-    cause = next(line for line in err.splitlines() if "Root cause:" in line)
-    assert f"Root cause: rank {victim} stopped by a signal (process state T)" in cause, err
-    _all_wait_in_an_all_reduce(cause, [r for r in range(ranks) if r != victim])
-    assert status[victim]["state"] == "hung" and status[victim]["message"] in cause
+    cause, status = _stopped_rank_named(args, run_dir, ranks, victim)
+    assert status[victim]["message"] in cause
 
 
 @pytest.mark.parametrize("ranks, victim", [(2, 1), (3, 2)])
 def test_a_stopped_rank_of_a_users_fit_script_is_named(ranks, victim, tmp_path):
     args, runs = _own_script(tmp_path, ranks)
-    code, err, status = _stop_one_rank(args, runs, ranks, victim)
-    assert code == 4, err
-    cause = next(line for line in err.splitlines() if "Root cause:" in line)
-    assert f"Root cause: rank {victim} stopped by a signal (process state T)" in cause
-    _all_wait_in_an_all_reduce(cause, [r for r in range(ranks) if r != victim])
-    assert status[victim]["state"] == "hung"
+    _stopped_rank_named(args, runs, ranks, victim)
 
 
 @pytest.mark.compat           # the training code's own paddle.distributed calls are marked
