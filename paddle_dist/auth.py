@@ -6,7 +6,8 @@ of the node gate (nodes.py) proves it holds the token with an HMAC-SHA256 of fre
 from both sides, bound to the job, the node and a direction label, so that a proof cannot
 be replayed on another connection nor reflected back to its sender.
 
-This module imports nothing but the standard library.
+This module imports nothing but the standard library, so that a rank's admission
+(rankgate.py, run as a plain script before the rank's own program) starts in milliseconds.
 
 Example:
     token = read_token("/etc/paddle_dist/job.token")
@@ -22,7 +23,10 @@ import os
 import secrets
 import stat
 
-from .errors import UserError
+try:
+    from .errors import UserError
+except ImportError:            # imported by rankgate.py run as a script: paddle_dist/ is on sys.path
+    from errors import UserError
 
 TOKEN_BYTES = 32
 NONCE_BYTES = 32

@@ -43,6 +43,9 @@ LAUNCH_CONFIG, LAUNCH_OVERRIDES = "PADDLE_DIST_CONFIG", "PADDLE_DIST_OVERRIDES"
 # the run directory it chose, so that the launcher can read the ranks' status records and
 # name the command that continues the run (run_pointer()).
 RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
+# A rank that paddle_dist's launcher admitted (rankgate.py): the job, and the path of the
+# file holding its token (never the token), for the rank's attestation (attest.py).
+JOB, TOKEN_FILE = "PADDLE_DIST_JOB", "PADDLE_DIST_TOKEN_FILE"
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -66,6 +69,8 @@ class DistEnv:
     device: str = CPU              # "cpu" or "gpu:<index among the visible GPUs>"
     backend: str = "none"          # none (one process) | gloo | nccl
     supervised: bool = False       # started by paddle_dist's launcher, which reports failures
+    job: str = ""                  # the job this rank was admitted to ("" when no gate admitted it)
+    token_file: str = ""           # the file with that job's token
 
     @property
     def is_main(self) -> bool:
@@ -105,7 +110,8 @@ def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = 
                            local_world_size=ranks.get("local_world_size", 1))
     world = ranks.get("world_size", 1)
     return DistEnv(launcher=cluster.name, device=device, supervised=environ.get(SUPERVISED) == "1",
-                   backend=select_backend(backend, device, world), **ranks)
+                   backend=select_backend(backend, device, world), job=environ.get(JOB, ""),
+                   token_file=environ.get(TOKEN_FILE, ""), **ranks)
 
 
 def probe_gpus() -> GpuInfo:

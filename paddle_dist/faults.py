@@ -54,6 +54,7 @@ EXIT_USAGE = 2           # bad input
 EXIT_RENDEZVOUS = 3      # peers never arrived
 EXIT_HANG = 4            # a rank made no progress for dist.hang_timeout seconds
 EXIT_PEER = 5            # this rank stopped because another one failed
+EXIT_SECURITY = 6        # something without the job's token took part in its store (attest.py)
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 

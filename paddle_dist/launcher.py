@@ -4,7 +4,8 @@ Modes:
 - `none`: run in this process: one rank, or processes already started outside
   (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
 - `launch`: on one machine, paddle_dist starts `python script args` N times itself, with
-  the variables `paddle.distributed.launch` would give each rank (`rank_variables`); across
+  the variables `paddle.distributed.launch` would give each rank (`rank_variables`), each
+  first admitted by the job's gate (rankgate.py), which tells it where the store is; across
   machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
   args` on each, whose HTTP rendezvous finds the other machines' ranks, after the machines
   met at paddle_dist's own rendezvous (nodes.py), which has a deadline where Paddle's has none;
@@ -23,8 +24,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import tempfile
 import socket
 import sys
 import warnings
@@ -32,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import auth, faults, nodes, rankgate, supervisor
 from . import env as envlib
-from . import faults, nodes, supervisor
 from .errors import DeviceError, UserError
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
@@ -63,6 +67,7 @@ class LaunchPlan:
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
     gate: Optional[nodes.Gate] = None   # multi-node launch: where the machines meet first
+    token_file: str = ""                # direct: dist.token_file ("": a token made for the job)
 
 
 def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
@@ -117,8 +122,9 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
-    if direct:
-        argv = (sys.executable, *python_args(script, module), *script_args)
+    if direct:     # each rank passes the job's gate first, then becomes the program (exec)
+        argv = (sys.executable, "-S", rankgate.SCRIPT,
+                sys.executable, *python_args(script, module), *script_args)
     elif mode == "launch":
         argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg), module)
     elif mode == "mpirun":
@@ -128,7 +134,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
-                      direct=direct, selected=selected,
+                      direct=direct, selected=selected, token_file=cfg.dist.token_file if direct else "",
                       start_method=start_method(cfg.dist.start_method, gpus),
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
@@ -186,27 +192,27 @@ def start_method(chosen: str, gpus: Sequence[str]) -> str:
     return "spawn" if gpus else "fork"
 
 
-def rank_variables(nprocs: int, selected: Sequence[str], port: int,
+def rank_variables(nprocs: int, selected: Sequence[str], port: Optional[int] = None,
                    host: str = "127.0.0.1") -> List[Dict[str, str]]:
     """Each rank's variables as Paddle 3.3's launcher sets them on one machine
-    (distributed/launch/controllers/collective.py): rank 0 serves the TCP store at
-    host:port. The trainer endpoints are labels that nothing binds on this path (see
-    env.paddle_variables). `selected`: FLAGS_selected_gpus per rank, empty on CPU.
+    (distributed/launch/controllers/collective.py), but for where rank 0 serves the TCP
+    store: the job's gate tells each rank once it is admitted (rankgate.store_variables),
+    unless `port` is given. `selected`: FLAGS_selected_gpus per rank, empty on CPU.
 
     Example:
-        rank_variables(2, (), 6170)[1]["PADDLE_TRAINER_ID"]   # '1'
+        rank_variables(2, ())[1]["PADDLE_TRAINER_ID"]   # '1'
     """
-    endpoints = [f"{host}:{(port + 1 + r) % 65535 + 1}" for r in range(nprocs)]
     out = []
     for rank in range(nprocs):
         variables = {
-            "PADDLE_MASTER": f"{host}:{port}", "PADDLE_GLOBAL_SIZE": str(nprocs),
+            "PADDLE_GLOBAL_SIZE": str(nprocs),
             "PADDLE_LOCAL_SIZE": str(nprocs), "PADDLE_GLOBAL_RANK": str(rank),
             "PADDLE_LOCAL_RANK": str(rank), "PADDLE_NNODES": "1",
-            "PADDLE_CURRENT_ENDPOINT": endpoints[rank], "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_TRAINER_ID": str(rank),
             "PADDLE_TRAINERS_NUM": str(nprocs), "PADDLE_RANK_IN_NODE": str(rank),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
         }
+        if port is not None:
+            variables.update(rankgate.store_variables(rank, nprocs, host, port))
         if selected:
             variables["FLAGS_selected_gpus"] = selected[rank]
         else:
@@ -304,10 +310,12 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     machines of a multi-node launch learnt when they met, if they have met already
     (meeting()); the report names the ranks' hosts from it."""
     if p.direct:
-        return supervisor.supervise_ranks(list(p.argv), envlib.child_environ(p.env),
-                                          rank_variables(p.nprocs, p.selected, free_port()),
-                                          run_dir, p.stop_timeout, Path(p.log_dir or "log"),
-                                          script=script)
+        with job_token(p.token_file) as token_file, \
+                rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
+            child_env = envlib.child_environ(dict(p.env, **gate.variables(token_file)))
+            return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
+                                              run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                              script=script)
     if p.mode in ("launch", "mpirun"):
         if p.gate is not None and met is None:
             code, met = meeting(p.gate)
@@ -319,6 +327,24 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     if p.mode == "spawn":
         return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
+
+
+@contextlib.contextmanager
+def job_token(given: str = ""):
+    """The path of the job's token file: `given` (dist.token_file), else a token made for
+    this job alone in a file only its owner can read, in memory (/dev/shm) where there is
+    one, removed when the job ends."""
+    if given:
+        yield given
+        return
+    folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix=f"paddle_dist-token-{os.getpid()}-", dir=folder)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(auth.nonce() + "\n")        # 32 random bytes as hex: a token
+        yield path
+    finally:
+        os.unlink(path)
 
 
 class _StopRequested(Exception):

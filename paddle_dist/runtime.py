@@ -24,7 +24,7 @@ import paddle.distributed as dist
 
 from . import compat
 from . import env as envlib
-from . import faults, netcheck, rundir, supervisor
+from . import attest, auth, faults, netcheck, rundir, supervisor
 from .comm import PeerFailure, first_line
 from .errors import UserError
 
@@ -57,6 +57,7 @@ def setup(cfg) -> envlib.DistEnv:
                 if env.global_rank != 0:
                     wait_for_store(*envlib.store_endpoint())
                 dist.init_parallel_env()
+            _attest(env, cfg)
         _ENV = env
     seed_everything(cfg.train.seed)
     return _ENV
@@ -77,6 +78,23 @@ def wait_for_store(host: str, port: int) -> None:
                 return
         except OSError:
             time.sleep(0.01)
+
+
+def _attest(env, cfg) -> None:
+    """With a job token (the launcher's, or dist.token_file), check that Paddle's store
+    holds this job's ranks alone (attest.py), within dist.hang_timeout: a store that
+    stops answering ends the rank with a line that says so."""
+    token_file = env.token_file or cfg.dist.token_file
+    if not token_file:
+        return
+    where = "{}:{}".format(*envlib.store_endpoint())
+    limit = cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout
+    silent = (f"rank {env.global_rank}: Paddle's store at {where} did not answer within {limit:g} s "
+              "after the process group started; something holds it (a connection from outside the "
+              "job, or rank 0 stopped): see docs/security.md")
+    with faults.deadline(limit, silent, _status_file(env, cfg), env.global_rank):
+        attest.check(attest.default_store(), auth.read_token(token_file), env.job or env.master,
+                     env.global_rank, env.world_size, where)
 
 
 def _check_network(env, cfg) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from paddle_dist import launcher
+from paddle_dist import launcher, rankgate
 from paddle_dist.config import load
 from paddle_dist.env import DistEnv, GpuInfo
 from paddle_dist.errors import ConfigError, DeviceError
@@ -41,7 +41,7 @@ def test_one_process_runs_here():
 def test_two_processes_on_one_machine_are_started_directly():
     p = make_plan(["dist.nprocs=2"])
     assert (p.mode, p.nprocs, p.gpus, p.direct) == ("launch", 2, (), True)
-    assert p.argv == (sys.executable, "train.py", "-o", "train.epochs=1")   # once per rank
+    assert p.argv == GATED + (sys.executable, "train.py", "-o", "train.epochs=1")   # once per rank
     assert p.selected == ()                    # CPU: no devices to pin
     assert p.log_dir == ""
 
@@ -54,6 +54,10 @@ def test_several_machines_use_paddle_distributed_launch_exactly():
     assert p.argv == LAUNCH_PREFIX + ("2", "--log_level", "ERROR", "--master", "10.0.0.1:6170",
                                       "--nnodes", "2", "--rank", "1", "--host", "10.0.0.2",
                                       "--log_dir", "logs", "job.py", "--flag", "x")
+
+
+# A rank started on one machine passes the job's gate (rankgate.py) before it becomes its program.
+GATED = (sys.executable, "-S", rankgate.SCRIPT)
 
 
 def test_rank_variables_are_what_paddles_launcher_sets():
@@ -242,6 +246,10 @@ def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch
     [(argv, child_env, ranks, run_dir, stop, log_dir)] = calls
     assert argv == list(p.argv) and run_dir == tmp_path and stop == 7 and log_dir == tmp_path
     assert [r["PADDLE_TRAINER_ID"] for r in ranks] == ["0", "1"]
+    assert not any("PADDLE_MASTER" in r for r in ranks)     # the gate tells the admitted ranks
+    assert child_env["PADDLE_DIST_GATE"].startswith("127.0.0.1:")
+    token_file = child_env["PADDLE_DIST_TOKEN_FILE"]        # made for the job, gone after it
+    assert not os.path.exists(token_file) and "PADDLE_DIST_TOKEN" not in child_env
     assert child_env["PADDLE_DIST_TEST_PARENT"] == "kept"   # the parent's environment...
     assert child_env["NCCL_DEBUG"] == "INFO"                # ...plus the plan's variables
     assert child_env["OMP_NUM_THREADS"] == "4"
@@ -322,7 +330,7 @@ MODULE = ("-m", "paddle_dist.train")
 
 def test_a_module_job_starts_its_ranks_as_the_module():
     p = make_plan(["dist.nprocs=2"], script="", module="paddle_dist.train")
-    assert p.direct and p.argv == (sys.executable, *MODULE, "-o", "train.epochs=1")
+    assert p.direct and p.argv == GATED + (sys.executable, *MODULE, "-o", "train.epochs=1")
 
 
 def test_a_module_job_across_machines_has_paddles_launcher_run_the_interpreter():

@@ -1,0 +1,130 @@
+"""After Paddle's process group starts: check that its store holds this job's ranks and
+nothing else, since Paddle's TCP store authenticates nobody.
+
+Paddle's store (in rank 0, on every interface of its machine) counts the clients that
+joined it under the key `init/`. Anyone who reaches the port can add to that count, or
+write keys the ranks then read. When the job has a token (one made for every one-machine
+job by paddle_dist's launcher, or `dist.token_file`), each rank, right after
+`init_parallel_env()`:
+- claims its place: the first to add 1 to `paddle_dist/claim/<rank>` (a second claim, or
+  a value written there before, is a breach);
+- writes its attestation: an HMAC of the token over the job, its rank, host and pid and a
+  nonce rank 0 made for this start (auth.proof), so that nothing recorded elsewhere
+  passes;
+- and rank 0 checks every attestation and that the store counted exactly the world size
+  of joins, naming any other connection to the store it can see, then tells every rank
+  its verdict. A breach ends every rank with SecurityError (exit 6) and one line.
+
+What it cannot see: whatever an outsider does after the check, and writes to Paddle's own
+keys that change nothing it reads. docs/security.md says what stays exposed.
+
+Example:
+    check(store, token, job="3f2a...", rank=1, world=2, where="127.0.0.1:40123")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Dict, Tuple
+
+from . import auth, procfs
+from .faults import EXIT_SECURITY, _Ending
+
+JOINS = "init/"            # where Paddle's TCPStore counts its clients (waitWorkers, 2.6 to 3.3)
+PREFIX = "paddle_dist/"
+OK = "ok"
+MAX_RECORD = 1024
+
+
+class SecurityError(_Ending):
+    """Something that does not hold the job's token took part in its store (exit 6). Its
+    message is the one line every rank prints."""
+
+    CODE = EXIT_SECURITY
+
+
+def default_store():
+    """The store of Paddle's default process group (after init_parallel_env)."""
+    from paddle.distributed import collective
+
+    return collective._default_store
+
+
+def check(store, token: bytes, job: str, rank: int, world: int, where: str) -> None:
+    """Attest this rank in `store` (Paddle's store, served at `where`); rank 0 judges all.
+    Returns when the job's store holds its ranks alone; raises SecurityError otherwise."""
+    if store.add(f"{PREFIX}claim/{rank}", 1) != 1:
+        verdict = (f"rank {rank}'s place in Paddle's store at {where} was claimed before it came: "
+                   "something outside the job wrote there")
+        store.set(f"{PREFIX}attest/{rank}", json.dumps({"breach": verdict}).encode())   # rank 0 waits on it
+        _breach(verdict)
+    if rank == 0:
+        store.set(f"{PREFIX}nonce", auth.nonce().encode())
+    nonce = _text(store.get(f"{PREFIX}nonce"))
+    mine = {"host": socket.gethostname()[:64], "pid": os.getpid()}
+    mine["proof"] = auth.proof(token, "attest", job, rank, nonce, _who(mine))
+    store.set(f"{PREFIX}attest/{rank}", json.dumps(mine).encode())
+    if rank == 0:
+        verdict = judge(store, token, job, world, nonce, where) or OK
+        store.set(f"{PREFIX}verdict", verdict.encode())
+    else:
+        verdict = _text(store.get(f"{PREFIX}verdict"))
+    if verdict != OK:
+        _breach(verdict[:MAX_RECORD])
+
+
+def judge(store, token: bytes, job: str, world: int, nonce: str, where: str) -> str:
+    """Rank 0's verdict: "" when every rank's attestation proves the token and the store
+    counted `world` joins, else the one line that says what is wrong."""
+    ours: Dict[int, Tuple[str, int]] = {}
+    for rank in range(world):
+        record = _record(_text(store.get(f"{PREFIX}attest/{rank}")))
+        if isinstance(record.get("breach"), str):      # that rank found one: say it (any writer means a breach)
+            return record["breach"]
+        expected = auth.proof(token, "attest", job, rank, nonce, _who(record))
+        if not auth.matches(expected, record.get("proof")):
+            return (f"rank {rank}'s attestation in Paddle's store at {where} does not prove the job's "
+                    "token: something outside the job wrote it")
+        ours[rank] = (str(record.get("host")), record.get("pid"))
+    joins = store.add(JOINS, 0)
+    if joins != world:
+        return (f"Paddle's store at {where} counted {joins} joins for {world} ranks: something outside "
+                f"the job joined it{_strangers(where, ours)}")
+    return ""
+
+
+def _strangers(where: str, ours: Dict[int, Tuple[str, int]]) -> str:
+    """", connected from ..." naming the store's connections that belong to no rank of the
+    job, as far as this machine can tell."""
+    port = int(where.rpartition(":")[2])
+    here = socket.gethostname()[:64]
+    pids = {pid for host, pid in ours.values() if host == here}
+    # A peer on another machine cannot be told from a rank there: only this machine's are named.
+    others = [f"{ip}:{number}" + (f" (pid {pid}: {' '.join(procfs.cmdline(pid))[:80]})" if pid else "")
+              for ip, number, pid in procfs.peers_of(port)
+              if (pid and pid not in pids) or (not pid and ip.startswith(("127.", "::1")))]
+    return f", connected from {', '.join(others[:4])}" if others else ""
+
+
+def _breach(line: str) -> None:
+    print(f"paddle_dist: security: {line}; the job was stopped (docs/security.md)", file=sys.stderr, flush=True)
+    raise SecurityError(line)
+
+
+def _who(record: dict) -> str:
+    return f"{record.get('host')}/{record.get('pid')}"
+
+
+def _text(value) -> str:
+    return bytes(value)[:MAX_RECORD].decode("utf-8", errors="replace")
+
+
+def _record(text: str) -> dict:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
