@@ -116,6 +116,10 @@ class Gate:
         return self
 
     def __exit__(self, *exc) -> None:
+        try:        # wakes the thread blocked in accept(): close() alone would leave it listening
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         with self._lock:
             for sock in self._pending:
