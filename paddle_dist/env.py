@@ -35,6 +35,7 @@ from .clusters import CLUSTER_ENVIRONMENTS, EXTERNAL_ENGINES
 from .errors import DeviceError, UserError
 
 CPU = "cpu"
+LOOPBACK = "lo"            # Linux's loopback interface
 SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's launcher starts
 # `python -m paddle_dist.launch -c CONFIG -o KEY=VALUE ... script.py`: for the script's
 # paddle_dist.load_config() and fit() (launch_options()).
@@ -276,6 +277,24 @@ def worker_variables(nccl, nprocs: int, cpu_count: Optional[int] = None,
     if not user_set:
         cores = cpu_count or os.cpu_count() or 1
         out["OMP_NUM_THREADS"] = str(max(1, cores // max(nprocs, 1)))
+    return out
+
+
+def loopback_variables(nccl, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """For a job on one machine: gloo's and NCCL's sockets on the loopback interface, so
+    that no rank listens for gradient traffic on an address other machines reach (by
+    default gloo takes the address of the host name, NCCL the first interface that is not
+    loopback). What the user chose (the variables, or dist.nccl.socket_ifname) is kept.
+
+    Example:
+        loopback_variables(cfg.dist.nccl, {})   # {'GLOO_SOCKET_IFNAME': 'lo', 'NCCL_SOCKET_IFNAME': 'lo'}
+    """
+    environ = os.environ if environ is None else environ
+    out = {}
+    if "GLOO_SOCKET_IFNAME" not in environ:
+        out["GLOO_SOCKET_IFNAME"] = LOOPBACK
+    if "NCCL_SOCKET_IFNAME" not in environ and not nccl.socket_ifname:
+        out["NCCL_SOCKET_IFNAME"] = LOOPBACK
     return out
 
 

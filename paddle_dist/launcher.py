@@ -123,6 +123,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct:     # each rank passes the job's gate first, then becomes the program (exec)
+        variables.update(envlib.loopback_variables(cfg.dist.nccl, environ))
         argv = (sys.executable, "-S", rankgate.SCRIPT,
                 sys.executable, *python_args(script, module), *script_args)
     elif mode == "launch":

@@ -99,12 +99,13 @@ def _attest(env, cfg) -> None:
 
 def _check_network(env, cfg) -> None:
     """For a master on another machine: fail now, clearly, if the configured interface is
-    wrong or the master unreachable; and make gloo use the interface that reaches it."""
+    wrong or the master unreachable; and make gloo and NCCL use the interface that reaches
+    it (dist.nccl.socket_ifname, exported already, wins for NCCL)."""
     host = env.master.rpartition(":")[0]
     if not env.is_distributed or not host or host == "localhost" or host.startswith("127."):
         return
     interface = netcheck.check(env.master, cfg.dist.nccl.socket_ifname)
-    envlib.export({"GLOO_SOCKET_IFNAME": interface}, keep_existing=True)
+    envlib.export({"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}, keep_existing=True)
 
 
 def _lost(env, cfg) -> str:

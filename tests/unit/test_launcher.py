@@ -46,6 +46,15 @@ def test_two_processes_on_one_machine_are_started_directly():
     assert p.log_dir == ""
 
 
+def test_one_machine_keeps_gloo_and_nccl_on_loopback_unless_the_user_chose():
+    p = make_plan(["dist.nprocs=2"])
+    assert p.env["GLOO_SOCKET_IFNAME"] == p.env["NCCL_SOCKET_IFNAME"] == "lo"
+    chosen = make_plan(["dist.nprocs=2", "dist.nccl.socket_ifname=eth0"], environ={"GLOO_SOCKET_IFNAME": "eth1"})
+    assert "GLOO_SOCKET_IFNAME" not in chosen.env and chosen.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    across = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170"])
+    assert "GLOO_SOCKET_IFNAME" not in across.env     # the rank picks the interface reaching the master
+
+
 def test_several_machines_use_paddle_distributed_launch_exactly():
     p = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170",
                    "dist.host=10.0.0.2", "dist.node_rank=1"], script="job.py",
