@@ -19,7 +19,7 @@ import shlex
 
 from . import config as configlib
 from . import env as envlib
-from . import amp, cifar, clusters, compat, faults, idx, launcher, netcheck, preflight, rundir, supervisor
+from . import amp, cifar, clusters, compat, exposure, faults, idx, launcher, netcheck, preflight, rundir, supervisor
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -145,6 +145,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
                                                           if world != p.nprocs else "")
     where = f"; outputs in {run_dir}" if run_dir else ""
     print(f"paddle_dist: starting {ranks} with {p.mode}{where}", flush=True)
+    print(exposure.start_line(cfg), flush=True)
     if node is None:      # under srun, Slurm starts the other machines' tasks itself
         _tell_other_nodes(cfg, script, script_args, module)
     code = 0
@@ -316,6 +317,7 @@ def _launch_script(args) -> int:
     devices = f"GPUs {','.join(p.gpus)}" if p.gpus else "CPU"
     print(f"paddle_dist: starting {ranks} of {args.script} on {devices}; logs in {args.log_dir}/",
           flush=True)
+    print(exposure.start_line(cfg), flush=True)
     started = time.monotonic()
     code = launcher.launch(p, script=supervisor.UserScript(tuple(rundir.own_command()), pointer))
     if code == 0:

@@ -4,7 +4,8 @@ command line.
 `report()` collects versions (Paddle's build, whether paddle_dist supports it, and whether
 the CUDA libraries a GPU build opens load here: buildinfo.py), CPU, memory, GPUs, the
 variables that steer Paddle, NCCL and gloo, network interfaces, /dev/shm and proxies
-(passwords masked); `--check` adds the pre-flight of a job's config (preflight.py).
+(passwords masked), and what a job exposes on the network (exposure.py); `--check` adds
+the pre-flight of a job's config (preflight.py) and describes that job's exposure.
 
 Every function takes the environment as a mapping (from `env.host_facts()`), so tests pass
 their own.
@@ -30,7 +31,7 @@ from pathlib import Path
 from importlib import metadata
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from . import buildinfo, compat, netcheck
+from . import buildinfo, compat, exposure, netcheck
 from . import env as envlib
 from .errors import UserError
 from .preflight import ERROR, SHM_PATH, Problem, StatVfs, _bytes, preflight, shm_facts
@@ -288,6 +289,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     environ, gpu_info, cores = envlib.host_facts()
     environ = shell_environ(environ)
     data = report(environ, gpu_info, cores)
+    data["exposure"] = dict(exposure.rows(cfg or configlib.load(None, [])))   # of the job checked, else the demo's
     problems = preflight(cfg, environ, gpu_info) if cfg is not None else []
     _print(data, problems, args.json, args.check)
     return 1 if any(p.severity == ERROR for p in problems) else 0

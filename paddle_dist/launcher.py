@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -67,7 +68,7 @@ class LaunchPlan:
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
     gate: Optional[nodes.Gate] = None   # multi-node launch: where the machines meet first
-    token_file: str = ""                # direct: dist.token_file ("": a token made for the job)
+    token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
 
 
 def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
@@ -122,8 +123,9 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
-    if direct:     # each rank passes the job's gate first, then becomes the program (exec)
+    if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
         variables.update(envlib.loopback_variables(cfg.dist.nccl, environ))
+    if direct:     # each rank passes the job's gate first, then becomes the program (exec)
         argv = (sys.executable, "-S", rankgate.SCRIPT,
                 sys.executable, *python_args(script, module), *script_args)
     elif mode == "launch":
@@ -135,7 +137,8 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
-                      direct=direct, selected=selected, token_file=cfg.dist.token_file if direct else "",
+                      direct=direct, selected=selected,
+                      token_file=cfg.dist.token_file if direct or mode == "spawn" else "",
                       start_method=start_method(cfg.dist.start_method, gpus),
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
@@ -325,8 +328,11 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
         return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
                                            p.stop_timeout, Path(p.log_dir or "log"),
                                            start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
-    if p.mode == "spawn":
-        return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
+    if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
+        with job_token(p.token_file) as token_file:
+            job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce()}
+            p = dataclasses.replace(p, env=dict(p.env, **job))
+            return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
 
 
@@ -375,14 +381,6 @@ def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
     try:
         for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
             old[sig] = signal.signal(sig, _raise_stop)
-        if not gate.token_file:
-            print(f"paddle_dist: the machines meet unauthenticated: anyone who reaches {gate.master} "
-                  "can join as a machine of this job; -o dist.token_file=PATH on every machine "
-                  "admits only those with its token (docs/security.md)", flush=True)
-        else:
-            print(f"paddle_dist: only machines proving the token of {gate.token_file} meet at {gate.master}; "
-                  "after that, Paddle's store and the gradient traffic are unauthenticated and "
-                  "unencrypted (docs/security.md)", flush=True)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
         return 0, nodes.meet(gate)
     except nodes.NodesMissing as e:

@@ -3,6 +3,7 @@ started each way paddle_dist supports, interleaved, `--runs` times each.
 
 Usage:
     python tools/bench_startup.py [--runs 10] [--nprocs 2] [--json out.json]
+                                  [--baseline CHECKOUT]
 
 The job is configs/synthetic_lenet.yaml for one step (no checkpoint): the time includes
 starting Python, `import paddle` in every rank, the process group, building the model and
@@ -13,6 +14,9 @@ Ways:
 - paddle_dist: `python train.py -o dist.nprocs=N` (ranks started by paddle_dist itself)
 - paddle_dist_spawn: `python tools/spawn_train.py --nprocs N` (paddle.distributed.spawn)
 - paddle_launch: `python -m paddle.distributed.launch --nproc_per_node N train.py`
+- paddle_dist_baseline (with --baseline CHECKOUT): the paddle_dist way, run from another
+  checkout of the project (`git worktree add /tmp/base <commit>`), whose train.py imports
+  its own paddle_dist: what a change costs, measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "bench_startup"
+BASELINE = "paddle_dist_baseline"
 JOB = ["-c", "configs/synthetic_lenet.yaml", "-o", "train.max_steps=1",
        "-o", "checkpoint.every_epochs=0", "-o", "train.epochs=1"]
 
@@ -44,10 +49,10 @@ def commands(nprocs: int, run_dir: Path) -> Dict[str, List[str]]:
     }
 
 
-def once(cmd: List[str], run_dir: Path, timeout: float) -> float:
-    """Seconds from starting `cmd` to the end of rank 0's first step."""
+def once(cmd: List[str], run_dir: Path, timeout: float, cwd: Path = ROOT) -> float:
+    """Seconds from starting `cmd` (in `cwd`) to the end of rank 0's first step."""
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
     metrics = run_dir / "metrics.json"
     if proc.returncode != 0 or not metrics.is_file():
@@ -56,13 +61,17 @@ def once(cmd: List[str], run_dir: Path, timeout: float) -> float:
     return json.loads(metrics.read_text())["first_step_at"] - start
 
 
-def measure(runs: int, nprocs: int, ways: Sequence[str], timeout: float) -> Dict[str, List[float]]:
+def measure(runs: int, nprocs: int, ways: Sequence[str], timeout: float,
+            baseline: Optional[Path] = None) -> Dict[str, List[float]]:
     found: Dict[str, List[float]] = {way: [] for way in ways}
     with tempfile.TemporaryDirectory(prefix="bench_startup-") as tmp:
         for i in range(runs):
             for way in ways:
                 run_dir = Path(tmp) / f"{way}-{i}"
-                seconds = once(commands(nprocs, run_dir)[way], run_dir, timeout)
+                if way == BASELINE:
+                    seconds = once(commands(nprocs, run_dir)["paddle_dist"], run_dir, timeout, baseline)
+                else:
+                    seconds = once(commands(nprocs, run_dir)[way], run_dir, timeout)
                 found[way].append(seconds)
                 print(f"run {i + 1}/{runs}  {way:<18} {seconds:6.2f} s", flush=True)
     return found
@@ -83,13 +92,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--ways", default="paddle_dist,paddle_dist_spawn,paddle_launch")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--baseline", metavar="CHECKOUT", type=Path,
+                   help=f"also run the paddle_dist way from this checkout ({BASELINE})")
     args = p.parse_args(argv)
     ways = [w for w in args.ways.split(",") if w]
-    unknown = set(ways) - set(commands(1, Path(".")))
+    if args.baseline:
+        if not (args.baseline / "train.py").is_file():
+            p.error(f"--baseline {args.baseline} has no train.py: give a checkout of this project")
+        ways.append(BASELINE)
+    unknown = set(ways) - set(commands(1, Path("."))) - {BASELINE}
     if unknown or args.runs < 1 or args.nprocs < 1:
         p.error(f"need --runs >= 1, --nprocs >= 1 and known --ways (unknown: {sorted(unknown)})")
     try:
-        found = measure(args.runs, args.nprocs, ways, args.timeout)
+        found = measure(args.runs, args.nprocs, ways, args.timeout, args.baseline)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

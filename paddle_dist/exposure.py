@@ -1,0 +1,70 @@
+"""What a job opens to the network, and what guards it: the one line a job prints at its
+start and the `exposure` section of `python -m paddle_dist.doctor`.
+
+Paddle's own servers (its TCP store, its multi-node launcher's key-value server) listen on
+every interface and authenticate nobody, and gloo and NCCL neither authenticate nor
+encrypt: Paddle offers no option for any of that. What paddle_dist adds is in front of
+them (the gates: rankgate.py, nodes.py) and after them (the ranks' attestation in the
+store: attest.py). docs/security.md says the same at length.
+
+Example:
+    for part in listeners(cfg):
+        print(part.what, part.where, part.guard)
+    start_line(cfg, gate="127.0.0.1:40123")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+
+@dataclass(frozen=True)
+class Listener:
+    what: str
+    where: str
+    guard: str
+
+
+OPEN = "unauthenticated"
+WIRE = "gloo/NCCL"
+WIRE_GUARD = "unauthenticated, unencrypted"
+
+
+def listeners(cfg, gate: str = "") -> List[Listener]:
+    """What the job of `cfg` listens on, in the order the job opens them. `gate`: the
+    one-machine gate's address, once it is known."""
+    d = cfg.dist
+    token = f"token of {d.token_file}" if d.token_file else ""
+    tls = " + mutual TLS" if getattr(d, "tls_cert", "") else ""
+    one_machine = d.nnodes == 1 and d.launcher in ("launch", "spawn")   # a token is made for the job
+    store = Listener("Paddle's store", "on every interface of rank 0's machine",
+                     f"{OPEN}; paddle_dist's ranks attest in it" if token or one_machine
+                     else f"{OPEN}; -o dist.token_file=PATH has paddle_dist's ranks attest in it")
+    if d.nnodes > 1 and d.launcher == "launch":
+        port = d.master.rpartition(":")[2]
+        return [Listener("meeting", f"at {d.master}", f"{token}{tls}" if token else f"{OPEN}; -o dist.token_file=PATH"),
+                Listener("Paddle's key-value server", f"on every interface of node 0, port {port}", OPEN),
+                store, Listener(WIRE, "on the interface that reaches dist.master", WIRE_GUARD)]
+    if d.launcher == "launch":
+        return [Listener("gate", f"at {gate or '127.0.0.1, a port per job'}", token or "a token made for the job"),
+                store, Listener(WIRE, "on loopback", WIRE_GUARD)]
+    if d.launcher == "spawn":
+        return [store, Listener(WIRE, "on loopback", WIRE_GUARD)]
+    return [store, Listener(WIRE, "on the interface that reaches the master", WIRE_GUARD)]
+
+
+def start_line(cfg, gate: str = "") -> str:
+    """The line a job prints at its start: every listener, where, and its guard.
+
+    Example:
+        start_line(cfg, "127.0.0.1:40123")
+        # 'paddle_dist: exposure: gate 127.0.0.1:40123 (a token made for the job); Paddle's store ...'
+    """
+    parts = "; ".join(f"{p.what} {p.where} ({p.guard})" for p in listeners(cfg, gate))
+    return f"paddle_dist: exposure: {parts}; docs/security.md"
+
+
+def rows(cfg) -> List[tuple]:
+    """(what, where; guard) rows for doctor's report."""
+    return [(p.what, f"{p.where}; {p.guard}") for p in listeners(cfg)]
