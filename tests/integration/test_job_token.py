@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from .procs import check, finish, run, start
+from .netns import two_hosts  # noqa: F401  (fixture)
+from .procs import PY, check, finish, run, start
 from .test_missing_node import JOB, _port
 
 
@@ -53,3 +54,40 @@ def test_a_token_file_open_to_others_is_refused_before_anything_starts(tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"dist.token_file {token} is open to others (mode 0644); run: chmod 600 {token}" in result.stderr
     assert not (tmp_path / "run").exists()            # refused before the run directory
+
+
+def test_two_hosts_a_second_job_and_a_stranger_on_host_b_are_refused_and_the_job_goes_on(two_hosts, tmp_path):
+    """A 2-host job with dist.token_file, in two network namespaces. While node 0 (host a)
+    waits: a second job's node 0 at the same master cannot listen there, and a second
+    job's node 1 on host b, holding another token, is refused by this job's node 0; each
+    gets one line and exit 2. Then this job's node 1 joins and both ranks attest in
+    Paddle's store with the token and train to the same weights."""
+    token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
+    master, run_dir = f"{two_hosts.ip_a}:6177", tmp_path / "run"
+
+    def node(rank, host, token_file, where):
+        return two_hosts.cmd(host, [PY] + JOB + [
+            "-o", f"dist.master={master}", "-o", f"dist.node_rank={rank}", "-o", "dist.rendezvous_timeout=60",
+            "-o", f"output.run_dir={where}", "-o", f"dist.token_file={token_file}"])
+
+    node0, killer = start(node(0, two_hosts.a, token, run_dir), limit=240)
+    head = []
+    for line in node0.stdout:
+        head.append(line)
+        if "waiting for the other machines" in line:
+            break
+    second = run(node(0, two_hosts.a, other, tmp_path / "second0"), timeout=60)
+    stranger = run(node(1, two_hosts.b, other, tmp_path / "second1"), timeout=60)
+    for refused, why in ((second, f"port 6177 of dist.master {master} is taken by pid {node0.pid} "),
+                         (stranger, "wrong job token")):
+        assert refused.returncode == 2, refused.stderr
+        [said] = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert why in said
+    assert node0.poll() is None                        # still waiting, for its own node 1
+    node1 = check(run(node(1, two_hosts.b, token, run_dir), timeout=180))
+    out, err = finish(node0, killer, timeout=180)
+    assert node0.returncode == 0, err
+    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
+    assert f"meeting at {master} (token of {token})" in "".join(head)
+    assert "paddle_dist: security:" not in out + node1.stdout + node1.stderr
