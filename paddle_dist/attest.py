@@ -16,10 +16,16 @@ job by paddle_dist's launcher, or `dist.token_file`), each rank, right after
   its verdict. A breach ends every rank with SecurityError (exit 6) and one line.
 
 What it cannot see: whatever an outsider does after the check, and writes to Paddle's own
-keys that change nothing it reads. docs/security.md says what stays exposed.
+keys (the ranks' gloo addresses among them) before the ranks read them. docs/security.md
+says what stays exposed.
+
+The ranks talk to the store over a connection of their own (storewire.py): a few
+milliseconds in all, every wait bounded by dist.hang_timeout, where Paddle's client takes
+about 40 ms a request and waits for a key without a limit. That connection is no join:
+only Paddle's TCPStore adds to `init/`.
 
 Example:
-    check(store, token, job="3f2a...", rank=1, world=2, where="127.0.0.1:40123")
+    check("127.0.0.1:40123", token, job="3f2a...", rank=1, world=2, limit=300)
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Dict, Tuple
 
-from . import auth, procfs
-from .faults import EXIT_SECURITY, _Ending
+from . import auth, procfs, storewire
+from .faults import EXIT_HANG, EXIT_SECURITY, _Ending
 
 JOINS = "init/"            # where Paddle's TCPStore counts its clients (waitWorkers, 2.6 to 3.3)
 PREFIX = "paddle_dist/"
@@ -46,34 +53,52 @@ class SecurityError(_Ending):
     CODE = EXIT_SECURITY
 
 
-def default_store():
-    """The store of Paddle's default process group (after init_parallel_env)."""
-    from paddle.distributed import collective
+class StoreSilent(_Ending):
+    """Paddle's store did not answer within dist.hang_timeout, or closed the connection
+    (exit 4): something holds it. Its message is the one line the rank printed."""
 
-    return collective._default_store
+    CODE = EXIT_HANG
 
 
-def check(store, token: bytes, job: str, rank: int, world: int, where: str) -> None:
-    """Attest this rank in `store` (Paddle's store, served at `where`); rank 0 judges all.
-    Returns when the job's store holds its ranks alone; raises SecurityError otherwise."""
+def check(where: str, token: bytes, job: str, rank: int, world: int, limit: float) -> None:
+    """Attest this rank in Paddle's store at `where` ("host:port"); rank 0 judges all.
+    Returns when the store holds the job's ranks alone; raises SecurityError otherwise,
+    and StoreSilent when the store does not answer within `limit` seconds in all."""
+    host, _, port = where.rpartition(":")
+    try:
+        with storewire.Connection(host, int(port), timeout=limit,
+                                  deadline=time.monotonic() + limit) as store:
+            verdict = _attest(store, token, job, rank, world, where)
+    except (OSError, ConnectionError) as e:       # socket.timeout is an OSError
+        line = (f"rank {rank}: Paddle's store at {where} did not answer within {limit:g} s after the "
+                f"process group started ({e}): something holds it, a connection from outside the job or "
+                "rank 0 stopped; dist.hang_timeout sets this limit (docs/security.md)")
+        print(f"paddle_dist: {line}", file=sys.stderr, flush=True)
+        raise StoreSilent(line) from None
+    if verdict != OK:
+        print(f"paddle_dist: security: {verdict}; the job was stopped (docs/security.md)",
+              file=sys.stderr, flush=True)
+        raise SecurityError(verdict)
+
+
+def _attest(store, token: bytes, job: str, rank: int, world: int, where: str) -> str:
+    """The exchange of `check` over a storewire connection; the verdict (OK or the line)."""
     if store.add(f"{PREFIX}claim/{rank}", 1) != 1:
         verdict = (f"rank {rank}'s place in Paddle's store at {where} was claimed before it came: "
                    "something outside the job wrote there")
         store.set(f"{PREFIX}attest/{rank}", json.dumps({"breach": verdict}).encode())   # rank 0 waits on it
-        _breach(verdict)
+        return verdict
     if rank == 0:
         store.set(f"{PREFIX}nonce", auth.nonce().encode())
     nonce = _text(store.get(f"{PREFIX}nonce"))
     mine = {"host": socket.gethostname()[:64], "pid": os.getpid()}
     mine["proof"] = auth.proof(token, "attest", job, rank, nonce, _who(mine))
     store.set(f"{PREFIX}attest/{rank}", json.dumps(mine).encode())
-    if rank == 0:
-        verdict = judge(store, token, job, world, nonce, where) or OK
-        store.set(f"{PREFIX}verdict", verdict.encode())
-    else:
-        verdict = _text(store.get(f"{PREFIX}verdict"))
-    if verdict != OK:
-        _breach(verdict[:MAX_RECORD])
+    if rank != 0:
+        return _text(store.get(f"{PREFIX}verdict"))[:MAX_RECORD]
+    verdict = judge(store, token, job, world, nonce, where) or OK
+    store.set(f"{PREFIX}verdict", verdict.encode())
+    return verdict
 
 
 def judge(store, token: bytes, job: str, world: int, nonce: str, where: str) -> str:
@@ -83,7 +108,7 @@ def judge(store, token: bytes, job: str, world: int, nonce: str, where: str) -> 
     for rank in range(world):
         record = _record(_text(store.get(f"{PREFIX}attest/{rank}")))
         if isinstance(record.get("breach"), str):      # that rank found one: say it (any writer means a breach)
-            return record["breach"]
+            return record["breach"][:MAX_RECORD]
         expected = auth.proof(token, "attest", job, rank, nonce, _who(record))
         if not auth.matches(expected, record.get("proof")):
             return (f"rank {rank}'s attestation in Paddle's store at {where} does not prove the job's "
@@ -107,11 +132,6 @@ def _strangers(where: str, ours: Dict[int, Tuple[str, int]]) -> str:
               for ip, number, pid in procfs.peers_of(port)
               if (pid and pid not in pids) or (not pid and ip.startswith(("127.", "::1")))]
     return f", connected from {', '.join(others[:4])}" if others else ""
-
-
-def _breach(line: str) -> None:
-    print(f"paddle_dist: security: {line}; the job was stopped (docs/security.md)", file=sys.stderr, flush=True)
-    raise SecurityError(line)
 
 
 def _who(record: dict) -> str:

@@ -31,7 +31,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 try:
     from . import auth

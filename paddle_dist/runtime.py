@@ -88,13 +88,8 @@ def _attest(env, cfg) -> None:
     if not token_file:
         return
     where = "{}:{}".format(*envlib.store_endpoint())
-    limit = cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout
-    silent = (f"rank {env.global_rank}: Paddle's store at {where} did not answer within {limit:g} s "
-              "after the process group started; something holds it (a connection from outside the "
-              "job, or rank 0 stopped): see docs/security.md")
-    with faults.deadline(limit, silent, _status_file(env, cfg), env.global_rank):
-        attest.check(attest.default_store(), auth.read_token(token_file), env.job or env.master,
-                     env.global_rank, env.world_size, where)
+    attest.check(where, auth.read_token(token_file), env.job or env.master, env.global_rank,
+                 env.world_size, cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout or 300.0)
 
 
 def _check_network(env, cfg) -> None:

@@ -17,7 +17,7 @@ import pytest
 from paddle_dist import rankgate
 from paddle_dist.procfs import process_table
 
-from . import storewire
+from paddle_dist import storewire
 from .procs import PY, check, finish, run, start
 
 HELD = ["-m", "paddle_dist.launch", "--nprocs", "2"]

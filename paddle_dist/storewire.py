@@ -1,8 +1,12 @@
-"""A raw client for Paddle's TCP store (`paddle.base.core.TCPStore`), speaking its wire protocol.
+"""A client for Paddle's TCP store (`paddle.base.core.TCPStore`) that speaks its wire
+protocol from Python, with every wait bounded.
 
-Rank 0 of a Paddle process group runs the store's server; it authenticates nobody and listens
-on every interface. Tests use this client to act as an outsider on that port: to read and
-change the keys a job relies on, and to send it malformed requests, without Paddle.
+Rank 0 of a Paddle process group runs the store's server; it authenticates nobody and
+listens on every interface. The ranks' attestation (attest.py) talks to it through this
+client: Paddle's own client waits without a limit for a key, and its requests, sent in
+pieces without TCP_NODELAY, take about 40 ms each (Nagle's algorithm against delayed
+ACKs), where this client's take well under one. Tests use it to act as an outsider on
+the store's port.
 
 The protocol (paddle/phi/core/distributed/store/tcp_store.cc, tcp_store_libuv.cc,
 tcp_utils.h) is the same for both servers: the poll loop of Paddle 2.6 (3.x with
@@ -24,7 +28,7 @@ summing to 3. Every TCPStore of world size > 0 (the master included) ADDs 1 to "
 constructor, and the master's constructor waits until that counter is at least its world size.
 
 Example:
-    from tests.integration import storewire
+    from paddle_dist import storewire
     storewire.add("127.0.0.1", 6170, "init/", 0)            # how many stores joined: 2
     storewire.set_value("127.0.0.1", 6170, "k", b"v")
     storewire.get("127.0.0.1", 6170, "k", timeout=5)        # b"v"
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Optional
 
 ADD, GET, CHECK, SET, WAIT, STOP = range(6)
@@ -61,11 +66,13 @@ def blob(value: bytes) -> bytes:
 
 class Connection:
     """One TCP connection to a store; every receive is bounded by `timeout` seconds
-    (socket.timeout, a TimeoutError, when it passes). `prefix` is put before each key,
-    "/" as Paddle's own client does; "" addresses keys no Paddle client can reach."""
+    (socket.timeout, a TimeoutError, when it passes), and all of them together by
+    `deadline` (time.monotonic()) when given. `prefix` is put before each key, "/" as
+    Paddle's own client does; "" addresses keys no Paddle client can reach."""
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0, prefix: str = PREFIX):
-        self.prefix = prefix
+    def __init__(self, host: str, port: int, timeout: float = 10.0, prefix: str = PREFIX,
+                 deadline: Optional[float] = None):
+        self.prefix, self.deadline = prefix, deadline
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -86,6 +93,11 @@ class Connection:
         """Exactly `n` bytes; ConnectionError when the store closes the connection first."""
         buf = bytearray()
         while len(buf) < n:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("deadline passed")
+                self.sock.settimeout(left)
             chunk = self.sock.recv(n - len(buf))
             if not chunk:
                 raise ConnectionError(f"store closed the connection after {len(buf)} of {n} bytes")

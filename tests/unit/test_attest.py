@@ -1,0 +1,50 @@
+"""The ranks' attestation in Paddle's store (paddle_dist/attest.py) where the store
+misbehaves, over real sockets: a store that never answers, or hangs up, ends the rank in
+one line (exit 4) within the limit; and procfs.peers_of names who is connected to a port.
+(A real store with outsiders writing into it: tests/integration/test_job_gate.py.)"""
+
+import os
+import socket
+import threading
+
+import pytest
+
+from paddle_dist import attest, faults, procfs
+
+
+@pytest.fixture
+def server():
+    listener = socket.create_server(("127.0.0.1", 0))
+    yield listener
+    listener.close()
+
+
+def test_a_store_that_never_answers_ends_the_rank_in_one_line(server, capsys):
+    where = f"127.0.0.1:{server.getsockname()[1]}"
+    with pytest.raises(attest.StoreSilent) as caught:
+        attest.check(where, os.urandom(32), "job", 1, 2, limit=0.5)
+    assert caught.value.code == faults.EXIT_HANG == 4
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"paddle_dist: rank 1: Paddle's store at {where} did not answer within 0.5 s")
+    assert "dist.hang_timeout sets this limit" in line
+
+
+def test_a_store_that_hangs_up_ends_the_rank_too(server, capsys):
+    def hang_up():
+        conn, _ = server.accept()
+        conn.recv(64)
+        conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    with pytest.raises(attest.StoreSilent):
+        attest.check(f"127.0.0.1:{server.getsockname()[1]}", os.urandom(32), "job", 0, 2, limit=30)
+    assert "closed the connection" in capsys.readouterr().err
+
+
+def test_peers_of_a_port_are_named_with_their_process(server):
+    port = server.getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        accepted, _ = server.accept()
+        with accepted:
+            assert ("127.0.0.1", client.getsockname()[1], os.getpid()) in procfs.peers_of(port)
+    assert procfs.peers_of(port) == []
