@@ -182,3 +182,10 @@ def test_store_variables_name_the_store_and_each_ranks_endpoint():
     assert variables["PADDLE_MASTER"] == "127.0.0.1:6170"
     endpoints = variables["PADDLE_TRAINER_ENDPOINTS"].split(",")
     assert endpoints[1] == variables["PADDLE_CURRENT_ENDPOINT"] and len(set(endpoints)) == 2
+
+
+def test_the_gate_listens_on_loopback_alone(gate):
+    port = int(gate.address.rpartition(":")[2])
+    with pytest.raises(ConnectionRefusedError):        # another address of this host
+        socket.create_connection(("127.0.0.2", port), timeout=2).close()
+    rankgate.admit(gate.address, JOB, 0, gate.token)
