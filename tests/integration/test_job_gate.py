@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,36 @@ def test_a_port_scan_of_the_gate_and_the_store_changes_nothing(tmp_path):
     assert proc.returncode == 0, err
     assert len(scanner.hits) == 2, scanner.hits                # it reached the gate and the store
     assert _weights(tmp_path / "scanned") == _weights(tmp_path / "quiet"), (quiet.stdout, out)
+
+
+# ---------------------------------------------------------------- ranks started by hand
+def _by_hand(rank, port, run_dir, token_file):
+    return ["train.py", "--master", f"127.0.0.1:{port}", "--world-size", "2", "--rank", str(rank),
+            "-c", "configs/synthetic_lenet.yaml", "-o", "train.epochs=1", "-o", "train.max_steps=5",
+            "-o", "checkpoint.every_epochs=0", "-o", f"output.run_dir={run_dir}", "-o", f"dist.token_file={token_file}"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.compat
+def test_ranks_started_by_hand_attest_with_dist_token_file(tmp_path):
+    """No gate admits ranks started by hand (or by srun, mpirun): with dist.token_file they
+    still attest in Paddle's store, so a rank holding another token ends the job with the
+    security error on both ranks, and the same token trains."""
+    token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
+    for tokens, run_dir in (((token, other), tmp_path / "mixed"), ((token, token), tmp_path / "same")):
+        port = _free_port()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(lambda r: run(_by_hand(r, port, run_dir, tokens[r]), timeout=180), (0, 1)))
+        if tokens[1] == other:
+            assert [r.returncode for r in results] == [6, 6], [r.stderr for r in results]
+            for result in results:
+                assert (f"paddle_dist: security: rank 1's attestation in Paddle's store at 127.0.0.1:{port} "
+                        "does not prove the job's token") in result.stderr
+        else:
+            assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+            assert _weights(run_dir)[0] == _weights(run_dir)[1]
