@@ -24,7 +24,10 @@ also carries the node's nonce, `"nonce": hex`; node 0 answers it first with
 its `{"proof": HMAC("client", ...)}` (every node sends a nonce; one with a token refuses
 to go on when node 0 proves nothing). Node 0 reads nothing unframed: a longer frame, bad
 JSON, or a connection that is not admitted within HELLO_S seconds is dropped; a node drops
-a "run" that is not a plain name (a "/", "." or "..") as a protocol error.
+a "run" that is not a plain name (a "/", "." or "..") as a protocol error. With
+`dist.tls_ca`, `dist.tls_cert` and `dist.tls_key` (tls.py) all of this runs inside mutual
+TLS 1.3, unchanged; node 0 takes each handshake a step at a time in its select() loop, so
+a slow or plaintext connection holds up no other, and drops one that fails.
 
 Example:
     meeting = meet(Gate("10.0.0.1:6170", nnodes=2, node_rank=1, nprocs=8, timeout=120))
@@ -42,7 +45,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from . import auth
+from . import auth, tls
 from .errors import UserError
 
 VERSION = 2
@@ -67,6 +70,9 @@ class Gate:
     run: str = ""             # node 0: the name of its run directory, told to the others
     host: str = ""            # this machine's host name, told to node 0 ("": the system's)
     token_file: str = ""      # dist.token_file: only machines that prove its token meet (auth.py)
+    tls_ca: str = ""          # dist.tls_*: meet over mutual TLS with certificates of this CA (tls.py)
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,12 +172,13 @@ def meet(gate: Gate) -> Meeting:
     settings are refused."""
     gate = gate if gate.host else replace(gate, host=socket.gethostname()[:MAX_NAME])
     token = auth.read_token(gate.token_file) if gate.token_file else b""
+    files = tls.configured(gate.tls_ca, gate.tls_cert, gate.tls_key)
     if gate.nnodes <= 1:
         return Meeting(gate.run, {0: Node(gate.nprocs, _split(gate.master)[0] if gate.master else "",
                                           gate.host)})
     if gate.node_rank == 0:
-        return _Host(gate, token).serve()
-    return _join(gate, token)
+        return _Host(gate, token, tls.server_context(files) if files else None).serve()
+    return _join(gate, token, tls.Client(files, gate.master) if files else None)
 
 
 def _deadline(timeout: float) -> float:
@@ -193,13 +200,14 @@ class _Peer:
     node_rank: Optional[int] = None
     hello: Optional[dict] = None       # with a token: its announcement, while its proof is awaited
     challenge: str = ""                # node 0's nonce for it
+    handshake: Optional[tls.Accepting] = None   # with TLS: until its handshake is done
 
 
 class _Host:
     """Node 0: listen at dist.master, collect the other nodes, then tell them to go."""
 
-    def __init__(self, gate: Gate, token: bytes = b""):
-        self.gate, self.token = gate, token
+    def __init__(self, gate: Gate, token: bytes = b"", context=None):
+        self.gate, self.token, self.context = gate, token, context     # context: tls.server_context
         self.arrived: Dict[int, Tuple[int, str]] = {0: (gate.nprocs, _split(gate.master)[0])}
         self.hosts: Dict[int, str] = {0: gate.host}
         self.peers: Dict[socket.socket, _Peer] = {}
@@ -217,7 +225,7 @@ class _Host:
                 for key, _ in self.selector.select(min(POLL_S, deadline - now)):
                     if key.fileobj is listener:
                         self._accept(listener)
-                    else:
+                    elif key.fileobj in self.peers:     # not dropped by an earlier event
                         self._read(self.peers[key.fileobj])
                 self._drop_silent(time.monotonic())
             # Close the port before saying go: the others' Paddle launchers then find
@@ -246,13 +254,21 @@ class _Host:
             self._forget(min(waiting, key=lambda p: p.since))  # the oldest not admitted
 
         sock.setblocking(False)
-        self.peers[sock] = _Peer(sock, address, time.monotonic())
+        shake = tls.Accepting(self.context, sock) if self.context else None
+        self.peers[sock] = _Peer(sock, address, time.monotonic(), handshake=shake)
         self.selector.register(sock, selectors.EVENT_READ)
 
     def _read(self, peer: _Peer) -> None:
+        if peer.handshake is not None:
+            self._shake(peer)
+            return
         try:
+            # One frame a recv: a machine sends each frame as one TLS record, which one
+            # recv of this size returns whole.
             data = peer.sock.recv(MAX_FRAME + LENGTH.size)
             messages = peer.frames.feed(data) if data else None
+        except tls.WANT:                       # a TLS record that carried no data
+            return
         except (OSError, ProtocolError):
             messages = None
         if messages is None:                   # gone, or not speaking this protocol
@@ -324,6 +340,22 @@ class _Host:
             return "wrong job token: this machine's dist.token_file is not node 0's"
         peer.challenge = "proven"
         return ""
+
+    def _shake(self, peer: _Peer) -> None:
+        """Take the next step of a connection's TLS handshake, waiting for nothing; the
+        socket changes to its TLS wrapper on the way, so it is watched anew."""
+        self.selector.unregister(peer.sock)
+        self.peers.pop(peer.sock)
+        state = peer.handshake.step()
+        peer.sock = peer.handshake.sock
+        self.peers[peer.sock] = peer
+        self.selector.register(peer.sock, selectors.EVENT_WRITE if state == "write" else selectors.EVENT_READ)
+        if state == "plaintext":
+            self._send(peer, {"error": tls.PLAINTEXT})
+        if state in ("plaintext", "failed"):
+            self._forget(peer)
+        elif state == "done":
+            peer.handshake = None
 
     def _drop_silent(self, now: float) -> None:
         for peer in list(self.peers.values()):
@@ -398,7 +430,7 @@ def _listen(master: str) -> socket.socket:
 
 
 # ------------------------------------------------------------------ the other nodes
-def _join(gate: Gate, token: bytes = b"") -> Meeting:
+def _join(gate: Gate, token: bytes = b"", client: Optional[tls.Client] = None) -> Meeting:
     """Connect to node 0 (again, if it goes away) until it says go or the deadline passes."""
     deadline = _deadline(gate.timeout)
     host, port = _split(gate.master)
@@ -411,6 +443,11 @@ def _join(gate: Gate, token: bytes = b"") -> Meeting:
             time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
             continue
         answered = True
+        if client is not None:
+            sock = client.wrap(sock)
+            if sock is None:                        # the handshake did not finish: again
+                time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
+                continue
         with sock:
             verdict, seen = _talk(sock, gate, deadline, seen, token)
         if verdict is not None:
@@ -457,8 +494,10 @@ def _talk(sock: socket.socket, gate: Gate, deadline: float, seen: Optional[Dict[
                     seen = message["arrived"]
                 else:
                     return message, seen
-    except (OSError, ProtocolError):
-        pass
+    except (OSError, ProtocolError) as e:
+        refused = tls.refusal(e, gate.master, gate.tls_cert)   # node 0's TLS alert, if any
+        if refused:
+            raise UserError(refused) from None
     return None, seen
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from . import env as envlib
-from . import auth, netcheck
+from . import auth, netcheck, tls
 from .errors import UserError
 
 ERROR, WARNING = "error", "warning"
@@ -72,7 +72,8 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
     table = netcheck.interfaces() if interfaces is None else interfaces
     problems = (gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
                 + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
-                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg))
+                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg)
+                + tls_problems(cfg))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
@@ -85,6 +86,21 @@ def token_problems(cfg) -> List[Problem]:
             auth.read_token(d.token_file)
         except UserError as e:
             return [Problem(ERROR, str(e))]
+    return []
+
+
+def tls_problems(cfg) -> List[Problem]:
+    """dist.tls_ca, tls_cert and tls_key are all given or none, and would pass the other
+    side's checks (tls.check: readable, the key 0600, the certificate signed by the CA and
+    valid now, node 0's naming dist.master's host), before the run directory or any rank
+    exists."""
+    d = cfg.dist
+    try:
+        files = tls.configured(d.tls_ca, d.tls_cert, d.tls_key)
+        if files:
+            tls.check(files, d.master, serves=d.node_rank == 0)
+    except UserError as e:
+        return [Problem(ERROR, str(e))]
     return []
 
 

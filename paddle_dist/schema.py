@@ -124,6 +124,12 @@ class DistConfig:
     hostfile: str = ""             # mpirun: OpenMPI hostfile ("HOST slots=N" lines)
     token_file: str = ""           # multi-node: a 0600 file with the job's token, the same on every
                                    # machine; only machines that prove it meet (docs/multinode.md)
+    tls_ca: str = ""               # multi-node: PEM file of the CA that signs every machine's
+                                   # certificate; with tls_cert and tls_key (all three or none)
+                                   # the machines meet over mutual TLS 1.3 (docs/security.md)
+    tls_cert: str = ""             # this machine's PEM certificate, signed by tls_ca; node 0's
+                                   # must name dist.master's host (subjectAltName IP: or DNS:)
+    tls_key: str = ""              # tls_cert's private key, PEM, unencrypted, in a 0600 file
     gpus: str = ""                 # e.g. "0,1": physical ids, as in CUDA_VISIBLE_DEVICES
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
