@@ -36,14 +36,15 @@ def listeners(cfg, gate: str = "") -> List[Listener]:
     one-machine gate's address, once it is known."""
     d = cfg.dist
     token = f"token of {d.token_file}" if d.token_file else ""
-    tls = " + mutual TLS" if getattr(d, "tls_cert", "") else ""
+    tls = f"mutual TLS 1.3 with certificates of {d.tls_ca}" if d.tls_ca else ""
     one_machine = d.nnodes == 1 and d.launcher in ("launch", "spawn")   # a token is made for the job
     store = Listener("Paddle's store", "on every interface of rank 0's machine",
                      f"{OPEN}; paddle_dist's ranks attest in it" if token or one_machine
                      else f"{OPEN}; -o dist.token_file=PATH has paddle_dist's ranks attest in it")
     if d.nnodes > 1 and d.launcher == "launch":
         port = d.master.rpartition(":")[2]
-        return [Listener("meeting", f"at {d.master}", f"{token}{tls}" if token else f"{OPEN}; -o dist.token_file=PATH"),
+        guard = " + ".join(filter(None, [token, tls])) or f"{OPEN}; -o dist.token_file=PATH"
+        return [Listener("meeting", f"at {d.master}", guard),
                 Listener("Paddle's key-value server", f"on every interface of node 0, port {port}", OPEN),
                 store, Listener(WIRE, "on the interface that reaches dist.master", WIRE_GUARD)]
     if d.launcher == "launch":

@@ -148,7 +148,8 @@ def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
     d = cfg.dist
     if d.nnodes == 1:
         return None
-    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout, token_file=d.token_file)
+    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout, token_file=d.token_file,
+                      tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
 
 
 def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:

@@ -36,3 +36,9 @@ def test_the_start_line_is_one_line_with_every_listener():
     assert "\n" not in line and line.startswith("paddle_dist: exposure: Paddle's store on every interface")
     assert line.endswith("gloo/NCCL on loopback (unauthenticated, unencrypted); docs/security.md")
     assert exposure.rows(load(overrides=["dist.launcher=spawn"]))[0][0] == "Paddle's store"
+
+
+def test_machines_meeting_over_tls_say_so(tmp_path):
+    said = _said(["dist.nnodes=2", "dist.master=10.0.0.1:6170", f"dist.token_file={tmp_path}/t",
+                  f"dist.tls_ca={tmp_path}/ca.pem", f"dist.tls_cert={tmp_path}/n.pem", f"dist.tls_key={tmp_path}/n.key"])
+    assert said["meeting"][1] == f"token of {tmp_path}/t + mutual TLS 1.3 with certificates of {tmp_path}/ca.pem"
