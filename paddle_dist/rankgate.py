@@ -31,8 +31,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, List
 
+# No typing, no paddle_dist package: this runs before every rank's program (see above).
 try:
     from . import auth
 except ImportError:            # run as a script: paddle_dist/ is on sys.path
@@ -83,7 +83,7 @@ def receive(sock: socket.socket, deadline: float) -> dict:
     return message
 
 
-def store_variables(rank: int, world: int, host: str, port: int) -> Dict[str, str]:
+def store_variables(rank: int, world: int, host: str, port: int) -> dict[str, str]:
     """Paddle's variables that locate rank 0's TCP store, as Paddle 3.3's launcher sets
     them on one machine. The trainer endpoints are labels that nothing binds on this path
     (see env.paddle_variables).
@@ -103,11 +103,11 @@ class Gate:
 
     def __init__(self, token: bytes, job: str, world: int, host: str = "127.0.0.1"):
         self.token, self.job, self.world, self.host = token, job, world, host
-        self.admitted: Dict[int, float] = {}        # rank -> when
-        self.refused: List[str] = []                # why, for each connection refused
+        self.admitted: dict[int, float] = {}        # rank -> when
+        self.refused: list[str] = []                # why, for each connection refused
         self._store = ""
         self._lock = threading.Lock()
-        self._pending: List[socket.socket] = []
+        self._pending: list[socket.socket] = []
         self._listener = socket.create_server((host, 0), backlog=128)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
 
@@ -125,7 +125,7 @@ class Gate:
             for sock in self._pending:
                 _close(sock)
 
-    def variables(self, token_file: str) -> Dict[str, str]:
+    def variables(self, token_file: str) -> dict[str, str]:
         """What the ranks need to pass the gate: its address, the job and the token
         file's path (never the token)."""
         return {GATE: self.address, JOB: self.job, TOKEN_FILE: token_file}
@@ -236,7 +236,7 @@ def admit(address: str, job: str, rank: int, token: bytes, timeout: float = ANSW
     return store
 
 
-def main(argv: List[str], environ=None) -> int:
+def main(argv: list[str], environ=None) -> int:
     """Pass the gate, then become `argv` (exec) with the store's variables added; only
     returns (2, after one line) when this rank was refused."""
     environ = os.environ if environ is None else environ
