@@ -29,9 +29,9 @@ import dataclasses
 import logging
 import os
 import signal
-import tempfile
 import socket
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,7 +352,8 @@ def job_token(given: str = ""):
             f.write(auth.nonce() + "\n")        # 32 random bytes as hex: a token
         yield path
     finally:
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class _StopRequested(Exception):
