@@ -102,7 +102,8 @@ def peers_of(port: int) -> List[Tuple[str, int, int]]:
         peers_of(6170)     # [('127.0.0.1', 41234, 4242), ('10.0.0.2', 50112, 0)]
     """
     sockets = list(_tcp_sockets())
-    by_local = {(_ip(ip), number): inode for (ip, number), _, _, inode in sockets}
+    # A socket in TIME_WAIT keeps its address but has no inode ("0"): never the owner's.
+    by_local = {(_ip(ip), number): inode for (ip, number), _, _, inode in sockets if inode != "0"}
     owners = _socket_owners()
     out = []
     for local, (ip, number), state, _ in sockets:

@@ -41,10 +41,16 @@ def test_a_store_that_hangs_up_ends_the_rank_too(server, capsys):
     assert "closed the connection" in capsys.readouterr().err
 
 
-def test_peers_of_a_port_are_named_with_their_process(server):
+def test_peers_of_a_port_are_named_with_their_process(server, monkeypatch):
     port = server.getsockname()[1]
     with socket.create_connection(("127.0.0.1", port)) as client:
         accepted, _ = server.accept()
         with accepted:
             assert ("127.0.0.1", client.getsockname()[1], os.getpid()) in procfs.peers_of(port)
+            # An earlier connection from the same local port, in TIME_WAIT (state 06), has no inode.
+            sockets = list(procfs._tcp_sockets())
+            mine = next(local for local, remote, _, _ in sockets if remote[1] == port)
+            monkeypatch.setattr(procfs, "_tcp_sockets", lambda: sockets + [(mine, ("0100007F", 9), "06", "0")])
+            assert ("127.0.0.1", client.getsockname()[1], os.getpid()) in procfs.peers_of(port)
+    monkeypatch.undo()
     assert procfs.peers_of(port) == []
