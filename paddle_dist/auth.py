@@ -57,6 +57,11 @@ def read_token(path: str) -> bytes:
     return token
 
 
+def new_token() -> str:
+    """A new token, as a token file holds it: 32 random bytes in hexadecimal."""
+    return secrets.token_hex(TOKEN_BYTES)
+
+
 def nonce() -> str:
     return secrets.token_hex(NONCE_BYTES)
 

@@ -29,7 +29,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import sys
 import tempfile
 import warnings
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import auth, faults, nodes, rankgate, supervisor
+from .rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from . import env as envlib
 from .errors import DeviceError, UserError
 
@@ -226,13 +226,6 @@ def rank_variables(nprocs: int, selected: Sequence[str], port: Optional[int] = N
     return out
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free at this moment on `host` ("" = every address; the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def nodes_of(cfg) -> Tuple[str, ...]:
     """paddle.distributed.launch's multi-node options for `dist.nnodes` > 1."""
     d = cfg.dist
@@ -349,7 +342,7 @@ def job_token(given: str = ""):
     fd, path = tempfile.mkstemp(prefix=f"paddle_dist-token-{os.getpid()}-", dir=folder)  # mode 0600
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(auth.nonce() + "\n")        # 32 random bytes as hex: a token
+            f.write(auth.new_token() + "\n")
         yield path
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -25,6 +25,7 @@ Example (launcher side):
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -104,7 +105,7 @@ class Gate:
     def __init__(self, token: bytes, job: str, world: int, host: str = "127.0.0.1"):
         self.token, self.job, self.world, self.host = token, job, world, host
         self.admitted: dict[int, float] = {}        # rank -> when
-        self.refused: list[str] = []                # why, for each connection refused
+        self.refused = collections.deque(maxlen=PENDING)   # why, for the last connections refused
         self._store = ""
         self._lock = threading.Lock()
         self._pending: list[socket.socket] = []
@@ -176,7 +177,7 @@ class Gate:
                 why = f"rank {rank} has joined this job already; a rank is admitted once"
             else:
                 self.admitted[rank] = time.time()
-                self._store = self._store or f"{self.host}:{_free_port()}"
+                self._store = self._store or f"{self.host}:{free_port()}"   # Paddle's store binds every address
         send(conn, {"error": why} if why else {"store": self._store})
         return why
 
@@ -191,10 +192,10 @@ class Gate:
         return ""
 
 
-def _free_port() -> int:
-    """A port free now on every address: Paddle's store binds them all."""
+def free_port(host: str = "") -> int:
+    """A TCP port free at this moment on `host` ("" = every address; the kernel's pick)."""
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

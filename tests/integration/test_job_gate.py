@@ -20,6 +20,8 @@ from paddle_dist.procfs import process_table
 
 from paddle_dist import storewire
 from .procs import PY, check, finish, run, start
+from .test_job_token import _token_file
+from .test_missing_node import _port
 
 HELD = ["-m", "paddle_dist.launch", "--nprocs", "2"]
 SCRIPT = "tests/integration/scripts/held_rank.py"
@@ -50,12 +52,6 @@ def _ranks(launcher_pid):
 def _environ(pid):
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
-def _token_file(path: Path) -> str:
-    path.write_text(os.urandom(32).hex() + "\n")
-    path.chmod(0o600)
-    return str(path)
 
 
 @pytest.mark.compat
@@ -203,12 +199,6 @@ def _by_hand(rank, port, run_dir, token_file):
             "-o", "checkpoint.every_epochs=0", "-o", f"output.run_dir={run_dir}", "-o", f"dist.token_file={token_file}"]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.compat
 def test_ranks_started_by_hand_attest_with_dist_token_file(tmp_path):
     """No gate admits ranks started by hand (or by srun, mpirun): with dist.token_file they
@@ -216,7 +206,7 @@ def test_ranks_started_by_hand_attest_with_dist_token_file(tmp_path):
     security error on both ranks, and the same token trains."""
     token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
     for tokens, run_dir in (((token, other), tmp_path / "mixed"), ((token, token), tmp_path / "same")):
-        port = _free_port()
+        port = _port()
         with ThreadPoolExecutor(max_workers=2) as pool:
             results = list(pool.map(lambda r: run(_by_hand(r, port, run_dir, tokens[r]), timeout=180), (0, 1)))
         if tokens[1] == other:
