@@ -25,9 +25,10 @@ from .options import ArgParser, add_config_options, run
 
 
 # Exit codes no restart can change: success, bad input, a stop request (saved, or before
-# anything started: 143), Ctrl+C, and machines that did not all arrive in time.
+# anything started: 143), Ctrl+C, machines that did not all arrive in time, and ranks whose
+# weights diverged (a run never continued: docs/faults.md).
 FINAL = (0, faults.EXIT_USAGE, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED, 128 + 15,
-         faults.EXIT_RENDEZVOUS)
+         faults.EXIT_RENDEZVOUS, faults.EXIT_DIVERGED)
 
 
 def _eval_only(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,8 @@
 """What each rank does so that failures are fast, named and survivable.
 
 - A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
-  failed, stopped, hung, preempted), step, phase, last progress time, and for a failure
-  the exception and its traceback. Launchers read these to name the root cause.
+  failed, stopped, hung, preempted, diverged), step, phase, last progress time, and for a
+  failure the exception and its traceback. Launchers read these to name the root cause.
 - A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
   seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
   in another collective than the rest: hangs.judge) has its stack logged and recorded, and
@@ -19,7 +19,9 @@
   raise, exit (code 1), kill (SIGKILL), hang (stall in training code), nativehang (stall
   in a C call that holds the GIL), slowsave (the checkpoint of that step takes
   SLOW_SAVE_S longer to write), slow (SLOW_STEPS steps from STEP take SLOW_STEP_S longer
-  each, with progress: slow but alive).
+  each, with progress: slow but alive), perturb (PERTURBATION is added to the first
+  trainable parameter of that rank's model: its weights then differ from its peers', which
+  the ranks' weights check must catch, trainer/agreement.py).
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
@@ -55,6 +57,7 @@ EXIT_RENDEZVOUS = 3      # peers never arrived
 EXIT_HANG = 4            # a rank made no progress for dist.hang_timeout seconds
 EXIT_PEER = 5            # this rank stopped because another one failed
 EXIT_SECURITY = 6        # something without the job's token took part in its store (attest.py)
+EXIT_DIVERGED = 7        # the ranks' weights differ: data parallelism broke (trainer/agreement.py)
 EXIT_PREEMPTED = 75      # stopped on request after saving a checkpoint: requeue me
 EXIT_INTERRUPTED = 130   # Ctrl+C
 
@@ -62,6 +65,7 @@ GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT err
 SLOW_SAVE_S = 35.0       # longer than that
 SLOW_STEP_S = 5.0        # the injected slow steps: each this much longer,
 SLOW_STEPS = 3           # this many of them
+PERTURBATION = 1e-3      # the injected perturb: added to one parameter of one rank
 
 
 class _Ending(SystemExit):
@@ -93,6 +97,15 @@ class StoppedByPeer(_Ending):
     CODE = EXIT_PEER
 
 
+class Diverged(_Ending):
+    """The ranks' weights differ (exit 7): data parallelism broke. Every rank finds it in
+    the same check (trainer/agreement.py), before the checkpoint it would have spoilt, and
+    the run is never continued (rundir.diverged). `str()` is the one line that names the
+    first parameter that differs and which ranks hold which value."""
+
+    CODE = EXIT_DIVERGED
+
+
 class Interrupted(_Ending):
     """Ctrl+C in fit() (exit 130): one line, not a KeyboardInterrupt traceback through
     Paddle's and its own frames."""
@@ -109,6 +122,8 @@ def outcome_of(exc: BaseException) -> str:
 
     if isinstance(exc, Preempted):
         return "preempted"
+    if isinstance(exc, Diverged):
+        return "diverged"
     if isinstance(exc, (PeerFailure, StoppedByPeer, KeyboardInterrupt, Interrupted)):
         return "stopped"
     return "failed"
@@ -119,6 +134,8 @@ def exit_code_of(exc: BaseException) -> int:
     from .errors import UserError
     from .comm import PeerFailure
 
+    if isinstance(exc, _Ending):       # each says its own (Preempted, Diverged, attest's, ...)
+        return exc.CODE
     for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER), (StoppedByPeer, EXIT_PEER),
                        (UserError, EXIT_USAGE), (KeyboardInterrupt, EXIT_INTERRUPTED),
                        (Interrupted, EXIT_INTERRUPTED)):
@@ -257,6 +274,18 @@ class Monitor:
             return lambda: time.sleep(SLOW_SAVE_S)
         return None
 
+    def perturb(self, model, step: int) -> None:
+        """The injected perturb, after optimizer step `step`: PERTURBATION added to the
+        first trainable parameter of this rank's `model`, so that its weights differ from
+        its peers' from then on (the gradients stay averaged: the difference stays)."""
+        if not (self._fault_due(step) and self.fault[0] == "perturb" and step == self.fault[2]):
+            return
+        import paddle
+
+        param = next(p for p in model.parameters() if not p.stop_gradient)
+        with paddle.no_grad():
+            param.set_value(param + PERTURBATION)
+
     def beat(self) -> None:
         """Progress that is not an optimizer step (an evaluation batch)."""
         self._beat()
@@ -308,7 +337,7 @@ class Monitor:
     # ------------------------------------------------------------ outcomes
     def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
                **extra: Any) -> None:
-        """Record how this rank ended: done | failed | stopped | hung | preempted."""
+        """Record how this rank ended: done | failed | stopped | hung | preempted | diverged."""
         info = dict(extra)
         if error is not None:
             lines = [line for line in str(error).splitlines() if line.strip()]

@@ -88,7 +88,9 @@ class Overlap:
         for bucket in self.buckets:
             for p in bucket:
                 p._register_backward_hook(functools.partial(self._on_ready, p))
-        exchange.reserve([sum(int(p.size) for p in b) + (i == 0) for i, b in enumerate(self.buckets)])
+        # each bucket: a presence number per parameter, the gradients, the stop flag (first)
+        exchange.reserve([len(b) + sum(int(p.size) for p in b) + (i == 0)
+                          for i, b in enumerate(self.buckets)])
 
     def arm(self, final: bool) -> None:
         """Before a backward(): `final` when an optimizer step follows it (the last
@@ -127,14 +129,32 @@ class Overlap:
 
 
 def grad_views(params) -> List[np.ndarray]:
-    """numpy views of the parameters' gradients (their own memory, compat.numpy_view); a
-    missing gradient travels as zeros, so every rank sends the same layout."""
-    views = []
-    for p in params:
-        grad = p.grad
-        views.append(compat.numpy_view(grad.detach()) if grad is not None
-                     else np.zeros(int(p.size), dtype=np.float32))
-    return views
+    """numpy views of the parameters' float32 gradients (their own memory,
+    compat.numpy_view); a missing gradient travels as zeros, so every rank sends the
+    same layout (`give_missing` then hands it its mean)."""
+    return [compat.numpy_view(p.grad.detach()) if p.grad is not None
+            else np.zeros(int(p.size), dtype=np.float32) for p in params]
+
+
+def presence(params) -> np.ndarray:
+    """1.0 for each parameter with a gradient on this rank, 0.0 for one without: summed
+    over the ranks, it says which parameters some rank has a gradient for."""
+    return np.array([0.0 if p.grad is None else 1.0 for p in params], dtype=np.float32)
+
+
+def give_missing(params, means, counts) -> None:
+    """After an exchange: a parameter without a gradient here that some rank had one for
+    (counts[i] > 0) gets the mean (`means[i]`, its zeros averaged) as its gradient, as
+    paddle.DataParallel(find_unused_parameters=True) gives it; one that no rank had
+    stays without, so no optimizer touches it."""
+    for p, mean, count in zip(params, means, counts):
+        if p.grad is None and count > 0:
+            set_grad(p, mean if isinstance(mean, paddle.Tensor) else paddle.to_tensor(mean))
+
+
+def set_grad(param, value) -> None:
+    """Give `param` the gradient `value` (it had none)."""
+    param.grad = value.reshape(param.shape).astype(param.dtype)
 
 
 class ThreadExchange:
@@ -149,6 +169,7 @@ class ThreadExchange:
         self.outstanding, self.calls = 0, 0
         self.error: Optional[BaseException] = None
         self.flag = np.zeros(1, dtype=np.float32)
+        self.lacking: list = []   # (params, gradient arrays, presence) of buckets missing some
         self.thread = threading.Thread(target=self._serve, name="paddle_dist-grad-sync", daemon=True)
         self.thread.start()
 
@@ -158,7 +179,11 @@ class ThreadExchange:
                 self.reducer.reserve(size)
 
     def submit(self, params, stop: Optional[float]) -> None:
-        arrays = grad_views(params)          # in the caller's thread: Paddle calls stay there
+        grads = grad_views(params)           # in the caller's thread: Paddle calls stay there
+        present = presence(params)
+        if not present.all():
+            self.lacking.append((params, grads, present))
+        arrays = [present] + grads
         if stop is not None:
             self.flag[0] = stop
             arrays.append(self.flag)
@@ -200,6 +225,9 @@ class ThreadExchange:
         if self.error is not None:
             raise CommThreadError(f"the gradient-sync thread failed: {type(self.error).__name__}: "
                                   f"{first_line(self.error)}") from self.error
+        lacking, self.lacking = self.lacking, []
+        for params, grads, present in lacking:
+            give_missing(params, grads, present)
         return float(self.flag[0])
 
     def close(self) -> None:
@@ -229,10 +257,11 @@ class AsyncExchange:
         pass
 
     def submit(self, params, stop: Optional[float]) -> None:
-        grads = [p.grad if p.grad is not None else paddle.zeros(p.shape, p.dtype) for p in params]
-        parts = [g.reshape([-1]) for g in grads]
+        dtype = params[0].dtype
+        grads = [p.grad if p.grad is not None else paddle.zeros(p.shape, dtype) for p in params]
+        parts = [paddle.to_tensor(presence(params), dtype=dtype)] + [g.reshape([-1]) for g in grads]
         if stop is not None:
-            parts.append(paddle.full([1], stop, dtype=grads[0].dtype))
+            parts.append(paddle.full([1], stop, dtype=dtype))
         flat = paddle.concat(parts)
         if self.wire is not None and flat.dtype == paddle.float32:
             flat = flat.astype(self.wire)                  # sync.compress: half the bytes
@@ -257,8 +286,14 @@ class AsyncExchange:
 
 
 def _write_back(flat: paddle.Tensor, params) -> None:
-    sizes = [int(p.size) for p in params]
-    pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
+    """The means (after one presence number per parameter) into the gradients; the
+    presence sums are read on the host only where this rank lacks a gradient."""
+    sizes = [len(params)] + [int(p.size) for p in params]
+    counts, *pieces = paddle.split(flat, sizes)
+    lacking = [i for i, p in enumerate(params) if p.grad is None]
     for p, piece in zip(params, pieces):
         if p.grad is not None:
             paddle.assign(piece.reshape(p.grad.shape), p.grad)
+    if lacking:
+        give_missing([params[i] for i in lacking], [pieces[i] for i in lacking],
+                     counts.numpy()[lacking])

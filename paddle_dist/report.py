@@ -159,6 +159,7 @@ def signal_name(code: int) -> str:
 class Report:
     code: int
     lines: List[str] = field(default_factory=list)
+    diverged: bool = False      # the ranks' weights differed: the run is never continued
 
     @property
     def text(self) -> str:
@@ -177,6 +178,8 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     else the lowest rank; ranks that stopped because of a peer are consequences, never
     the cause; when every rank here stopped so, on several machines, the cause is on
     another machine. Every rank ending with 75 (a requested stop, saved) is not a failure.
+    Ranks whose weights check found them diverged (every rank finds it at once) come first:
+    that line is the report.
 
     Example:
         root_cause({0: {"state": "stopped", ...}, 1: {"state": "failed", ...}}).code  # 1
@@ -191,6 +194,12 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         return Report(faults.EXIT_PREEMPTED, [
             "paddle_dist: the job stopped on request after saving a checkpoint "
             f"(exit {faults.EXIT_PREEMPTED})"])
+    diverged = sorted((r for r in status.values() if r.get("state") == "diverged"),
+                      key=lambda r: r.get("time", 0))
+    if diverged:
+        return Report(faults.EXIT_DIVERGED, [f"paddle_dist: job failed (exit {faults.EXIT_DIVERGED}). "
+                                             f"Root cause: {diverged[0].get('error', 'the ranks diverged')}"],
+                      diverged=True)
     bad = sorted((r for r in status.values() if r.get("state") in ("failed", "hung")),
                  key=lambda r: r.get("time", 0))
     if bad:
@@ -392,16 +401,30 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
     print(with_resume(root_cause(status), run_dir).text, file=sys.stderr, flush=True)
 
 
+def _after_divergence(run_dir: Optional[Path]) -> str:
+    """What a report of diverged weights says instead of a command: the run's checkpoints,
+    each checked before it was written, and where the next steps are described."""
+    folder = Path(run_dir) / "checkpoints" if run_dir else None
+    kept = f"its checkpoints, each checked before it was written, are in {folder}" \
+        if folder is not None and any(folder.glob("ckpt_*")) else "it kept no checkpoint"
+    return (f"paddle_dist: this run is not continued; {kept} (docs/faults.md, "
+            "\"The ranks' weights differ\", says what to do)")
+
+
 def with_resume(report: Report, run_dir: Optional[Path], rerun: Sequence[str] = ()) -> Report:
     """`report` ending with the exact command that continues the run (rundir.resume_command),
     when the job can be continued and the command is known; otherwise, when given, with
-    `rerun`, the command that runs the job again (a user's script that keeps no run).
+    `rerun`, the command that runs the job again (a user's script that keeps no run). A
+    job whose ranks' weights diverged gets neither: it says where its checkpoints are.
 
     Example:
         with_resume(report, None, ["python", "-m", "paddle_dist.launch", "x.py"]).lines[-1]
         # 'paddle_dist: to run it again, run: python -m paddle_dist.launch x.py'
     """
     if report.code == faults.EXIT_USAGE:
+        return report
+    if report.diverged:          # never continued, nor run again as it was
+        report.lines.append(_after_divergence(run_dir))
         return report
     command = rundir.resume_command(run_dir) if run_dir else ""
     if command:

@@ -1,11 +1,12 @@
 """Which directory a job writes to: given, continued or new (no paddle needed: launchers
 choose it too). The rule, also in docs/faults.md ("Which run a command continues"):
 
-- `output.run_dir` given: that directory (it must not hold a finished run).
+- `output.run_dir` given: that directory (it must not hold a finished or diverged run).
 - `checkpoint.resume=auto` (the default): the newest run under `<output.root>/<output.name>-*`
   of the same experiment (the same config hash, see config.config_hash, and world size, as
   recorded in its run.json) that no live job holds. Unfinished: the job continues it, from
-  its latest checkpoint if it has one. Finished: a new run starts, and says so.
+  its latest checkpoint if it has one. Finished, or ended with the ranks' weights
+  differing (diverged: its status records say so): a new run starts, and says so.
 - otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
   `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>`, with a suffix if taken.
 - the other machines of a multi-node launch write under a directory of the name node 0
@@ -78,7 +79,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / LOCK):
         previous = _previous(root, identity) if auto else None
-        if previous is not None and not _finished(previous):
+        if previous is not None and not _ended(previous):
             _record(previous, identity, command, continues=True)
             clear_status(previous)
             return Choice(previous.resolve(), _continuing(previous))
@@ -90,6 +91,9 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
         _record(path, identity, command, continues=auto)
     note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"
             if previous is not None else "")
+    if previous is not None and diverged(previous):
+        note = (f"not continuing the last run of this config, {previous}: its ranks' weights "
+                f"diverged (docs/faults.md); starting a new run in {path}")
     if other is not None:
         note = f"not continuing the unfinished run {other[0]}: {other[1]}; starting a new run in {path}"
     return Choice(path.resolve(), note)
@@ -102,7 +106,7 @@ def _unfinished_other(root: Path, identity: dict):
     runs = []
     for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
         info = read_run(path)
-        if info and info.get("job") == identity["job"] and not _finished(path):
+        if info and info.get("job") == identity["job"] and not _ended(path):
             runs.append((info.get("created", 0), path, info))
     for _, path, info in sorted(runs, key=lambda r: r[0], reverse=True):
         if not _hold(path):
@@ -158,6 +162,10 @@ def _given(path: Path, hold: bool) -> Path:
     if _finished(path):
         raise UserError(f"output.run_dir {path} already holds a finished run; "
                         "choose another output.run_dir or remove that one")
+    if diverged(path):
+        raise UserError(f"output.run_dir {path} holds a run whose ranks' weights diverged, which is "
+                        "never continued; choose another output.run_dir (add -o checkpoint.resume="
+                        f"{path} to start from its last checkpoint: docs/faults.md)")
     path.mkdir(parents=True, exist_ok=True)
     if hold and not _hold(path):
         raise UserError(f"output.run_dir {path} is in use by another job ({_holder(path)}); "
@@ -215,6 +223,30 @@ def _new(root: Path, name: str) -> Path:
 
 def _finished(path: Path) -> bool:
     return (path / "metrics.json").exists()
+
+
+def diverged(path: Path) -> str:
+    """The line a run ended with when its ranks' weights differed (a status record in
+    state "diverged", faults.Diverged), else "". Such a run is never continued: its
+    weights went wrong before the step it stopped at (docs/faults.md).
+
+    Example:
+        diverged(Path("runs/mnist_lenet-20261123-061500"))
+        # "the ranks' weights differ at step 12: 'fc.weight' is one value on rank 0 and ..."
+    """
+    for record in sorted((Path(path) / "status").glob("rank*.json")):
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get("state") == "diverged":
+            return str(info.get("error") or "the ranks' weights differ")
+    return ""
+
+
+def _ended(path: Path) -> bool:
+    """Whether run `path` is over for good: finished, or diverged."""
+    return _finished(path) or bool(diverged(path))
 
 
 def _continuing(path: Path) -> str:
@@ -279,16 +311,17 @@ def _record(path: Path, identity: dict, command: Sequence[str], continues: bool)
 
 
 def resume_command(path: Path) -> str:
-    """The exact command that continues run `path` ("" when unknown): the command that
-    started it, when that finds the run again by itself; otherwise that command naming
-    the run (`-o output.run_dir=...`) and, when there is a checkpoint, resuming from it.
+    """The exact command that continues run `path` ("" when unknown, or when the run
+    diverged: it is never continued): the command that started it, when that finds the
+    run again by itself; otherwise that command naming the run (`-o output.run_dir=...`)
+    and, when there is a checkpoint, resuming from it.
 
     Example:
         resume_command(Path("runs/mnist_lenet-20261123-061500"))   # 'python train.py -o dist.nprocs=2'
     """
     info = read_run(path)
     command = [str(word) for word in info.get("command", [])]
-    if not command:
+    if not command or diverged(path):
         return ""
     if not info.get("same_command_continues"):
         command = drop_overrides(command, ("output.run_dir", "checkpoint.resume"))

@@ -9,6 +9,7 @@ States:
 - done: every rank finished and metrics.json is there;
 - running: a rank is still alive;
 - preempted: every rank stopped on request (SIGTERM/SIGUSR1) after saving a checkpoint;
+- diverged: the ranks' weights differed at a check (exit 7): never continued;
 - failed: a rank raised, hung or died (killed without a record counts here too);
 - unknown: no rank ever reported (a run dir whose job never started training).
 
@@ -48,6 +49,8 @@ def run_state(status: Dict[int, dict], finished: bool) -> str:
         return "done"
     if all(s == "preempted" for s in states):
         return "preempted"
+    if any(s == "diverged" for s in states):
+        return "diverged"
     return "failed"
 
 
@@ -68,7 +71,7 @@ def describe(run_dir: Path) -> dict:
         "checkpoint_step": _checkpoint_step(newest),
         # The last record any rank wrote; a run with none: when its directory last changed.
         "updated": max((r.get("time", 0) for r in status.values()), default=run_dir.stat().st_mtime),
-        # The exact command that continues it ("" when done, running or unknown).
+        # The exact command that continues it ("" when done, running or diverged).
         "resume": resume_command(run_dir) if state in ("failed", "preempted", "unknown") else "",
     }
 

@@ -82,6 +82,10 @@ class TrainConfig:
     lr_schedule: str = "constant"  # constant | cosine (to 0 at the last step) | step
     lr_milestones: str = ""        # step: epochs after which the lr is multiplied by lr_gamma, e.g. "30,60"
     lr_gamma: float = 0.1
+    scheduler_every: str = "step"  # step | epoch: when the optimizer's own LRScheduler (if it has
+                                   # one) is stepped: after every optimizer step (with
+                                   # accumulate_steps=k once per k micro-batches) or after every
+                                   # epoch, as hapi's paddle.callbacks.LRScheduler(by_step/by_epoch)
     amp: str = "off"               # off | O1 (autocast per op) | O2 (16-bit weights, fp32 master copy)
     amp_dtype: str = "auto"        # auto (float16 on GPU, bfloat16 on CPU) | float16 | bfloat16
     loss_scale: float = 32768.0    # float16: initial dynamic loss scale (bfloat16 needs none)
@@ -206,6 +210,7 @@ CHOICES = {
     "sync.transport": ("auto", "shm", "hierarchical", "backend"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.lr_schedule": ("constant", "cosine", "step"),
+    "train.scheduler_every": ("step", "epoch"),
     "train.amp": ("off", "O1", "O2"),
     "train.amp_dtype": ("auto", "float16", "bfloat16"),
     "checkpoint.monitor": ("eval_accuracy", "eval_loss", "train_loss"),
@@ -228,4 +233,5 @@ NON_NEGATIVE = ("model.num_classes", "train.epochs", "dist.node_rank", "train.ma
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
-FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow")   # faults.inject (faults.py)
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow",
+               "perturb")   # faults.inject (faults.py)

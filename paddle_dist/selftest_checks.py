@@ -132,8 +132,8 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan()):
         for step in range(STEPS):
             x, y = _global_batch(step, env.world_size, seed)
             mine = slice(env.global_rank * BATCH, (env.global_rank + 1) * BATCH)
-            loop.step(model, loss, [_tensors(x[mine], y[mine])], opt, False, precision, scaler, sync.arm)
-            loop.step(ref, loss, [_tensors(x, y)], ref_opt, False)
+            loop.step(model, loss, [_tensors(x[mine], y[mine])], opt, precision, scaler, sync.arm)
+            loop.step(ref, loss, [_tensors(x, y)], ref_opt)
         exchange = type(sync.overlap.exchange).__name__ if sync.overlap is not None else "step"
         return net, ref, sync.describe(), exchange
     finally:
@@ -190,12 +190,12 @@ def checkpoint_round_trip(job: Job) -> Row:
     opt = paddle.optimizer.Adam(1e-3, parameters=net.parameters())
     x, y = _tensors(*_global_batch(0, 1, job.cfg.train.seed))
     loss = paddle.nn.CrossEntropyLoss()
-    loop.step(net, loss, [(x, y)], opt, False)
+    loop.step(net, loss, [(x, y)], opt)
     meta = {"global_step": 1, "epoch": 0, "step_in_epoch": 1, "world_size": job.env.world_size,
             "model": "selftest"}
     path = checkpoint.save(job.scratch / "checkpoints", net, opt, meta, keep_last=1)
     weights, moments, drawn = _arrays(net.state_dict()), _arrays(opt.state_dict()), _draws()
-    loop.step(net, loss, [(x, y)], opt, False)        # everything moves on
+    loop.step(net, loss, [(x, y)], opt)        # everything moves on
     checkpoint.restore(checkpoint.load(path), net, opt, rng=True)
     wrong = [k for k, v in _arrays(net.state_dict()).items() if not np.array_equal(v, weights[k])]
     wrong += [k for k, v in _arrays(opt.state_dict()).items() if not np.array_equal(v, moments.get(k))]

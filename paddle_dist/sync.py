@@ -1,13 +1,28 @@
-"""Gradient averaging across the ranks, finished by the optimizer step, at both API levels.
+"""Gradient averaging across the ranks, at the start of every optimizer step, at both API levels.
 
 `paddle.DataParallel` all-reduces gradients from hooks inside `backward()`. When a peer
 dies there, gloo's exception is thrown through C++ and the surviving rank is killed by
 SIGABRT: it can neither log nor save. Here every collective is issued from Python (the
-main thread, or paddle_dist's communication thread) and the optimizer waits for them
-just before the update (Paddle applies `optimizer._grad_clip` to the gradients at exactly
-that point, in `step()` and `minimize()` alike, which serves the `loop` and the `hapi`
-path without touching either). A peer failure then surfaces as a `PeerFailure`
-exception, and gradient accumulation communicates once per optimizer step.
+main thread, or paddle_dist's communication thread) and the optimizer's own `step()` and
+`minimize()` average first: `attach` gives the optimizer object a subclass of its own
+class whose `step`/`minimize` average every gradient of every parameter group in one
+exchange, then run the original. Whatever the optimizer does next (its parameter groups,
+their own rates and decay, any clipping on the optimizer or per group, master weights)
+sees the averaged gradients, and the loop and hapi (`Model.fit` calls `minimize`) are
+served without touching either. A peer failure surfaces as a `PeerFailure` exception,
+and gradient accumulation communicates once per optimizer step.
+
+What every exchange carries, in a layout the ranks agree on before anything starts
+(`agree_on_layout`: the trainable parameters' names, shapes and dtypes, compared across
+ranks; a difference is an error naming the parameter, never a sum of misaligned buffers):
+- every trainable parameter's gradient, a missing one (a branch this rank's batch did
+  not reach) as zeros;
+- one number per parameter, whether this rank has its gradient: a parameter that some
+  rank has a gradient for gets the mean on every rank (a rank without one gets it
+  created), as `paddle.DataParallel(find_unused_parameters=True)` does; one that no rank
+  has stays without, so no optimizer touches it, as in one process;
+- the count of ranks asking to stop (preemption), so every rank learns of a stop
+  request at the same step at no extra cost.
 
 Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
@@ -15,17 +30,16 @@ Modes (config `sync.mode`):
 - `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
 - `auto` (default): fused when every rank is on this machine's CPUs (shared memory
   is faster than the thread's hand-off); overlap otherwise.
-- `dataparallel`: Paddle's own reducer inside backward().
+- `dataparallel`: Paddle's own reducer inside backward(), built with
+  `find_unused_parameters=True`.
 
 Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
 hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
 
-The first exchange carries one extra number, the count of ranks asking to stop
-(preemption), so every rank learns of a stop request at the same step at no extra cost.
-
 Example:
     sync = GradSync.from_config(env, cfg.sync, monitor.phase)
-    sync.attach(optimizer)          # before the first step; collective
+    agree_on_layout(optimizer, net, env)   # before anything starts; collective
+    sync.attach(optimizer, net)     # before the first step; collective
     model = wrap(net, env, sync)    # DataParallel with its reducer off
     ...; optimizer.step(); if sync.stop_requested: ...
 """
@@ -33,20 +47,22 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
-from paddle.nn.clip import ClipGradBase
 
 from . import compat, reducers, shm
 from .comm import PeerFailure, collective, first_line
 from .config import check_compress
-from .overlap import AsyncExchange, Overlap, ThreadExchange
+from .errors import ConfigError
+from .overlap import AsyncExchange, Overlap, ThreadExchange, give_missing, grad_views, set_grad
 
-__all__ = ["GradSync", "PeerFailure", "collective", "wrap", "disable_reducer", "stop_check_interval"]
+__all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
+           "disable_reducer", "layout_mismatch", "stop_check_interval"]
 DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
 
 # sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
@@ -57,12 +73,13 @@ STOP_CHECK_MAX = 1000
 HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 
 
-class GradSync(ClipGradBase):
-    """Averages gradients over all ranks, then applies the optimizer's own clipping.
+class GradSync:
+    """Averages the gradients of an optimizer's parameters over all ranks, at the start of
+    its every step (module docstring).
 
-    `attach(optimizer)` installs it and sets up the transport (collective). Per step:
+    `attach(optimizer, net)` installs it and sets up the transport (collective). Per step:
     `arm(final)` before each backward() (only needed with accumulation: the last
-    micro-batch's is final), then the optimizer step calls it with the gradients.
+    micro-batch's is final); the optimizer's `step()`/`minimize()` then average.
     mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
     backward(); only the stop flag is exchanged, about once a second
     (`stop_check_interval`).
@@ -72,7 +89,6 @@ class GradSync(ClipGradBase):
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
                  accumulate_steps: int = 1):
-        super().__init__()
         check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
@@ -80,7 +96,9 @@ class GradSync(ClipGradBase):
         self.accumulate_steps = accumulate_steps
         self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
         self.overlap: Optional[Overlap] = None
-        self.inner = None
+        self.optimizer = None
+        self.params: list = []    # the exchange's layout: the trainable parameters at attach
+        self.names: Dict[int, str] = {}
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
@@ -95,15 +113,19 @@ class GradSync(ClipGradBase):
         return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
                    sync_cfg.transport, accumulate_steps)
 
-    def attach(self, optimizer) -> None:
-        """Install on `optimizer` (keeping a clip it already has, applied after averaging)
-        and set up the transport. Collective: every rank calls it at the same point."""
-        if isinstance(optimizer._grad_clip, GradSync):
-            return
-        self.inner = optimizer._grad_clip
-        optimizer._grad_clip = self
+    def attach(self, optimizer, net=None) -> None:
+        """Make `optimizer`'s step()/minimize() average first and set up the transport
+        (`net` names the parameters in errors). Collective: every rank calls it at the
+        same point, after `agree_on_layout`."""
+        check_optimizer(optimizer, net, self.mode)
+        self.optimizer, self.params = optimizer, trainable(optimizer)
+        self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
+        _install(optimizer, self)
         if self.env.is_distributed and self.mode != "dataparallel":
-            self._setup(_trainable(optimizer))
+            self._setup(self.params)
+
+    def name_of(self, param) -> str:
+        return self.names.get(id(param), param.name)
 
     def _setup(self, params) -> None:
         cpu = self.env.device == "cpu"
@@ -111,7 +133,8 @@ class GradSync(ClipGradBase):
         if cpu and float32 and self.compress == "bf16":
             self.reducer = reducers.BackendReducer(compress="bf16")  # compressed: the backend
         elif cpu and float32 and self.compress == "none":
-            count = sum(int(p.size) for p in params) + 1          # + the stop flag
+            # + the stop flag and one presence number per parameter
+            count = sum(int(p.size) for p in params) + 1 + len(params)
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
         self.mode = self._resolve_mode()
         if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
@@ -139,62 +162,78 @@ class GradSync(ClipGradBase):
             self.overlap.arm(final)
 
     def close(self) -> None:
+        """Stop the communication thread, and give the optimizer back its own class."""
         if self.overlap is not None:
             self.overlap.close()
             self.overlap = None
+        if self.optimizer is not None:
+            _uninstall(self.optimizer, self)
 
     def _stop_value(self) -> float:
         return 1.0 if self.want_stop() else 0.0
 
-    def _dygraph_clip(self, params_grads):
+    def before_update(self) -> None:
+        """What the optimizer's step() and minimize() do first: average the gradients in
+        place (unless a loss scaler has had them averaged already, `average_now`)."""
         if self.averaged_early:
             self.averaged_early = False
-        else:
-            params_grads = self._timed_average(params_grads)
-        return self.inner(params_grads) if self.inner is not None else params_grads
+            return
+        self._check_unchanged()
+        with paddle.no_grad():
+            self._timed_average()
 
-    def average_now(self, optimizer) -> None:
+    def average_now(self, optimizer=None) -> None:
         """Average the gradients now, in place, before the optimizer step (which then
         leaves them alone): for a loss scaler, which must check the averaged gradients."""
-        params_grads = [(p, p.grad) for p in _trainable(optimizer)]
-        for (_, grad), (_, mean) in zip(params_grads, self._timed_average(params_grads)):
-            if grad is not None and mean is not grad:
-                paddle.assign(mean, grad)
+        self._check_unchanged()
+        with paddle.no_grad():
+            self._timed_average()
         self.averaged_early = True
 
-    def _timed_average(self, params_grads):
+    def _check_unchanged(self) -> None:
+        """Parameters frozen later only stop getting gradients (they travel as absent);
+        one unfrozen after the start is outside the agreed layout: refused, never left
+        unaveraged."""
+        if self.optimizer is None or not self.env.is_distributed:
+            return
+        current = trainable(self.optimizer)
+        if len(current) > len(self.params) or any(a is not b for a, b in zip(current, self.params)):
+            known = {id(p) for p in self.params}
+            new = next((p for p in current if id(p) not in known), current[-1])
+            raise ConfigError(f"parameter '{self.name_of(new)}' became trainable after training "
+                              "started; paddle_dist averages the parameters that were trainable "
+                              "when fit() began: set stop_gradient before calling fit()")
+
+    def _timed_average(self) -> None:
         started = time.perf_counter()
         try:
-            return self.average(params_grads)
+            self.average()
         finally:
             self.comm_seconds += time.perf_counter() - started
 
-    def average(self, params_grads):
+    def average(self) -> None:
+        """Average every trainable parameter's gradient over the ranks, in place."""
         self.steps += 1
         if not self.env.is_distributed:
             self.stop_requested = bool(self._stop_value())
-            return params_grads
+            return
         if self.mode == "dataparallel":
             if self.steps >= self._next_check:
                 self._check_stop(self._stop_value())
-            return params_grads
+            return
         if self.overlap is not None:
-            return self._finish_overlap(params_grads)
-        present = [(p, g) for p, g in params_grads if g is not None]
-        if self.reducer is not None:
-            averaged, stops = self._reduce_cpu(present, self._stop_value())
+            self._finish_overlap()
+        elif self.reducer is not None:
+            self.stop_requested = self._reduce_cpu(self.params, self._stop_value()) > 0
         else:
-            averaged, stops = self._reduce_buckets(present, self._stop_value())
-        self.stop_requested = stops > 0
-        return [(p, averaged.get(id(p), g)) for p, g in params_grads]
+            self.stop_requested = self._reduce_buckets(self.params, self._stop_value()) > 0
 
-    def _finish_overlap(self, params_grads):
+    def _finish_overlap(self) -> None:
         size = self.overlap.nbytes
         guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
         with guard:
             self.stop_requested = self.overlap.finish() > 0
         self.calls = self.overlap.exchange.calls
-        return params_grads              # averaged in place
 
     def _check_stop(self, stop: float) -> None:
         """Exchange the stop flag, with rank 0's choice of the step for the next exchange:
@@ -210,17 +249,16 @@ class GradSync(ClipGradBase):
         self.stop_requested = stops > 0
         self._next_check, self._checked = self.steps + max(int(every), 1), (self.steps, now)
 
-    def _reduce_buckets(self, present, stop: float):
+    def _reduce_buckets(self, params, stop: float) -> float:
         """Flat Paddle buffers through the process group (any device and dtype, optionally
-        16-bit on the wire); returns ({id(param): mean grad}, the stop flag's sum)."""
+        16-bit on the wire), averaged into the gradients; returns the stop flag's sum."""
         flag = paddle.to_tensor([stop], dtype="float32")
-        buckets = self.buckets(present)
-        averaged = {}
+        buckets = self.buckets(params)
         for i, bucket in enumerate(buckets):
-            averaged.update(self._reduce(bucket, flag if i == 0 else None))
+            self._reduce(bucket, flag if i == 0 else None)
         if not buckets:
             self._all_reduce(flag, "stop-flag all-reduce")
-        return averaged, self._read_flag(flag)
+        return self._read_flag(flag)
 
     def _read_flag(self, flag) -> float:
         """The stop flag's sum; on GPUs the previous step's, so that the host never waits
@@ -230,29 +268,35 @@ class GradSync(ClipGradBase):
         previous, self._late_flag = self._late_flag, flag
         return float(previous.numpy()[0]) if previous is not None else 0.0
 
-    def buckets(self, present) -> List[list]:
-        """Group (param, grad) pairs by dtype, in order, each group at most bucket_bytes
+    def buckets(self, params) -> List[list]:
+        """Group the parameters by dtype, in order, each group at most bucket_bytes
         (a gradient larger than the cap gets a bucket of its own)."""
-        by_dtype = {}
-        for p, g in present:
-            by_dtype.setdefault(g.dtype, []).append((p, g))
+        by_dtype: Dict[object, list] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
         out = []
         for group in by_dtype.values():
             current, size = [], 0
-            for p, g in group:
-                nbytes = int(g.size) * g.element_size()
+            for p in group:
+                nbytes = int(p.size) * p.element_size()
                 if current and self.bucket_bytes and size + nbytes > self.bucket_bytes:
                     out.append(current)
                     current, size = [], 0
-                current.append((p, g))
+                current.append(p)
                 size += nbytes
             out.append(current)
         return out
 
-    def _reduce(self, bucket, flag):
-        """All-reduce one flat buffer (plus the stop flag); return {id(param): mean grad}."""
-        dtype = bucket[0][1].dtype
-        parts: List[paddle.Tensor] = [g.reshape([-1]) for _, g in bucket]
+    def _reduce(self, bucket, flag) -> None:
+        """All-reduce one flat buffer (presence numbers, gradients, and the stop flag) and
+        write the means back into the gradients."""
+        dtype = bucket[0].dtype
+        grads = [p.grad for p in bucket]
+        missing = [i for i, g in enumerate(grads) if g is None]
+        present = [0.0 if g is None else 1.0 for g in grads]
+        parts: List[paddle.Tensor] = [paddle.to_tensor(present, dtype=dtype)]
+        parts += [g.reshape([-1]) if g is not None else paddle.zeros([int(p.size)], dtype)
+                  for p, g in zip(bucket, grads)]
         if flag is not None:
             parts.append(flag.astype(dtype))
         flat = paddle.concat(parts)
@@ -267,9 +311,15 @@ class GradSync(ClipGradBase):
             flag.set_value(flat[-1:].astype("float32"))
             flat = flat[:-1]
         flat = flat / self.env.world_size
-        sizes = [int(g.size) for _, g in bucket]
-        pieces = paddle.split(flat, sizes) if len(sizes) > 1 else [flat]
-        return {id(p): piece.reshape(g.shape) for (p, g), piece in zip(bucket, pieces)}
+        sizes = [len(bucket)] + [int(p.size) for p in bucket]
+        counts, *pieces = paddle.split(flat, sizes)
+        if missing:      # (read on the host only when this rank lacks a gradient)
+            counts = counts.numpy()
+        for i, (p, g, piece) in enumerate(zip(bucket, grads, pieces)):
+            if g is not None:
+                paddle.assign(piece.reshape(g.shape), g)
+            elif counts[i] > 0:
+                set_grad(p, piece.reshape(p.shape))
 
     def describe(self) -> str:
         """For the start-up line, e.g. 'sync overlap (4 buckets) over hierarchical'."""
@@ -289,32 +339,138 @@ class GradSync(ClipGradBase):
             return "shm"
         return "hierarchical" if isinstance(self.reducer, reducers.HierReducer) else "backend"
 
-    def _reduce_cpu(self, present, stop: float):
-        """The float32 gradients (and the stop flag) averaged in place by the CPU reducer:
-        numpy views of the gradients' own memory (compat.numpy_view), no copies but the transport's.
-        Returns ({id(param): grad}, the stop flag's sum, scaled like the gradients)."""
-        views = [compat.numpy_view(g.detach()) for _, g in present]
-        flag = np.array([stop], dtype=np.float32)
+    def _reduce_cpu(self, params, stop: float) -> float:
+        """The float32 gradients (with the presence numbers and the stop flag) averaged in
+        place by the CPU reducer: numpy views of the gradients' own memory
+        (compat.numpy_view), no copies but the transport's. Returns the stop flag's sum,
+        scaled like the gradients."""
+        views = grad_views(params)
+        head = np.array([stop] + [0.0 if p.grad is None else 1.0 for p in params], dtype=np.float32)
         size = sum(v.nbytes for v in views)
         guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
         with guard:
             try:
-                self.calls += self.reducer.all_reduce(views + [flag], scale=1.0 / self.env.world_size)
+                self.calls += self.reducer.all_reduce([head] + views, scale=1.0 / self.env.world_size)
             except RuntimeError as exc:             # gloo's error, or shm.PeerGone
                 raise PeerFailure(f"gradient all-reduce failed: {first_line(exc)}") from exc
-        return {id(p): g for p, g in present}, float(flag[0])
+        give_missing(params, views, head[1:])
+        return float(head[0])
 
     def _all_reduce(self, tensor, what: str) -> None:
         self.calls += 1
         collective(dist.all_reduce, tensor, phase=self.phase, what=what)
 
 
-def _trainable(optimizer) -> list:
-    """The optimizer's trainable parameters (flattening parameter groups)."""
+def trainable(optimizer) -> list:
+    """The optimizer's trainable parameters, every parameter group's, each once, in order."""
     params = optimizer._parameter_list
     if params and isinstance(params[0], dict):
         params = [p for group in params for p in group["params"]]
-    return [p for p in params if not p.stop_gradient]
+    seen, out = set(), []
+    for p in params:
+        if not p.stop_gradient and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def agree_on_layout(optimizer, net, env) -> None:
+    """Before anything starts (collective, one all-gather): the exchange's layout (the
+    optimizer's trainable parameters: names, shapes and dtypes, in order) and `net`'s whole
+    state (what buffer averaging and the weights check exchange) must be the same on every
+    rank; else a ConfigError naming the first parameter that differs and the ranks."""
+    if not env.is_distributed:
+        return
+    names = {id(p): name for name, p in net.named_parameters()}
+
+    def entry(name, tensor):
+        return name, list(tensor.shape), str(tensor.dtype).replace("paddle.", "")
+
+    mine = [[entry(names.get(id(p), p.name), p) for p in trainable(optimizer)],
+            [entry(name, t) for name, t in net.state_dict().items()]]
+    found: list = []
+    collective(dist.all_gather_object, found, mine, what="parameter layout check")
+    for index in (0, 1):
+        problem = layout_mismatch([layouts[index] for layouts in found])
+        if problem:
+            raise ConfigError(f"the ranks' models differ: {problem}; every rank must build the same "
+                              "model and optimizer (a rank-dependent layer, freeze or parameter group?)")
+
+
+def layout_mismatch(layouts: List[list]) -> str:
+    """'' when every rank's list of (name, shape, dtype) is the same; else where the first
+    difference is, naming the parameter and the ranks.
+
+    Example:
+        layout_mismatch([[("w", [2], "float32")], [("w", [3], "float32")]])
+        # "parameter 'w' is [2] float32 on rank 0 but [3] float32 on rank 1"
+    """
+    def text(entry):
+        return f"{entry[1]} {entry[2]}" if entry is not None else "absent"
+
+    for i in range(max(len(layout) for layout in layouts)):
+        entries = [tuple(map(str, layout[i])) if i < len(layout) else None for layout in layouts]
+        if len(set(entries)) > 1:
+            first = entries[0]
+            other = next(r for r, e in enumerate(entries) if e != first)
+            name = (first or entries[other])[0]
+            if first is not None and entries[other] is not None and first[0] != entries[other][0]:
+                return (f"trainable parameter {i} is '{first[0]}' {text(first)} on rank 0 but "
+                        f"'{entries[other][0]}' {text(entries[other])} on rank {other}")
+            return f"parameter '{name}' is {text(first)} on rank 0 but {text(entries[other])} on rank {other}"
+    return ""
+
+
+def check_optimizer(optimizer, net=None, mode: str = "auto") -> None:
+    """Refuse, before anything starts, what this averaging cannot serve exactly."""
+    if isinstance(optimizer, getattr(paddle.optimizer, "LBFGS", ())):
+        raise ConfigError("paddle.optimizer.LBFGS evaluates the loss and its gradients again inside "
+                          "step(closure), which data parallelism cannot average; use another optimizer")
+    if net is None or mode == "dataparallel":
+        return
+    for name, layer in net.named_sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False):
+            raise ConfigError(f"embedding '{name or type(net).__name__}' has sparse=True: its gradient "
+                              "holds only the looked-up rows, which paddle_dist's exchange does not "
+                              "average; build it with sparse=False, or use sync.mode=dataparallel")
+
+
+@functools.lru_cache(maxsize=None)
+def _synced_class(cls):
+    """`cls` with step() and minimize() that average the gradients first: the class an
+    attached optimizer takes on (named as its own, so it reads the same everywhere)."""
+    def step(self, *args, **kwargs):
+        self._paddle_dist_sync.before_update()
+        return cls.step(self, *args, **kwargs)
+
+    def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
+        self._paddle_dist_sync.before_update()
+        if parameters is None and no_grad_set is None and _grouped(self):
+            # Paddle's minimize() cannot read parameter groups (it hands the list of dicts
+            # to get_all_grads: TypeError), yet paddle.Model.fit calls it: step() can.
+            cls.step(self)
+            return [], [(p, p.grad) for p in trainable(self) if p.grad is not None]
+        return cls.minimize(self, loss, startup_program, parameters, no_grad_set)
+
+    return type(cls.__name__, (cls,), {"step": step, "minimize": minimize, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "_paddle_dist_base": cls})
+
+
+def _grouped(optimizer) -> bool:
+    groups = optimizer._param_groups
+    return bool(groups) and isinstance(groups[0], dict)
+
+
+def _install(optimizer, sync: GradSync) -> None:
+    optimizer._paddle_dist_sync = sync
+    base = getattr(type(optimizer), "_paddle_dist_base", type(optimizer))
+    optimizer.__class__ = _synced_class(base)
+
+
+def _uninstall(optimizer, sync: GradSync) -> None:
+    if getattr(optimizer, "_paddle_dist_sync", None) is sync:
+        optimizer.__class__ = type(optimizer)._paddle_dist_base
+        del optimizer._paddle_dist_sync
 
 
 def stop_check_interval(seconds_per_step: float) -> int:
@@ -326,12 +482,15 @@ def stop_check_interval(seconds_per_step: float) -> int:
 
 def wrap(net, env, sync: GradSync):
     """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
-    reducer switched off unless sync.mode=dataparallel; `net` itself on a single process."""
+    reducer switched off unless sync.mode=dataparallel, where it also averages the
+    gradients of parameters some rank's batch did not reach (`find_unused_parameters`);
+    `net` itself on a single process."""
     if not env.is_distributed:
         return net
+    if sync.mode == "dataparallel":
+        return paddle.DataParallel(net, find_unused_parameters=True)
     model = paddle.DataParallel(net)
-    if sync.mode != "dataparallel":
-        disable_reducer(model)
+    disable_reducer(model)
     return model
 
 

@@ -25,15 +25,15 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 import paddle
-from paddle.optimizer.lr import LRScheduler
+from paddle.optimizer.lr import LRScheduler, ReduceOnPlateau
 
 from .. import amp, checkpoint, comm, faults, logger, report, rundir, runtime
 from .. import config as configlib
 from .. import env as envlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
-from ..sync import GradSync, PeerFailure
-from . import hapi, loop
+from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer
+from . import agreement, hapi, loop
 from .common import (Parts, Position, Result, Session, default_loss, evaluate, make_optimizer,
                      optimizer_factory, steps_per_epoch, total_steps)
 from .selection import Best
@@ -52,9 +52,10 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
 
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
     config's); it keeps the rate it was built with unless the config asks for scaling,
-    warm-up or a schedule. `loss` defaults to cross-entropy (classification) or MSE
-    (regression). `config` defaults to the typed defaults (plus what `python -m
-    paddle_dist.launch` was given).
+    warm-up or a schedule; its own LRScheduler, if any, is stepped after every optimizer
+    step or every epoch (train.scheduler_every). `loss` defaults to cross-entropy
+    (classification) or MSE (regression). `config` defaults to the typed defaults (plus
+    what `python -m paddle_dist.launch` was given).
 
     A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
     Ctrl+C with 130, another rank's failure with 5, each without a traceback
@@ -118,8 +119,10 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
+    check_optimizer(optimizer, parts.model, cfg.sync.mode)
     record = fit_record(parts, optimizer) if parts.own else None
     parts.model, optimizer = amp.decorate(parts.model, optimizer, precision)
+    agree_on_layout(optimizer, parts.model, env)
     micro = steps_per_epoch(len(parts.train_data), cfg.train.batch_size, env.world_size,
                             cfg.train.drop_last)
     per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
@@ -161,12 +164,17 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     with monitor.running(), comm.watched(monitor.phase):
         try:
             result = _run(parts, cfg, env, run_dir, monitor, log, precision, prepared)
+            # The ranks compare their final weights (as at every checkpoint): one collective.
+            agreement.check(parts.model, env, result.steps, monitor.phase)
         except BaseException as exc:
             state = faults.outcome_of(exc)
             monitor.finish(state, exc)
             if isinstance(exc, KeyboardInterrupt):     # the launcher, if any, says it once
                 if not env.supervised and env.is_main:
                     log.warning(f"interrupted at step {monitor.step_no}")
+            elif state == "diverged":        # one line; on the console the launcher, if any, says it
+                if not (env.supervised and logger.prints(env)):
+                    log.error(f"paddle_dist: {exc}")
             elif state != "preempted":
                 log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "))
             if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
@@ -209,7 +217,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
         return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
-    grad_sync.attach(optimizer)
+    grad_sync.attach(optimizer, parts.model)
     per_epoch, limit, lr_policy = prepared.per_epoch, prepared.limit, prepared.lr_policy
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {grad_sync.describe()}, "
@@ -255,19 +263,36 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
 def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int) -> Tuple[Optional[LrPolicy], str]:
     """The lr policy when it changes anything (else the optimizer keeps its own rate), and
     the rate in plain words. An optimizer with its own LRScheduler is refused only when the
-    config asks for a policy of its own."""
+    config asks for a policy of its own; else Session steps it (train.scheduler_every)."""
     base = float(optimizer.get_lr())
     policy = LrPolicy.from_config(cfg.train, env.world_size, per_epoch, limit, base_lr=base)
     scheduler = optimizer._learning_rate
     if policy.peak == base and not policy.varies:
         if isinstance(scheduler, LRScheduler):
-            return None, f"lr from the optimizer's own {type(scheduler).__name__}, {base:g} at the start"
+            return None, _own_scheduler(scheduler, base, cfg.train.scheduler_every)
         return None, f"lr {base:g}, constant"
     if isinstance(scheduler, LRScheduler):
         raise ConfigError(
             "the optimizer has its own LRScheduler, which train.lr_scaling, train.warmup_epochs "
             "and train.lr_schedule would override; set those to none/0/constant or drop the scheduler")
     return policy, policy.describe(cfg.train, env.world_size, base)
+
+
+SCHEDULER_RULES = {"step": "after every optimizer step", "epoch": "after every epoch"}
+
+
+def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
+    """The start line for the optimizer's own LRScheduler, which the Session steps by
+    train.scheduler_every at both API levels. ReduceOnPlateau is refused: its step() needs
+    a metric, which neither rule passes (hapi's own LRScheduler callback fails on it too)."""
+    if isinstance(scheduler, ReduceOnPlateau):
+        raise ConfigError(
+            "the optimizer's own ReduceOnPlateau steps on a metric, which paddle_dist does not "
+            "pass to it (it steps the optimizer's LRScheduler after every step or epoch, "
+            "train.scheduler_every); use a scheduler that steps without one, e.g. "
+            "paddle.optimizer.lr.MultiStepDecay with train.scheduler_every=epoch")
+    return (f"lr from the optimizer's own {type(scheduler).__name__}, {base:g} at the start, "
+            f"stepped {SCHEDULER_RULES[every]} (train.scheduler_every={every})")
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):

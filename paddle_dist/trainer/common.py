@@ -15,11 +15,13 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle.optimizer.lr import LRScheduler
 
 from .. import checkpoint
 from ..amp import AmpPlan
 from ..faults import Preempted
 from ..sync import collective
+from . import agreement
 from .selection import Best
 
 
@@ -230,7 +232,8 @@ class Session:
     """One rank's training run: counters, progress, checkpoints, stop requests.
 
     Both trainers call `after_step(loss)` after every optimizer step and
-    `end_epoch(epoch)` after every epoch; everything else is shared here. The losses are
+    `end_epoch(epoch)` after every epoch; everything else is shared here, the stepping of
+    the optimizer's own LRScheduler included (`step_scheduler`). The losses are
     kept by `progress`, which reads them on the host at its reports only.
     """
 
@@ -241,9 +244,14 @@ class Session:
         self.progress, self.monitor, self.sync, self.optimizer = progress, monitor, sync, optimizer
         self.pos, self.limit, self.config_hash = start, limit, config_hash
         self.lr_policy = lr_policy
+        # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
+        # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
+        own = getattr(optimizer, "_learning_rate", None)
+        self.scheduler = own if isinstance(own, LRScheduler) and lr_policy is None else None
         self.amp, self.scaler = AmpPlan(), None      # mixed precision (set by the trainer)
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
         self.saver = checkpoint.AsyncSaver()
+        self.checked_at = -1          # the step whose weights the ranks last compared
         self.result = Result(run_dir=run_dir)
 
     @property
@@ -271,7 +279,9 @@ class Session:
         measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
         self.progress.step(loss, float(self.optimizer.get_lr()),
                            self.sync.comm_seconds if measurable else None)
+        self.step_scheduler("step")
         self.monitor.step(self.pos.global_step, self.pos.epoch)
+        self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
         if self.sync.stop_requested:
             self._stop_for_preemption()
         every = self.cfg.checkpoint.every_steps
@@ -302,6 +312,7 @@ class Session:
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
+        self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
         at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
         if every and (epoch + 1) % every == 0:
@@ -309,6 +320,19 @@ class Session:
         self._select(metrics, at)
         self.progress.resume()
         return metrics
+
+    def step_scheduler(self, when: str) -> None:
+        """Step the optimizer's own LRScheduler if train.scheduler_every is `when` (step:
+        after every optimizer step, never per micro-batch; epoch: after every epoch), the
+        rule of hapi's `paddle.callbacks.LRScheduler(by_step, by_epoch)`. Called before any
+        checkpoint of that step or epoch is taken, so a resumed run (the scheduler's state
+        is in the optimizer's state_dict) continues the schedule where it stood.
+
+        Example:
+            session.step_scheduler("epoch")     # at an epoch's end
+        """
+        if self.scheduler is not None and self.cfg.train.scheduler_every == when:
+            self.scheduler.step()
 
     def _select(self, metrics: Dict[str, Any], at: Position) -> None:
         """Best checkpoint and early stopping, on rank 0's value (the same everywhere)."""
@@ -329,7 +353,9 @@ class Session:
     def save(self, at: Position, root: Optional[Path] = None, keep_last: Optional[int] = None) -> None:
         """Rank 0 snapshots the state now and writes it in the background: no other rank
         ever waits inside a collective while the files are written. `root`: where
-        (default <run>/checkpoints)."""
+        (default <run>/checkpoints). Every rank calls it: first the ranks check that
+        their weights agree (check_weights), so a checkpoint never keeps diverged ones."""
+        self.check_weights(at.global_step)
         if not (self.env.is_main and self.run_dir):
             return
         meta = {"global_step": at.global_step, "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
@@ -342,6 +368,14 @@ class Session:
                           before_write=self.monitor.save_delay(at.global_step))
         what = "best checkpoint" if root is not None else "checkpoint"
         self.progress.log.info(f"{what} for step {at.global_step} is being written")
+
+    def check_weights(self, step: int) -> None:
+        """The ranks compare their weights (agreement.check: one collective), once a step:
+        an epoch's end may save twice (its checkpoint and the best one). Raises
+        faults.Diverged when they differ."""
+        if self.checked_at != step:
+            self.checked_at = step
+            agreement.check(self.parts.model, self.env, step, self.monitor.phase)
 
     def _stop_for_preemption(self) -> None:
         self._save_mid_epoch()

@@ -5,10 +5,14 @@ handed a DataLoader over the same resumable distributed sampler as the loop trai
 both API levels see the same shards in the same order and resume mid-epoch alike (a
 plain, unsharded DataLoader would make every rank train on all the data). Progress,
 exact evaluation, checkpoints, stop requests and the lr policy run through one callback;
-gradient accumulation is hapi's own (`accumulate_grad_batches`).
+gradient accumulation is hapi's own (`accumulate_grad_batches`). hapi's own stepping of
+the optimizer's LRScheduler is switched off: the Session steps it, by the same rule as
+the loop (train.scheduler_every).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import paddle
 
@@ -74,6 +78,26 @@ class _GroupMean:
         return loss / self.divisor if self.divisor > 1 else loss
 
 
+@contextlib.contextmanager
+def finding_unused_parameters():
+    """paddle.Model builds its DataParallel itself, without find_unused_parameters: a
+    parameter that one rank's batch did not reach would be averaged on the others only.
+    While the Model is built, paddle.DataParallel finds them (sync.wrap's choice). A second
+    DataParallel over the same parameters instead would give them two reducers, whose
+    hooks crash backward() (SIGSEGV, Paddle 3.3.1)."""
+    plain = paddle.DataParallel
+
+    class FindingUnused(plain):
+        def __init__(self, layers, strategy=None, **kwargs):
+            super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": True})
+
+    paddle.DataParallel = FindingUnused
+    try:
+        yield
+    finally:
+        paddle.DataParallel = plain
+
+
 def run(session: Session) -> None:
     with quiet_paddle():
         _fit(session)
@@ -81,8 +105,10 @@ def run(session: Session) -> None:
 
 def _fit(session: Session) -> None:
     cfg, env = session.cfg, session.env
-    model = paddle.Model(session.parts.model)
-    if env.is_distributed and session.sync.mode != "dataparallel":
+    reducer_on = env.is_distributed and session.sync.mode == "dataparallel"
+    with finding_unused_parameters() if reducer_on else contextlib.nullcontext():
+        model = paddle.Model(session.parts.model)
+    if env.is_distributed and not reducer_on:
         disable_reducer(model._adapter.ddp_model)
     loss = _GroupMean(session.parts.loss)
     precision = session.amp
@@ -94,6 +120,10 @@ def _fit(session: Session) -> None:
         model._scaler = session.scaler          # checks the averaged gradients (amp.SyncedScaler)
     install_autocast(session.parts.model, precision)
     loader, sampler = train_loader(session.parts, cfg, env)
+    # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
+    # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,
+    # stepping neither by step nor by epoch, keeps it out (Paddle 2.6 to 3.3).
     model.fit(loader, epochs=cfg.train.epochs - session.pos.epoch, verbose=0,
               accumulate_grad_batches=cfg.train.accumulate_steps,
-              callbacks=[_Bridge(session, sampler, loss)])
+              callbacks=[_Bridge(session, sampler, loss),
+                         paddle.callbacks.LRScheduler(by_step=False, by_epoch=False)])

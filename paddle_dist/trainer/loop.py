@@ -3,13 +3,14 @@
 `init_parallel_env()` (in runtime.setup), `paddle.DataParallel`, and a distributed batch
 sampler whose epoch is set every epoch. The gradients are averaged by `GradSync` when the
 optimizer steps (see sync.py for why not inside backward), so `train.accumulate_steps`
-micro-batches cost one communication; with sync.mode=dataparallel the micro-batches but
-the last run under `no_sync()` for the same effect.
+micro-batches cost one communication. With sync.mode=dataparallel every micro-batch's
+backward() all-reduces, as under paddle.Model: `no_sync()` for all but the last would
+lose, with find_unused_parameters, the gradient of a parameter that an earlier
+micro-batch reached and the last did not (the ranks' weights then differ).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable
 
 import paddle
@@ -23,7 +24,6 @@ def run(session: Session) -> None:
     parts, cfg, env = session.parts, session.cfg, session.env
     net = parts.model
     model = wrap(net, env, session.sync)
-    reducer_on = isinstance(model, paddle.DataParallel) and session.sync.mode == "dataparallel"
     loader, sampler = train_loader(parts, cfg, env)
     k = cfg.train.accumulate_steps
     net.train()
@@ -33,8 +33,8 @@ def run(session: Session) -> None:
         session.begin_epoch(epoch)
         for group in groups(loader, k):
             session.before_step()
-            loss = step(model, parts.loss, group, session.optimizer, reducer_on,
-                        session.amp, session.scaler, session.sync.arm)
+            loss = step(model, parts.loss, group, session.optimizer, session.amp, session.scaler,
+                        session.sync.arm)
             if session.after_step(loss):
                 break
         session.end_epoch(epoch)
@@ -54,8 +54,8 @@ def groups(batches, k: int):
         yield group
 
 
-def step(model, loss_fn, group, optimizer, reducer_on: bool, precision: AmpPlan = AmpPlan(),
-         scaler=None, arm: Callable[[bool], None] = lambda final: None) -> paddle.Tensor:
+def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
+         arm: Callable[[bool], None] = lambda final: None) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
     detached float64 tensor on the device (read it on the host only when it is needed:
     on a GPU every read waits for the queued work, see logger.read_values).
@@ -66,14 +66,12 @@ def step(model, loss_fn, group, optimizer, reducer_on: bool, precision: AmpPlan 
     tells the gradient sync whether an optimizer step follows the coming backward()."""
     total = None
     for i, (x, y) in enumerate(group):
-        quiet = reducer_on and i < len(group) - 1
         if len(group) > 1:
             arm(i == len(group) - 1)
-        with model.no_sync() if quiet else contextlib.nullcontext():
-            with autocast(precision):
-                loss = loss_fn(model(x), y)
-            part = loss / len(group) if len(group) > 1 else loss
-            (scaler.scale(part) if scaler is not None else part).backward()
+        with autocast(precision):
+            loss = loss_fn(model(x), y)
+        part = loss / len(group) if len(group) > 1 else loss
+        (scaler.scale(part) if scaler is not None else part).backward()
         # Summed in float64, like Python floats: the same mean as reading each loss would give.
         value = loss.detach().astype("float64")
         total = value if total is None else total + value

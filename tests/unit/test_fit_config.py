@@ -53,9 +53,26 @@ def test_an_optimizers_own_scheduler_is_said_and_refused_only_against_a_policy()
                                     parameters=paddle.nn.Linear(2, 2).parameters())
     cfg = configlib.with_overrides([])
     assert _lr_policy(cfg, DistEnv(), opt(), 10, 100) == (
-        None, "lr from the optimizer's own StepDecay, 0.1 at the start")
+        None, "lr from the optimizer's own StepDecay, 0.1 at the start, stepped after every "
+              "optimizer step (train.scheduler_every=step)")
+    by_epoch = configlib.with_overrides(["train.scheduler_every=epoch"])
+    assert _lr_policy(by_epoch, DistEnv(), opt(), 10, 100) == (
+        None, "lr from the optimizer's own StepDecay, 0.1 at the start, stepped after every "
+              "epoch (train.scheduler_every=epoch)")
     with pytest.raises(ConfigError, match="own LRScheduler"):
         _lr_policy(configlib.with_overrides(["train.warmup_epochs=1"]), DistEnv(), opt(), 10, 100)
+
+
+def test_scheduler_every_epoch_without_a_scheduler_is_harmless_and_plateau_is_refused():
+    plain = paddle.optimizer.SGD(0.1, parameters=paddle.nn.Linear(2, 2).parameters())
+    by_epoch = configlib.with_overrides(["train.scheduler_every=epoch"])
+    assert _lr_policy(by_epoch, DistEnv(), plain, 10, 100) == (None, "lr 0.1, constant")
+    with pytest.raises(ConfigError, match="train.scheduler_every"):
+        configlib.with_overrides(["train.scheduler_every=batch"])
+    plateau = paddle.optimizer.SGD(paddle.optimizer.lr.ReduceOnPlateau(0.1),
+                                   parameters=paddle.nn.Linear(2, 2).parameters())
+    with pytest.raises(ConfigError, match="ReduceOnPlateau steps on a metric"):
+        _lr_policy(by_epoch, DistEnv(), plateau, 10, 100)
 
 
 def test_a_fit_runs_config_yaml_says_what_ran_and_train_py_refuses_it(tmp_path):

@@ -74,7 +74,8 @@ def test_buckets_leave_during_backward_in_order_with_the_stop_flag_first():
     _backward(net)
     assert hook_seen[0] >= 3 and len(rec.submitted) == 4
     assert [stop for _, stop in rec.submitted] == [1.0, None, None, None]
-    assert rec.sizes == [4 + 1, 64, 16, 128]      # the first bucket carries the flag
+    # each bucket: a presence number per parameter; the first also carries the flag
+    assert rec.sizes == [1 + 4 + 1, 1 + 64, 1 + 16, 1 + 128]
     ov.finish()
     assert len(rec.submitted) == 4                # nothing left to send at the step
     _backward(net)
@@ -125,6 +126,40 @@ def test_the_thread_averages_in_place_and_returns_the_flag():
     for p in net.parameters():
         np.testing.assert_array_equal(p.grad.numpy(), before[p.name])
     assert reducer.threads == ["paddle_dist-grad-sync"] * 4
+    ov.close()
+
+
+class PeerWithEveryGradient:
+    """A reducer whose 'other rank' has a gradient of ones for every parameter: its
+    presence numbers are 1 and its gradients 1 (each bucket's arrays: presence, gradients,
+    then the flag of the first)."""
+
+    def all_reduce(self, arrays, scale=1.0):
+        for a in arrays:
+            a += np.float32(1.0)
+            a *= np.float32(scale)
+        return 1
+
+
+def test_a_gradient_this_rank_lacks_gets_the_mean_and_one_nobody_has_stays_absent():
+    net = _net()
+    w1, b1, w2, b2 = net.parameters()
+    _backward(net)
+    mine = w2.grad.numpy().copy()
+    b2.clear_gradient(False)                       # this rank's batch did not reach b2
+    assert b2.grad is None
+    ov = overlap.Overlap(net.parameters(), overlap.ThreadExchange(PeerWithEveryGradient(), 0.5), 1 << 20)
+    ov.finish()
+    np.testing.assert_array_equal(b2.grad.numpy(), np.full([4], 0.5, np.float32))   # (0 + 1) / 2
+    np.testing.assert_allclose(w2.grad.numpy(), (mine + 1) / 2, rtol=1e-6)
+    ov.close()
+    # No rank has one (the 'other rank' the same as this one): it stays without.
+    net = _net()
+    _backward(net)
+    net[2].bias.clear_gradient(False)
+    ov = overlap.Overlap(net.parameters(), overlap.ThreadExchange(Halver(), 0.5), 1 << 20)
+    ov.finish()
+    assert net[2].bias.grad is None and net[2].weight.grad is not None
     ov.close()
 
 

@@ -71,6 +71,25 @@ def test_a_finished_run_is_never_continued(tmp_path):
     assert again.note == f"the last run of this config, {first}, had finished; starting a new run in {again.path}"
 
 
+def test_a_diverged_run_is_never_continued_nor_offered(tmp_path):
+    """A run whose ranks' weights differed (exit 7: faults.Diverged) has no metrics.json, yet
+    the same command starts a new run, names it, and no command continues it."""
+    first = choose(cfg_for(tmp_path)).path
+    (first / "status").mkdir()
+    (first / "status" / "rank0.json").write_text('{"rank": 0, "state": "diverged", "error": "the ranks\' '
+                                                 'weights differ at step 4: ..."}')
+    (first / "checkpoints" / "ckpt_000000002").mkdir(parents=True)
+    assert rundir.diverged(first).startswith("the ranks' weights differ at step 4")
+    assert rundir.resume_command(first) == ""
+    again = choose(cfg_for(tmp_path))
+    assert again.path != first and len(runs(tmp_path)) == 2
+    assert again.note == (f"not continuing the last run of this config, {first}: its ranks' weights "
+                          f"diverged (docs/faults.md); starting a new run in {again.path}")
+    with pytest.raises(UserError, match="holds a run whose ranks' weights diverged.*checkpoint.resume="):
+        rundir.choose(cfg_for(tmp_path, f"output.run_dir={first}"), 2)
+    assert rundir.diverged(again.path) == ""
+
+
 @pytest.mark.parametrize("change", [["train.lr=0.01"], ["model.name=mlp"], ["output.name=other"]])
 def test_another_experiment_starts_a_new_run(tmp_path, change):
     first = choose(cfg_for(tmp_path)).path

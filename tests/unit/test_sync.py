@@ -1,5 +1,7 @@
-"""GradSync's stop-flag schedule in sync.mode=dataparallel (one process, the all-reduce
-stood in for): the ranks exchange the flag about once a second, at steps rank 0 picks."""
+"""GradSync on one process (collectives stood in for): the stop-flag schedule of
+sync.mode=dataparallel (about once a second, at steps rank 0 picks), how it attaches to an
+optimizer, the layout check's message, and what it refuses. Its exactness across real
+ranks: tests/integration/test_replay_matrix.py and test_sync_options.py."""
 
 from types import SimpleNamespace
 
@@ -31,7 +33,7 @@ def _train(grad_sync, clock, steps, seconds_per_step, stop_at=None):
         clock.now += seconds_per_step
         grad_sync.want_stop = lambda s=step: stop_at is not None and s >= stop_at
         before = grad_sync.calls
-        grad_sync.average([])
+        grad_sync.average()
         if grad_sync.calls > before:
             exchanged.append(step)
         if grad_sync.stop_requested and stopped is None:
@@ -88,3 +90,72 @@ def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once():
         grad_sync = sync.GradSync(env, mode="fused")
         seen = [grad_sync._read_flag(paddle.to_tensor([v], dtype="float32")) for v in (2.0, 0.0, 1.0)]
         assert seen == expected, device
+
+
+def test_a_layout_difference_names_the_parameter_and_the_ranks():
+    same = [("a.weight", [2, 3], "float32"), ("a.bias", [3], "float32")]
+    assert sync.layout_mismatch([same, list(same), list(same)]) == ""
+    wider = [same[0], ("a.bias", [4], "float32")]
+    assert sync.layout_mismatch([same, same, wider]) == \
+        "parameter 'a.bias' is [3] float32 on rank 0 but [4] float32 on rank 2"
+    assert sync.layout_mismatch([same, same[:1]]) == \
+        "parameter 'a.bias' is [3] float32 on rank 0 but absent on rank 1"
+    renamed = [same[0], ("b.bias", [3], "float32")]
+    assert "is 'a.bias' [3] float32 on rank 0 but 'b.bias' [3] float32 on rank 1" in \
+        sync.layout_mismatch([same, renamed])
+
+
+def test_what_cannot_be_averaged_is_refused_before_anything_starts():
+    import paddle
+
+    from paddle_dist.errors import ConfigError
+
+    net = paddle.nn.Sequential(paddle.nn.Embedding(10, 4, sparse=True), paddle.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="embedding '0' has sparse=True"):
+        sync.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net)
+    sync.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net, "dataparallel")
+    with pytest.raises(ConfigError, match="LBFGS"):
+        sync.check_optimizer(paddle.optimizer.LBFGS(parameters=net[1].parameters()), net[1])
+
+
+def test_the_optimizer_averages_at_step_and_minimize_and_gets_its_class_back():
+    """One process: every step() and minimize() averages once (also with parameter
+    groups, where Paddle's own minimize() fails); close() restores the class."""
+    import paddle
+
+    net = paddle.nn.Linear(3, 2)
+    groups = [{"params": [net.weight], "learning_rate": 2.0}, {"params": [net.bias]}]
+    opt = paddle.optimizer.Momentum(0.1, parameters=groups, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    env = SimpleNamespace(is_distributed=False, global_rank=0, backend="gloo", device="cpu")
+    grad_sync = sync.GradSync(env, mode="fused")
+    grad_sync.attach(opt, net)
+    assert type(opt).__name__ == "Momentum" and isinstance(opt, paddle.optimizer.Momentum)
+    for _ in range(2):
+        loss = net(paddle.ones([4, 3])).sum()
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+    loss = net(paddle.ones([4, 3])).sum()
+    loss.backward()
+    opt.minimize(loss)
+    assert grad_sync.steps == 3
+    grad_sync.close()
+    assert type(opt) is paddle.optimizer.Momentum
+
+
+def test_a_parameter_unfrozen_after_the_start_is_refused_not_left_unaveraged():
+    import paddle
+
+    from paddle_dist.errors import ConfigError
+
+    net = paddle.nn.Sequential(paddle.nn.Linear(3, 3), paddle.nn.Linear(3, 2))
+    net[0].weight.stop_gradient = True
+    opt = paddle.optimizer.SGD(0.1, parameters=net.parameters())
+    env = SimpleNamespace(is_distributed=True, global_rank=0, backend="gloo", device="cpu")
+    grad_sync = sync.GradSync(env, mode="fused")
+    grad_sync.optimizer, grad_sync.params = opt, sync.trainable(opt)
+    grad_sync.names = {id(p): n for n, p in net.named_parameters()}
+    grad_sync._check_unchanged()
+    net[0].weight.stop_gradient = False
+    with pytest.raises(ConfigError, match="parameter '0.weight' became trainable after training started"):
+        grad_sync._check_unchanged()
