@@ -157,6 +157,11 @@ class SyncConfig:
                                    # (fused), 25 (overlap; small models: ~4 buckets)
     compress: str = "none"         # none | bf16 | fp16: all-reduce gradients in 16 bits
                                    # over the backend (half the bytes; approximate, opt-in)
+    find_unused_parameters: bool = True  # mode dataparallel: Paddle's reducer averages the
+                                   # gradients of parameters some rank's batch did not reach (an
+                                   # extra all-reduce per step); false is faster for models that use
+                                   # every parameter, and the ranks' weights check (exit 7) catches
+                                   # one that does not. The other modes always do it, at no cost
 
 
 @dataclass

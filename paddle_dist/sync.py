@@ -88,12 +88,13 @@ class GradSync:
     def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
-                 accumulate_steps: int = 1):
+                 accumulate_steps: int = 1, find_unused: bool = True):
         check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
         self.transport = transport if mode != "dataparallel" else "backend"
         self.accumulate_steps = accumulate_steps
+        self.find_unused = find_unused   # mode dataparallel: Paddle's find_unused_parameters
         self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
         self.overlap: Optional[Overlap] = None
         self.optimizer = None
@@ -111,7 +112,7 @@ class GradSync:
     def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False,
                     accumulate_steps: int = 1) -> "GradSync":
         return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
-                   sync_cfg.transport, accumulate_steps)
+                   sync_cfg.transport, accumulate_steps, sync_cfg.find_unused_parameters)
 
     def attach(self, optimizer, net=None) -> None:
         """Make `optimizer`'s step()/minimize() average first and set up the transport
@@ -483,12 +484,12 @@ def stop_check_interval(seconds_per_step: float) -> int:
 def wrap(net, env, sync: GradSync):
     """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
     reducer switched off unless sync.mode=dataparallel, where it also averages the
-    gradients of parameters some rank's batch did not reach (`find_unused_parameters`);
+    gradients of parameters some rank's batch did not reach (sync.find_unused_parameters);
     `net` itself on a single process."""
     if not env.is_distributed:
         return net
     if sync.mode == "dataparallel":
-        return paddle.DataParallel(net, find_unused_parameters=True)
+        return paddle.DataParallel(net, find_unused_parameters=sync.find_unused)
     model = paddle.DataParallel(net)
     disable_reducer(model)
     return model

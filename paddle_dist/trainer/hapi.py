@@ -79,17 +79,17 @@ class _GroupMean:
 
 
 @contextlib.contextmanager
-def finding_unused_parameters():
+def finding_unused_parameters(find: bool = True):
     """paddle.Model builds its DataParallel itself, without find_unused_parameters: a
     parameter that one rank's batch did not reach would be averaged on the others only.
-    While the Model is built, paddle.DataParallel finds them (sync.wrap's choice). A second
-    DataParallel over the same parameters instead would give them two reducers, whose
-    hooks crash backward() (SIGSEGV, Paddle 3.3.1)."""
+    While the Model is built, paddle.DataParallel takes sync.find_unused_parameters (as
+    sync.wrap does). A second DataParallel over the same parameters instead would give
+    them two reducers, whose hooks crash backward() (SIGSEGV, Paddle 3.3.1)."""
     plain = paddle.DataParallel
 
     class FindingUnused(plain):
         def __init__(self, layers, strategy=None, **kwargs):
-            super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": True})
+            super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": find})
 
     paddle.DataParallel = FindingUnused
     try:
@@ -106,7 +106,7 @@ def run(session: Session) -> None:
 def _fit(session: Session) -> None:
     cfg, env = session.cfg, session.env
     reducer_on = env.is_distributed and session.sync.mode == "dataparallel"
-    with finding_unused_parameters() if reducer_on else contextlib.nullcontext():
+    with finding_unused_parameters(session.sync.find_unused) if reducer_on else contextlib.nullcontext():
         model = paddle.Model(session.parts.model)
     if env.is_distributed and not reducer_on:
         disable_reducer(model._adapter.ddp_model)

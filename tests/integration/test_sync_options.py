@@ -23,6 +23,9 @@ SAMPLES = 640          # 20 steps of 2 x 16 per epoch
 # name -> config overrides; "dataparallel" (Paddle's reducer inside backward) is the reference.
 VARIANTS = {
     "dataparallel": ["sync.mode=dataparallel"],
+    # Paddle's reducer without its search for parameters without a gradient: every
+    # parameter of this network gets one, so it must equal the reference bit for bit.
+    "dataparallel_all_used": ["sync.mode=dataparallel", "sync.find_unused_parameters=false"],
     "fused": ["sync.mode=fused"],                    # transport auto: shm on one machine
     "auto": [],                                      # the default: fused on one machine's CPUs
     # Buckets leave during backward() on the communication thread: shm, then gloo.
@@ -192,7 +195,7 @@ def test_every_variant_ran_on_two_ranks_and_the_ranks_agree_bit_for_bit(ranks):
         assert max_diff(variant(w0, name), variant(w1, name)) == 0.0, name
 
 
-@pytest.mark.parametrize("name", ["fused", "auto", "overlap", "overlap_backend", "hapi_overlap",
+@pytest.mark.parametrize("name", ["dataparallel_all_used", "fused", "auto", "overlap", "overlap_backend", "hapi_overlap",
                                   "overlap_accumulate4", "hapi_overlap_accumulate",
                                   "backend", "buckets", "accumulate",
                                   "accumulate_dataparallel", "hapi_fused", "hapi_accumulate",
