@@ -33,7 +33,7 @@ from .. import env as envlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
 from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer
-from . import agreement, hapi, loop
+from . import hapi, loop
 from .common import (Parts, Position, Result, Session, default_loss, evaluate, make_optimizer,
                      optimizer_factory, steps_per_epoch, total_steps)
 from .selection import Best
@@ -164,8 +164,6 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     with monitor.running(), comm.watched(monitor.phase):
         try:
             result = _run(parts, cfg, env, run_dir, monitor, log, precision, prepared)
-            # The ranks compare their final weights (as at every checkpoint): one collective.
-            agreement.check(parts.model, env, result.steps, monitor.phase)
         except BaseException as exc:
             state = faults.outcome_of(exc)
             monitor.finish(state, exc)
@@ -238,6 +236,10 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     try:
         if not session.done:
             TRAINERS[cfg.train.api].run(session)
+        # The ranks compare their final weights (as at every checkpoint: once a step), before
+        # session.close() has rank 0 wait for its checkpoint writes: the others must not
+        # wait for those inside a collective (gloo gives up after 30 s).
+        session.check_weights(session.pos.global_step)
     finally:
         progress.close()
         session.close()
