@@ -99,15 +99,16 @@ def _stop_one_rank(args, run_dir: Path, ranks: int, victim: int, ends_within: fl
 
 def _stopped_rank_named(args, run_dir: Path, ranks: int, victim: int):
     """SIGSTOP `victim` mid-run: exit 4, the report names it, lists every other rank as
-    waiting in an all-reduce (not always the same one: a rank stopped after its part of
-    one lets some peers through to the next), and its record says hung. Returns the
-    report's root-cause line and the status records."""
+    waiting in a collective (not always the same one: a rank stopped after its part of
+    one lets some peers through to the next; an all-reduce of gradients or metrics, or the
+    all-gather of the weights check at a checkpoint), and its record says hung. Returns
+    the report's root-cause line and the status records."""
     code, err, status = _stop_one_rank(args, run_dir, ranks, victim)
     assert code == 4, err
     cause = next(line for line in err.splitlines() if "Root cause:" in line)
     assert f"Root cause: rank {victim} stopped by a signal (process state T)" in cause, err
     for rank in set(range(ranks)) - {victim}:
-        assert re.search(rf"\branks? (\d+, )*{rank}(, \d+)* in all-reduce #", cause), (rank, cause)
+        assert re.search(rf"\branks? (\d+, )*{rank}(, \d+)* in all-(reduce|gather) #", cause), (rank, cause)
     assert status[victim]["state"] == "hung"
     return cause, status
 
