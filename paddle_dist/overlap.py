@@ -13,6 +13,10 @@ while backward() goes on computing the earlier layers' gradients. The optimizer 
 - GPUs: NCCL is asynchronous already: a bucket's all-reduce is issued from the hook with
   sync_op=False on NCCL's stream, and the step waits for its task. No thread.
 
+Each bucket carries one presence number per parameter before its gradients (a missing
+gradient travels as zeros): after the exchange, a parameter this rank has no gradient
+for gets the mean when some rank had one (`give_missing`), as sync.py describes.
+
 With gradient accumulation only the group's last backward() is armed (`arm`): the
 micro-batches before it launch nothing, so a group still communicates once. A failed
 exchange never raises inside backward() (an exception there would cross C++): the

@@ -55,7 +55,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from . import compat, reducers, shm
+from . import reducers, shm
 from .comm import PeerFailure, collective, first_line
 from .config import check_compress
 from .errors import ConfigError
