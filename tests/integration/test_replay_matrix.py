@@ -169,6 +169,7 @@ def train_rows(out: Path, names, batch: int) -> None:
         opt_name, overrides = ROWS[name]
         cfg = paddle_dist.load_config(overrides=[
             f"train.batch_size={batch}", f"train.epochs={EPOCHS}", "train.shuffle=false",
+            "dist.hang_timeout=0",      # (no watchdog process per row: the launch is bounded)
             "checkpoint.every_epochs=0", "train.log_every=100", f"output.run_dir={out}/{name.replace('/', '-')}",
             *[o if not o.startswith("train.batch_size=") else f"train.batch_size={batch_of(overrides, 0) * batch // BATCH}"
               for o in overrides]])

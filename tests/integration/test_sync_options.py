@@ -120,6 +120,7 @@ def train_all(out: Path, names, batch: int) -> None:
             "train.lr_schedule=cosine",
             f"train.batch_size={batch}", f"train.max_steps={STEPS}", "train.epochs=1",
             "checkpoint.every_epochs=0", "train.log_every=100", f"output.run_dir={out}/{name}",
+            "dist.hang_timeout=0",      # (no watchdog process per variant: the launch is bounded)
             *VARIANTS[name]])
         env = paddle_dist.setup(cfg)
         rank = env.global_rank
