@@ -117,8 +117,7 @@ class GradSync:
     def attach(self, optimizer, net=None) -> None:
         """Make `optimizer`'s step()/minimize() average first and set up the transport
         (`net` names the parameters in errors). Collective: every rank calls it at the
-        same point, after `agree_on_layout`."""
-        check_optimizer(optimizer, net, self.mode)
+        same point, after `agree_on_layout` (and `check_optimizer`, before anything starts)."""
         self.optimizer, self.params = optimizer, trainable(optimizer)
         self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
         _install(optimizer, self)
