@@ -8,10 +8,12 @@ Usage:
     python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
         the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there.
-    python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG JOB WORLD
-        the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat); JOB names
-        the heartbeats of the job's other ranks on this machine ('' for none), WORLD is the
-        job's number of ranks. When no rank has made progress for SECONDS (hangs.judge),
+    python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG FOLDER WORLD BEAT_FD STACK_FD
+        the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat), BEAT_FD and
+        STACK_FD the descriptors of it and of STACK_FILE, handed on by the rank (the names
+        only serve to remove them); FOLDER is the job's private directory, holding the
+        heartbeats of its other ranks on this machine ('' for none), WORLD is the job's
+        number of ranks. When no rank has made progress for SECONDS (hangs.judge),
         the watchdog of a rank to blame acts at once; the others wait GRACE_S more, in
         case the blame lies with a rank whose watchdog cannot act (on another machine).
         Acting: ask the rank for its Python stack (SIGUSR2: faulthandler writes it to
@@ -79,24 +81,23 @@ def _running(pid: int) -> bool:
 
 
 def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str, stack_file: str,
-          log: str, job: str = "", world: int = 1) -> int:
+          log: str, folder: str = "", world: int = 1, beat_fd: int = -1, stack_fd: int = -1) -> int:
     """The hang watchdog (module docstring). Removes the heartbeat and stack files when it
     ends, whichever way the rank ended."""
     maps: dict = {}
     hung_since, own = None, None
     try:
-        with open(beat_file, "rb") as f:
-            own = mmap.mmap(f.fileno(), hangs.BEAT_SIZE, access=mmap.ACCESS_READ)
+        own = mmap.mmap(beat_fd, hangs.BEAT_SIZE, access=mmap.ACCESS_READ)
         while not _stdin_closed(POLL_S):
             now = time.monotonic()
-            beats = hangs.read_beats(job, maps) if job else \
+            beats = hangs.read_beats(folder, maps) if folder else \
                 [hangs.Beat.unpack(int(rank), pid, own, hangs.process_state(pid))]
-            verdict = hangs.judge(beats, now, seconds, world if job else 1)
+            verdict = hangs.judge(beats, now, seconds, world if folder else 1)
             hung_since = None if verdict is None else (hung_since or now)
             if verdict is None or (int(rank) not in verdict.culprits and now - hung_since < GRACE_S):
                 continue
             _stop_hung(pid, hangs.Beat.unpack(int(rank), pid, own, hangs.process_state(pid)),
-                       f"{verdict.message} (dist.hang_timeout={seconds:g})", status_file, stack_file, log)
+                       f"{verdict.message} (dist.hang_timeout={seconds:g})", status_file, stack_fd, log)
             return 0
         return 0
     finally:
@@ -109,9 +110,9 @@ def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str,
                 pass
 
 
-def _stop_hung(pid: int, beat, message: str, status_file: str, stack_file: str, log: str) -> None:
+def _stop_hung(pid: int, beat, message: str, status_file: str, stack_fd: int, log: str) -> None:
     """Record and print why the job is hung, with this rank's stack, and SIGKILL the rank."""
-    stack = "" if beat.state in hangs.STOPPED_STATES else _stack_of(pid, stack_file)
+    stack = "" if beat.state in hangs.STOPPED_STATES else _stack_of(pid, stack_fd)
     if status_file:
         _record(status_file, {"rank": beat.rank, "pid": pid, "host": socket.gethostname(),
                               "state": "hung", "step": beat.step, "epoch": beat.epoch, "phase": "train",
@@ -128,9 +129,9 @@ def _stdin_closed(seconds: float) -> bool:
     return bool(ready)
 
 
-def _stack_of(pid: int, stack_file: str) -> str:
-    """The rank's Python stacks, dumped by its faulthandler on SIGUSR2: wait until the
-    file has stopped growing (or STACK_WAIT_S has passed)."""
+def _stack_of(pid: int, stack_fd: int) -> str:
+    """The rank's Python stacks, dumped by its faulthandler on SIGUSR2 into the file of
+    `stack_fd`: wait until it has stopped growing (or STACK_WAIT_S has passed)."""
     try:
         os.kill(pid, signal.SIGUSR2)
     except ProcessLookupError:
@@ -138,14 +139,20 @@ def _stack_of(pid: int, stack_file: str) -> str:
     deadline, size, still = time.monotonic() + STACK_WAIT_S, -1, 0
     while time.monotonic() < deadline and still < 3:
         time.sleep(0.05)
-        now = os.path.getsize(stack_file) if os.path.exists(stack_file) else 0
+        now = _size(stack_fd)
         still = still + 1 if now == size and now > 0 else 0
         size = now
     try:
-        with open(stack_file, errors="replace") as f:
-            return f.read()
+        return os.pread(stack_fd, max(_size(stack_fd), 0), 0).decode(errors="replace")
     except OSError:
         return ""
+
+
+def _size(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return 0
 
 
 def _record(status_file: str, record: dict) -> None:
@@ -162,6 +169,7 @@ if __name__ == "__main__":
     # it ends when its stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.argv[1] == "--heartbeat":
-        pid_, beat_, seconds_, status_, rank_, stack_, log_, job_, world_ = sys.argv[2:11]
-        sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_, job_, int(world_)))
+        pid_, beat_, seconds_, status_, rank_, stack_, log_, folder_, world_, beat_fd_, stack_fd_ = sys.argv[2:13]
+        sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_, folder_, int(world_),
+                       int(beat_fd_), int(stack_fd_)))
     sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:6]))

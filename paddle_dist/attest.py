@@ -13,7 +13,9 @@ job by paddle_dist's launcher, or `dist.token_file`), each rank, right after
   passes;
 - and rank 0 checks every attestation and that the store counted exactly the world size
   of joins, naming any other connection to the store it can see, then tells every rank
-  its verdict. A breach ends every rank with SecurityError (exit 6) and one line.
+  its verdict, with an HMAC of the token over it and the nonce: a verdict that does not
+  prove the token is itself a breach. A breach ends every rank with SecurityError (exit 6)
+  and one line.
 
 What it cannot see: whatever an outsider does after the check, and writes to Paddle's own
 keys (the ranks' gloo addresses among them) before the ranks read them. docs/security.md
@@ -88,17 +90,35 @@ def _attest(store, token: bytes, job: str, rank: int, world: int, where: str) ->
                    "something outside the job wrote there")
         store.set(f"{PREFIX}attest/{rank}", json.dumps({"breach": verdict}).encode())   # rank 0 waits on it
         return verdict
+    made = auth.nonce() if rank == 0 else ""
     if rank == 0:
-        store.set(f"{PREFIX}nonce", auth.nonce().encode())
+        store.set(f"{PREFIX}nonce", made.encode())
     nonce = _text(store.get(f"{PREFIX}nonce"))
     mine = {"host": socket.gethostname()[:64], "pid": os.getpid()}
     mine["proof"] = auth.proof(token, "attest", job, rank, nonce, _who(mine))
     store.set(f"{PREFIX}attest/{rank}", json.dumps(mine).encode())
     if rank != 0:
-        return _text(store.get(f"{PREFIX}verdict"))[:MAX_RECORD]
-    verdict = judge(store, token, job, world, nonce, where) or OK
-    store.set(f"{PREFIX}verdict", verdict.encode())
+        return _proven_verdict(_text(store.get(f"{PREFIX}verdict")), token, job, nonce, rank, where)
+    verdict = ((f"the nonce rank 0 wrote in Paddle's store at {where} was replaced: something outside "
+                "the job wrote it") if nonce != made else "") or judge(store, token, job, world, nonce, where) or OK
+    store.set(f"{PREFIX}verdict", json.dumps({"verdict": verdict, "proof": _verdict_proof(
+        token, job, nonce, verdict)}).encode())
     return verdict
+
+
+def _verdict_proof(token: bytes, job: str, nonce: str, verdict: str) -> str:
+    return auth.proof(token, "verdict", job, 0, nonce, verdict)
+
+
+def _proven_verdict(text: str, token: bytes, job: str, nonce: str, rank: int, where: str) -> str:
+    """Rank 0's verdict as this rank read it: the verdict when it proves the job's token
+    (an HMAC over this start's nonce), else the line that says it was forged."""
+    record = _record(text)
+    verdict = record.get("verdict")
+    if isinstance(verdict, str) and auth.matches(_verdict_proof(token, job, nonce, verdict), record.get("proof")):
+        return verdict[:MAX_RECORD]
+    return (f"rank {rank} read a verdict in Paddle's store at {where} that does not prove the job's "
+            "token: something outside the job wrote it")
 
 
 def judge(store, token: bytes, job: str, world: int, nonce: str, where: str) -> str:

@@ -19,7 +19,8 @@ import shlex
 
 from . import config as configlib
 from . import env as envlib
-from . import amp, cifar, clusters, compat, exposure, faults, idx, launcher, netcheck, preflight, rundir, supervisor
+from . import amp, cifar, clusters, compat, exposure, faults, idx, launcher, netcheck, preflight, private, rundir
+from . import supervisor
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -104,6 +105,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
              module: str = "") -> int:
     """Run the built-in job: here, or as the ranks it starts, each running `script` (or
     `-m module`) with `script_args`."""
+    private.closed_umask(cfg.output.share)
     environ, gpu_info, cores = envlib.host_facts()
     node = clusters.srun_node_launcher(environ, cfg.dist.nprocs)
     if node is not None:
@@ -292,6 +294,7 @@ def _launch_script(args) -> int:
         what = "is not a file" if script.exists() else "not found"
         raise UserError(f"script {args.script!r} {what}; give the path of a Python file")
     cfg = _load(args)
+    private.closed_umask(cfg.output.share)
     environ, gpu_info, cores = envlib.host_facts()
     node = clusters.srun_node_launcher(environ, cfg.dist.nprocs)
     if node is not None:

@@ -46,9 +46,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import hangs
+from . import auth, hangs, private
 
 # Exit codes (documented in docs/faults.md).
 EXIT_FAILED = 1          # a rank raised
@@ -158,19 +158,21 @@ def stop_signals():
 
 class Heartbeat:
     """A rank's progress where its watchdog process, and its peers' on the same machine,
-    read it: a few bytes of shared memory (hangs.BEAT_FORMAT) named after the job
-    (hangs.beat_path). Writing is one struct.pack_into, cheap enough for every step and
-    every collective."""
+    read it: a few bytes of shared memory (hangs.BEAT_FORMAT) in the job's private
+    directory (hangs.beat_path). Writing is one struct.pack_into, cheap enough for every
+    step and every collective. `fd` stays open for the watchdog, which is handed it."""
 
-    def __init__(self, job: str, rank: int, progress: float):
-        self.path = hangs.beat_path(job or "none", rank, os.getpid())
-        fd, made = tempfile.mkstemp(prefix=f"paddle_dist-beat-{os.getpid()}-new-",
-                                    dir=os.path.dirname(self.path))
+    def __init__(self, folder: str, rank: int, progress: float):
+        self.path = hangs.beat_path(folder, rank, os.getpid())
+        fd, made = tempfile.mkstemp(prefix=f".new-{os.getpid()}-", dir=folder)   # O_EXCL, 0600
         try:
             os.ftruncate(fd, hangs.BEAT_SIZE)
             self.map = mmap.mmap(fd, hangs.BEAT_SIZE)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(made)
+            raise
+        self.fd = fd
         self.write(progress, 0, 0)
         os.replace(made, self.path)        # peers never read a beat before its first write
 
@@ -180,8 +182,23 @@ class Heartbeat:
 
     def close(self) -> None:
         self.map.close()
+        os.close(self.fd)
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+
+
+def beat_folder(env, run_dir) -> Tuple[str, bool]:
+    """(the directory for this rank's heartbeat and stacks, whether its peers' are there
+    too): the job's private directory (private.rank_dir, named by the job's token and run
+    directory when no launcher made one), else one of this rank's own."""
+    token = b""
+    with contextlib.suppress(Exception):        # the rank's set-up has already said what is wrong with it
+        token = auth.read_token(env.token_file) if getattr(env, "token_file", "") else b""
+    shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())))
+    if shared is not None:
+        return shared, True
+    alone = tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-", dir=private.base())
+    return alone, False
 
 
 class Monitor:
@@ -200,7 +217,8 @@ class Monitor:
         self.collectives = 0               # collectives entered so far (the same count on every rank)
         self._collective: tuple = ()       # (kind, number, size, since) while in one
         self._last_collective: tuple = ()  # the latest one left
-        self.job = hangs.job_key(run_dir) if run_dir else ""
+        self.run_dir = run_dir
+        self.folder, self.shared = "", False     # where the heartbeats are (beat_folder), once watched
 
     # ------------------------------------------------------------ life cycle
     @contextlib.contextmanager
@@ -220,17 +238,25 @@ class Monitor:
 
     def _start_watchdog(self) -> subprocess.Popen:
         """The hang watchdog process (module docstring), and faulthandler ready to write
-        this rank's stacks for it on SIGUSR2."""
-        self._heartbeat = Heartbeat(self.job, self.env.global_rank, time.monotonic())
+        this rank's stacks for it on SIGUSR2. The watchdog is handed the heartbeat's and
+        the stack file's descriptors: it never opens them by name."""
+        if self.run_dir is not None and not self.folder:
+            self.folder, self.shared = beat_folder(self.env, self.run_dir)
+        elif not self.folder:
+            self.folder = tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-",
+                                           dir=private.base())
+        self._heartbeat = Heartbeat(self.folder, self.env.global_rank, time.monotonic())
         self._beat()
-        self._stacks = open(f"{self._heartbeat.path}.stack", "w")
+        self._stacks = os.fdopen(private.create(f"{self._heartbeat.path}.stack"), "w")
         faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
         script = Path(__file__).with_name("_deadline.py")
+        fds = (self._heartbeat.fd, self._stacks.fileno())
         return subprocess.Popen(
             [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
              str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
-             self._stacks.name, self.log_path, self.job, str(self.env.world_size)],
-            stdin=subprocess.PIPE, preexec_fn=os.setpgrp)
+             f"{self._heartbeat.path}.stack", self.log_path,
+             self.folder if self.shared else "", str(self.env.world_size), *map(str, fds)],
+            stdin=subprocess.PIPE, preexec_fn=os.setpgrp, pass_fds=fds)
 
     def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
         watchdog.stdin.close()             # the watchdog exits quietly
@@ -238,9 +264,13 @@ class Monitor:
         faulthandler.unregister(signal.SIGUSR2)
         self._stacks.close()
         with contextlib.suppress(OSError):
-            os.unlink(self._stacks.name)
+            os.unlink(f"{self._heartbeat.path}.stack")
         self._heartbeat.close()
         self._heartbeat = None
+        if not self.shared:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)
+            self.folder = ""
 
     def _beat(self) -> None:
         self.last_progress = time.monotonic()
@@ -356,7 +386,7 @@ class Monitor:
         dist.hang_timeout), who held the job up, from the heartbeats (hangs.judge); ''
         when that is not why this rank stopped, or no rank seen here is to blame (a peer
         on another machine that died also ends in gloo's TIMEOUT)."""
-        if not self.job or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
+        if not self.shared or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
             return ""
         if not self._last_collective:
             return ""
@@ -364,7 +394,7 @@ class Monitor:
         kind, count, size, since = self._last_collective
         me = hangs.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
                         kind, count, size, since)
-        peers = [b for b in hangs.read_beats(self.job) if b.rank != me.rank]
+        peers = [b for b in hangs.read_beats(self.folder) if b.rank != me.rank]
         seconds = min(self.hang_timeout or GLOO_TIMEOUT_S, GLOO_TIMEOUT_S) * 0.8
         verdict = hangs.judge(peers + [me], time.monotonic(), seconds, self.env.world_size)
         if verdict is None or not verdict.names_a_rank:     # a dead peer elsewhere times out too

@@ -19,39 +19,31 @@ are not here (on another machine), or else the collective itself.
 This module imports nothing but the standard library: the watchdog runs it without Paddle.
 
 Example:
-    verdict = judge(read_beats(key), time.monotonic(), seconds=30, world=4)
+    verdict = judge(read_beats(folder), time.monotonic(), seconds=30, world=4)
     verdict.message
     # 'rank 1 silent for 30 s at step 812 (no heartbeat); ranks 0, 2, 3 in all-reduce #1624 (4.2 MB) since 30 s'
 """
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 # last progress (time.monotonic(): one clock for every process of a machine), step, epoch,
 # collective kind (UTF-8, empty: none), its number, its size in bytes, since (monotonic)
 BEAT_FORMAT = "<dqq24sqqd"
 BEAT_SIZE = struct.calcsize(BEAT_FORMAT)
-FOLDER = "/dev/shm"
-NAME = re.compile(r"paddle_dist-beat-(\d+)-([0-9a-z]+)-rank(\d+)$")
+NAME = re.compile(r"beat-(\d+)-rank(\d+)$")
 STOPPED_STATES = ("T", "t")        # /proc/<pid>/stat: stopped by a signal, or traced
 
 
-def job_key(run_dir) -> str:
-    """What names one job's heartbeats: its run directory, the one every rank shares."""
-    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-
-
-def beat_path(key: str, rank: int, pid: int) -> str:
-    folder = FOLDER if os.path.isdir(FOLDER) else "/tmp"
-    return os.path.join(folder, f"paddle_dist-beat-{pid}-{key}-rank{rank}")
+def beat_path(folder: str, rank: int, pid: int) -> str:
+    return os.path.join(folder, f"beat-{pid}-rank{rank}")
 
 
 def pack(into, progress: float, step: int, epoch: int, kind: str = "", count: int = 0,
@@ -84,11 +76,11 @@ class Beat:
         return bool(self.kind)
 
 
-def read_beats(key: str, maps: Optional[Dict[str, mmap.mmap]] = None) -> List[Beat]:
-    """The heartbeats of job `key` on this machine, of processes still there. `maps` keeps
-    the files mapped between calls (a dict the caller owns)."""
+def read_beats(folder: str, maps: Optional[Dict[str, mmap.mmap]] = None) -> List[Beat]:
+    """The heartbeats in `folder` (the job's directory) of this user's processes still
+    there; a file or a process of another user never counts. `maps` keeps the files mapped
+    between calls (a dict the caller owns)."""
     maps = {} if maps is None else maps
-    folder = FOLDER if os.path.isdir(FOLDER) else "/tmp"
     found = []
     try:
         names = os.listdir(folder)
@@ -98,21 +90,40 @@ def read_beats(key: str, maps: Optional[Dict[str, mmap.mmap]] = None) -> List[Be
         maps.pop(gone).close()
     for name in names:
         match = NAME.match(name)
-        if not match or match.group(2) != key:
+        if not match:
             continue
-        pid, rank = int(match.group(1)), int(match.group(3))
+        pid, rank = int(match.group(1)), int(match.group(2))
         state = process_state(pid)
         path = os.path.join(folder, name)
-        if state in ("", "Z"):
+        if state in ("", "Z") or not _mine(f"/proc/{pid}"):
             continue
         try:
             if path not in maps:
-                with open(path, "rb") as f:
-                    maps[path] = mmap.mmap(f.fileno(), BEAT_SIZE, access=mmap.ACCESS_READ)
+                maps[path] = _map(path)
             found.append(Beat.unpack(rank, pid, maps[path], state))
         except (OSError, ValueError, struct.error):
             continue
     return sorted(found, key=lambda b: b.rank)
+
+
+def _map(path: str) -> mmap.mmap:
+    """The heartbeat file at `path` mapped for reading: never through a link, and only a
+    regular file of this user (ValueError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise ValueError(f"{path} is not this user's file")
+        return mmap.mmap(fd, BEAT_SIZE, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _mine(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def process_state(pid: int) -> str:

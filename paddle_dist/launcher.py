@@ -28,15 +28,15 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import auth, faults, nodes, rankgate, supervisor
+from . import auth, faults, nodes, private, rankgate, supervisor
 from .rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from . import env as envlib
 from .errors import DeviceError, UserError
@@ -307,46 +307,45 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     `script`: the ranks run a user's script (python -m paddle_dist.launch); `met`: what the
     machines of a multi-node launch learnt when they met, if they have met already
     (meeting()); the report names the ranks' hosts from it."""
-    if p.direct:
-        with job_token(p.token_file) as token_file, \
-                rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
-            child_env = envlib.child_environ(dict(p.env, **gate.variables(token_file)))
-            return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
-                                              run_dir, p.stop_timeout, Path(p.log_dir or "log"),
-                                              script=script)
-    if p.mode in ("launch", "mpirun"):
-        if p.gate is not None and met is None:
-            code, met = meeting(p.gate)
-            if code:
-                return code
-        return supervisor.supervise_launch(list(p.argv), envlib.child_environ(p.env), run_dir,
-                                           p.stop_timeout, Path(p.log_dir or "log"),
-                                           start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
-    if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
-        with job_token(p.token_file) as token_file:
-            job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce()}
+    with job_files(p.token_file) as (folder, token_file):
+        private_env = {private.JOB_DIR: folder}
+        if p.direct:
+            with rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
+                child_env = envlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
+                return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
+                                                  run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                                  script=script)
+        if p.mode in ("launch", "mpirun"):
+            if p.gate is not None and met is None:
+                code, met = meeting(p.gate)
+                if code:
+                    return code
+            return supervisor.supervise_launch(list(p.argv), envlib.child_environ(dict(p.env, **private_env)),
+                                               run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                               start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
+        if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
+            job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce(), **private_env}
             p = dataclasses.replace(p, env=dict(p.env, **job))
             return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
 
 
 @contextlib.contextmanager
-def job_token(given: str = ""):
-    """The path of the job's token file: `given` (dist.token_file), else a token made for
-    this job alone in a file only its owner can read, in memory (/dev/shm) where there is
-    one, removed when the job ends."""
-    if given:
-        yield given
-        return
-    folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    fd, path = tempfile.mkstemp(prefix=f"paddle_dist-token-{os.getpid()}-", dir=folder)  # mode 0600
+def job_files(given_token: str = ""):
+    """(the job's private directory, the path of its token file) while the job runs: the
+    directory is made for this job alone (private.make_job_dir) and removed with all it
+    holds when the job ends; the token file is `given_token` (dist.token_file), else a
+    token made for this job alone, in that directory."""
+    folder = private.make_job_dir()
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(auth.new_token() + "\n")
-        yield path
+        token_file = given_token
+        if not token_file:
+            token_file = os.path.join(folder, "token")
+            with os.fdopen(private.create(token_file), "w") as f:
+                f.write(auth.new_token() + "\n")
+        yield folder, token_file
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class _StopRequested(Exception):

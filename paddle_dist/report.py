@@ -34,6 +34,7 @@ POLL_S = 0.2             # how often a waiting loop looks again (here and in sup
 # (a gloo error thrown through C++ when the peer's connection broke).
 SIMULTANEOUS_S = 0.5
 SIGABRT_CODE = -signal.SIGABRT
+SECURITY_LINE = "paddle_dist: security: "    # how a rank says why it stopped the job (attest.check)
 # A peer's address in gloo's messages: "Read error [198.18.0.2]:23443: Connection reset by peer".
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 # shm.PeerGone: a rank on the same machine died in the shared-memory exchange
@@ -200,6 +201,9 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         return Report(faults.EXIT_DIVERGED, [f"paddle_dist: job failed (exit {faults.EXIT_DIVERGED}). "
                                              f"Root cause: {diverged[0].get('error', 'the ranks diverged')}"],
                       diverged=True)
+    breach = _breach(status, exit_codes, exits, logs, machines)
+    if breach is not None:
+        return breach
     bad = sorted((r for r in status.values() if r.get("state") in ("failed", "hung")),
                  key=lambda r: r.get("time", 0))
     if bad:
@@ -223,6 +227,26 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         return _report(record, exit_code or launcher_code, headline, status, exit_codes, logs, machines)
     return Report(launcher_code, [f"paddle_dist: the job failed (exit {launcher_code}) before any rank "
                                   "reported its state; see the launcher's logs"])
+
+
+def _breach(status: Dict[int, dict], exit_codes: Dict[int, int], exits: Optional[Sequence[Exit]],
+            logs: Dict[int, str], machines: Machines) -> Optional[Report]:
+    """A rank that ended with the security code (attest.SecurityError, exit 6) is the root
+    cause, ahead of whatever failed after it (the gloo errors of ranks that went on): the
+    first such rank the launcher saw end, with the line it printed."""
+    ranks = {r for r, code in exit_codes.items() if exit_code_of(code) == faults.EXIT_SECURITY}
+    ranks |= {r for r, record in status.items() if record.get("exit_code") == faults.EXIT_SECURITY}
+    if not ranks:
+        return None
+    seen = [e.rank for e in sorted(exits or (), key=lambda e: e.at) if e.rank in ranks]
+    rank = (seen or sorted(ranks))[0]
+    record = status.get(rank, {"rank": rank})
+    output = logs.get(rank) or record.get("log")
+    said = [line.split(SECURITY_LINE, 1)[1] for line in (tail_lines(output, 20) if output else [])
+            if SECURITY_LINE in line]
+    headline = f"{machines.name(rank, record)} " + (f"found a breach: {said[-1]}" if said else
+                                                     f"exited with code {faults.EXIT_SECURITY} (a breach)")
+    return _report(record, faults.EXIT_SECURITY, headline, status, exit_codes, logs, machines)
 
 
 def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],

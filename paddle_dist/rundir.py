@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from . import private
 from .config import config_hash, evaluates_only
 from .errors import UserError
 from .procfs import cmdline, parent_of
@@ -70,6 +71,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
         path = _given(Path(named), hold)
+        private.restrict(path, cfg.output.share)
         if hold:
             if auto:
                 _check_loadable(path, identity)
@@ -80,6 +82,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
     with _locked(root / LOCK):
         previous = _previous(root, identity) if auto else None
         if previous is not None and not _ended(previous):
+            private.restrict(previous, cfg.output.share)
             _record(previous, identity, command, continues=True)
             clear_status(previous)
             return Choice(previous.resolve(), _continuing(previous))
@@ -87,6 +90,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
             release(previous)
         other = _unfinished_other(root, identity) if auto and previous is None else None
         path = _new(root, cfg.output.name)
+        private.restrict(path, cfg.output.share)
         _hold(path)
         _record(path, identity, command, continues=auto)
     note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"

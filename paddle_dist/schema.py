@@ -180,6 +180,8 @@ class OutputConfig:
     root: str = "runs"             # runs go to <root>/<name>-<timestamp>
     name: str = ""                 # "" = the config file's stem
     run_dir: str = ""              # explicit run directory; must not hold a finished run
+    share: str = "private"         # who else may read the run: private (its directory 0700, the
+                                   # job's files made under umask 077) | group (0750, umask 027)
 
 
 @dataclass
@@ -219,6 +221,7 @@ CHOICES = {
     "train.amp": ("off", "O1", "O2"),
     "train.amp_dtype": ("auto", "float16", "bfloat16"),
     "checkpoint.monitor": ("eval_accuracy", "eval_loss", "train_loss"),
+    "output.share": ("private", "group"),
 }
 # What each built-in model and dataset is for (the model picks its loss and metric).
 MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classification",

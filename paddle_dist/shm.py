@@ -58,6 +58,8 @@ from typing import Iterator, List, Tuple
 
 import numpy as np
 
+from . import private
+
 SHM_DIR = Path("/dev/shm")
 CHUNK = 1 << 22            # elements per slot and round (16 MiB of float32)
 _BLOCK = 8                 # int64 per 64-byte line
@@ -173,7 +175,7 @@ class ShmReducer:
     @classmethod
     def attach(cls, path: Path, rank: int, world: int, chunk: int = CHUNK,
                small_round: int = SMALL_ROUND) -> "ShmReducer":
-        return cls(os.open(path, os.O_RDWR), rank, world, chunk, small_round)
+        return cls(os.open(path, os.O_RDWR | os.O_NOFOLLOW), rank, world, chunk, small_round)
 
     def all_reduce(self, arrays: List[np.ndarray], scale: float = 1.0) -> int:
         """Replace each 1-D float32 array by the sum over all ranks of `scale` times it, in
@@ -275,4 +277,9 @@ def _alive(pid: int) -> bool:
 
 
 def new_path(tag: str) -> Path:
-    return SHM_DIR / f"paddle_dist-{tag}-{os.getpid()}-{time.monotonic_ns()}"
+    """Where a new segment goes: the job's private directory (private.py) where its
+    launcher made one, else this user's, else /dev/shm itself (created exclusively all the
+    same: never through another user's file or link)."""
+    given = os.environ.get(private.JOB_DIR, "")
+    folder = given if given and private.owned(given) else (private.user_dir() or str(SHM_DIR))
+    return Path(folder) / f"paddle_dist-{tag}-{os.getpid()}-{time.monotonic_ns()}"

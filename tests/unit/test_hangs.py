@@ -79,18 +79,38 @@ class _Env:
 
 def test_heartbeats_are_found_by_job_and_carry_the_collective(tmp_path):
     """Written through faults.Monitor (a collective entered and left), read through
-    hangs.read_beats; another job's heartbeat is not read."""
+    hangs.read_beats from the job's folder; another job's heartbeat is not read."""
     monitor = faults.Monitor(_Env(), tmp_path)
-    other = faults.Heartbeat(hangs.job_key(tmp_path / "other"), 0, time.monotonic())
-    monitor._heartbeat = faults.Heartbeat(monitor.job, 3, time.monotonic())
+    mine, theirs = tmp_path / "job", tmp_path / "other"
+    mine.mkdir(), theirs.mkdir()
+    other = faults.Heartbeat(str(theirs), 0, time.monotonic())
+    monitor.folder, monitor.shared = str(mine), True
+    monitor._heartbeat = faults.Heartbeat(str(mine), 3, time.monotonic())
     try:
         with monitor.phase("comm", "all-reduce", 4096):
             with monitor.phase("comm", "all-reduce", 8):        # nested: the same wait
-                [beat] = hangs.read_beats(monitor.job)
+                [beat] = hangs.read_beats(str(mine))
         assert (beat.rank, beat.pid, beat.kind, beat.count, beat.size) == (3, os.getpid(), "all-reduce", 1, 4096)
-        [beat] = hangs.read_beats(monitor.job)
+        [beat] = hangs.read_beats(str(mine))
         assert not beat.in_collective and monitor.collectives == 1
     finally:
         monitor._heartbeat.close()
         other.close()
-    assert hangs.read_beats(monitor.job) == []
+    assert hangs.read_beats(str(mine)) == []
+
+
+def test_a_beat_of_another_user_or_through_a_link_is_not_read(tmp_path):
+    """Only a regular file of this user, of a process of this user, counts: a link to a
+    beat, a beat of a process of another user (pid 1 here is this user's only as root:
+    the file is then chowned instead) are skipped."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    beat = faults.Heartbeat(str(folder), 0, time.monotonic())
+    try:
+        os.symlink(beat.path, folder / f"beat-{os.getpid()}-rank1")
+        assert [b.rank for b in hangs.read_beats(str(folder))] == [0]
+        if os.geteuid() == 0:
+            os.chown(beat.path, 65534, 65534)
+            assert hangs.read_beats(str(folder), {}) == []
+    finally:
+        beat.close()

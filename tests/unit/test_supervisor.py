@@ -70,6 +70,23 @@ def test_status_records_still_win_over_the_exit_order():
     assert "Root cause: rank 0 killed by SIGKILL" in root_cause(status, exits=exits).lines[0]
 
 
+def test_a_breach_is_the_root_cause_ahead_of_the_gloo_failure_that_follows_it(tmp_path):
+    """Rank 0 went on after rank 1 stopped the job for a breach (exit 6) and failed in gloo,
+    even recording that failure first: the breach, with the line rank 1 printed, is named."""
+    log = tmp_path / "workerlog.1"
+    log.write_text("paddle_dist: security: rank 1 read a verdict in Paddle's store at 127.0.0.1:4 that "
+                   "does not prove the job's token: something outside the job wrote it; the job was stopped\n")
+    status = {0: {"rank": 0, "state": "failed", "time": 5.0, "error_type": "RuntimeError",
+                  "error": "[gloo] TIMEOUT", "exit_code": 1}}
+    exits = [Exit(0, 1, 10.0), Exit(1, faults.EXIT_SECURITY, 10.5)]
+    report = root_cause(status, exits=exits, logs={1: str(log)})
+    assert report.code == faults.EXIT_SECURITY == 6
+    assert report.lines[0].startswith("paddle_dist: job failed (exit 6). Root cause: rank 1 found a breach: "
+                                      "rank 1 read a verdict in Paddle's store at 127.0.0.1:4 that does not")
+    assert report.lines[-1] == "  stopped as a consequence: rank 0 (exited with code 1)"
+    assert root_cause(status, exits=exits[:1]).code == 1      # without the breach: the gloo failure
+
+
 def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
     exits = [Exit(0, faults.EXIT_PREEMPTED, 1.0), Exit(1, faults.EXIT_PREEMPTED, 1.1)]
     report = root_cause({}, exits=exits)

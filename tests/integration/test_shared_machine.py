@@ -1,0 +1,131 @@
+"""A shared machine: another user (uid 65534, tests/integration/scripts/outsider.py) does
+what an unprivileged user can while a root job of train.py runs beside it, on a machine of
+the test's own (shared_machine.py: its own /dev/shm and loopback). Nothing it plants or
+reaches changes what the job does, and what it can change is named:
+- links planted at every name the ranks could use in /dev/shm (and this user's directory
+  there taken first) change no file, and the job's secret reaches no report;
+- a heartbeat it plants claiming progress for ever does not hide a hang;
+- a verdict it forges in Paddle's store ends the job with the security code (6), named as
+  the root cause;
+- a connection to the job's listeners at start-up is named (or changes nothing);
+- it can read nothing of the run directory."""
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .procs import PY, finish, start
+from .shared_machine import machine  # noqa: F401  (fixture)
+
+HANG_S = 5
+JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "dist.nprocs=2", "-o", "train.batch_size=32",
+       "-o", "checkpoint.every_epochs=1"]
+
+
+@pytest.fixture
+def open_root():
+    """A folder every user may enter (as a home directory or /data often is), for the runs:
+    pytest's own tmp_path is closed to others, which would hide what the job leaves open."""
+    folder = tempfile.mkdtemp(prefix="paddle_dist-open-")
+    os.chmod(folder, 0o755)
+    yield Path(folder)
+    subprocess.run(["rm", "-rf", folder], timeout=60)
+
+
+def _job(machine, run_dir: Path, *options: str, limit: float = 180):
+    args = [PY] + JOB + ["-o", f"output.run_dir={run_dir}", *[o for opt in options for o in ("-o", opt)]]
+    return start(machine.cmd(args), limit=limit)
+
+
+def _outsider(machine, *argv: str):
+    """The other user's action, running beside the job until its stdin closes."""
+    return subprocess.Popen(machine.outsider(list(argv)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _said(proc) -> dict:
+    out, err = proc.communicate(input="", timeout=60)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _root_cause(err: str) -> str:
+    return next((line for line in err.splitlines() if "Root cause:" in line), "")
+
+
+def test_links_planted_in_dev_shm_change_no_file(machine, open_root, tmp_path):
+    """The other user takes /dev/shm/paddle_dist-0 first (a link to a folder of its own) and
+    links every heartbeat and stack name of the ranks to a root-only file; rank 1 hangs,
+    so that the watchdogs write the stacks and the report. The file is untouched, its text
+    is in no report, and the job says once that the directory was not its own."""
+    secret = tmp_path / "secret"
+    secret.write_text("root-only: " + os.urandom(24).hex() + "\n")
+    secret.chmod(0o600)
+    before = (secret.read_bytes(), secret.stat().st_mtime_ns)
+    run_dir = open_root / "run"
+    _said(_outsider(machine, "squat"))
+    outsider = _outsider(machine, "plant", str(secret), str(run_dir))
+    proc, killer = _job(machine, run_dir, "faults.inject=hang:1:3", f"dist.hang_timeout={HANG_S}")
+    try:
+        out, err = finish(proc, killer, timeout=180)
+    finally:
+        planted = _said(outsider)
+    assert planted["processes"] >= 2, planted      # it saw the ranks, and planted for each
+    assert (secret.read_bytes(), secret.stat().st_mtime_ns) == before
+    assert proc.returncode == 4, err
+    assert "Root cause: rank 1 silent" in _root_cause(err), err
+    text = secret.read_text().strip()
+    everything = [out, err] + [p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file()]
+    assert not any(text in t for t in everything)
+    assert "/dev/shm/paddle_dist-0 is not a private directory of this user" in err
+
+
+def test_a_planted_heartbeat_does_not_hide_a_hang(machine, open_root):
+    """A heartbeat of the other user's, at the name the job's watchdogs read, claims progress
+    for ever; rank 1 hangs all the same and the job ends with exit 4 naming it."""
+    run_dir = open_root / "run"
+    outsider = _outsider(machine, "plant", "/nonexistent", str(run_dir))
+    proc, killer = _job(machine, run_dir, "faults.inject=hang:1:3", f"dist.hang_timeout={HANG_S}")
+    try:
+        out, err = finish(proc, killer, timeout=120)
+    finally:
+        _said(outsider)
+    assert proc.returncode == 4, err
+    assert "Root cause: rank 1 silent" in _root_cause(err), err
+
+
+@pytest.mark.parametrize("join", [True, False], ids=["with-a-join", "verdict-alone"])
+def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root, join):
+    """The other user writes the verdict "ok" into Paddle's store as soon as it listens (and
+    joins it): every rank that reads the forgery ends with exit 6, and the report names the
+    breach as the root cause, not the gloo failures that follow it."""
+    outsider = _outsider(machine, "forge", *(["--join"] if join else []))
+    proc, killer = _job(machine, open_root / "run", "train.max_steps=20")
+    try:
+        out, err = finish(proc, killer, timeout=150)
+    finally:
+        forged = _said(outsider)
+    assert forged["forged"], forged
+    assert proc.returncode == 6, err
+    cause = _root_cause(err)
+    assert "found a breach: " in cause, err
+    assert "does not prove the job's token" in cause or "counted 3 joins" in cause, err
+
+
+def test_the_run_directory_is_closed_to_other_users(machine, open_root):
+    """After a job that saved checkpoints and logs, the other user can read none of the
+    files of the run, nor list the run directory."""
+    run_dir = open_root / "run"
+    proc, killer = _job(machine, run_dir, "train.max_steps=20")
+    out, err = finish(proc, killer, timeout=150)
+    assert proc.returncode == 0, err
+    files = [str(p) for p in run_dir.rglob("*") if p.is_file()]
+    assert any("/checkpoints/" in f for f in files) and any(f.endswith("run.json") for f in files), files
+    assert any("/launch/" in f for f in files), files
+    reader = _outsider(machine, "read", *files, str(run_dir))
+    assert _said(reader)["readable"] == []
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
