@@ -45,6 +45,7 @@ from .faults import EXIT_HANG, EXIT_SECURITY, _Ending
 JOINS = "init/"            # where Paddle's TCPStore counts its clients (waitWorkers, 2.6 to 3.3)
 PREFIX = "paddle_dist/"
 OK = "ok"
+SECURITY_LINE = "paddle_dist: security: "   # how a rank says it stopped the job (report.py finds it)
 MAX_RECORD = 1024
 
 
@@ -78,7 +79,7 @@ def check(where: str, token: bytes, job: str, rank: int, world: int, limit: floa
         print(f"paddle_dist: {line}", file=sys.stderr, flush=True)
         raise StoreSilent(line) from None
     if verdict != OK:
-        print(f"paddle_dist: security: {verdict}; the job was stopped (docs/security.md)",
+        print(f"{SECURITY_LINE}{verdict}; the job was stopped (docs/security.md)",
               file=sys.stderr, flush=True)
         raise SecurityError(verdict)
 

@@ -20,7 +20,7 @@ import shlex
 from . import config as configlib
 from . import env as envlib
 from . import amp, cifar, clusters, compat, exposure, faults, idx, launcher, netcheck, preflight, private, rundir
-from . import supervisor
+from . import isolate, supervisor
 from .errors import UserError
 from .options import ArgParser, add_config_options, run
 
@@ -81,6 +81,26 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     return _run_job(cfg, script=script, script_args=argv, module=module)
 
 
+def _isolate(cfg: configlib.Config, module: str = "") -> None:
+    """dist.isolate: move this launcher, before it starts anything, into a network namespace
+    of the job's own (isolate.py); as a user other than root, by running this command again
+    through isolate.py."""
+    if not cfg.dist.isolate or isolate.isolated():
+        return
+    if cfg.dist.nnodes > 1 or cfg.dist.launcher == "mpirun" or cfg.dist.hostfile:
+        raise UserError("dist.isolate=true keeps a job inside one machine's private loopback; a job on "
+                        "several machines cannot use it: remove -o dist.isolate=true")
+    if os.geteuid() != 0:
+        module = module or rundir.main_module()
+        isolate.rerun_inside([sys.executable, "-m", module, *sys.argv[1:]] if module else
+                             [sys.executable, *sys.argv])
+    try:
+        isolate.enter()
+    except isolate.Unavailable as e:
+        raise UserError(f"dist.isolate=true: this machine refuses a private network namespace: {e}; "
+                        "run without -o dist.isolate=true (docs/security.md)") from None
+
+
 def _this_command() -> Tuple[str, str]:
     """(script, module) that runs this command again: ("/abs/train.py", "") for a script;
     ("", "paddle_dist.train") under `python -m paddle_dist.train`, whose sys.argv[0] is
@@ -120,6 +140,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
 
         worker.main(cfg)
         return 0
+    _isolate(cfg, module)
     compat.warn_unsupported(_warn)      # the ranks, supervised, leave it to this process
     configlib.check_pairing(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True)  # CPU: refused
@@ -308,6 +329,7 @@ def _launch_script(args) -> int:
     preflight.check(cfg, environ, gpu_info, warn=_warn)
     p = launcher.plan(cfg, here, script=args.script, script_args=args.script_args, log_dir=args.log_dir,
                       always=True, environ=environ, gpu_info=gpu_info, cpu_count=cores)
+    _isolate(cfg)
     # -c and -o reach the script's paddle_dist.load_config() and fit() (env.launch_options).
     config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
     p.env.update(envlib.launch_variables(config, args.override))

@@ -33,7 +33,17 @@ WIRE_GUARD = "unauthenticated, unencrypted"
 
 def listeners(cfg, gate: str = "") -> List[Listener]:
     """What the job of `cfg` listens on, in the order the job opens them. `gate`: the
-    one-machine gate's address, once it is known."""
+    one-machine gate's address, once it is known. With dist.isolate, all of it is inside
+    the job's own network namespace (isolate.py)."""
+    found = _listeners(cfg, gate)
+    d = cfg.dist
+    if d.isolate and d.nnodes == 1 and d.launcher in ("launch", "spawn"):
+        return [Listener(p.what, "in the job's own network namespace", f"{p.guard}; no other user reaches it")
+                for p in found]
+    return found
+
+
+def _listeners(cfg, gate: str) -> List[Listener]:
     d = cfg.dist
     token = f"token of {d.token_file}" if d.token_file else ""
     tls = f"mutual TLS 1.3 with certificates of {d.tls_ca}" if d.tls_ca else ""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import faults, rundir
+from . import attest, faults, rundir
 from .nodes import Meeting
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
@@ -34,7 +34,6 @@ POLL_S = 0.2             # how often a waiting loop looks again (here and in sup
 # (a gloo error thrown through C++ when the peer's connection broke).
 SIMULTANEOUS_S = 0.5
 SIGABRT_CODE = -signal.SIGABRT
-SECURITY_LINE = "paddle_dist: security: "    # how a rank says why it stopped the job (attest.check)
 # A peer's address in gloo's messages: "Read error [198.18.0.2]:23443: Connection reset by peer".
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 # shm.PeerGone: a rank on the same machine died in the shared-memory exchange
@@ -242,8 +241,8 @@ def _breach(status: Dict[int, dict], exit_codes: Dict[int, int], exits: Optional
     rank = (seen or sorted(ranks))[0]
     record = status.get(rank, {"rank": rank})
     output = logs.get(rank) or record.get("log")
-    said = [line.split(SECURITY_LINE, 1)[1] for line in (tail_lines(output, 20) if output else [])
-            if SECURITY_LINE in line]
+    said = [line.split(attest.SECURITY_LINE, 1)[1] for line in (tail_lines(output, 20) if output else [])
+            if attest.SECURITY_LINE in line]
     headline = f"{machines.name(rank, record)} " + (f"found a breach: {said[-1]}" if said else
                                                      f"exited with code {faults.EXIT_SECURITY} (a breach)")
     return _report(record, faults.EXIT_SECURITY, headline, status, exit_codes, logs, machines)

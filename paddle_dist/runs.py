@@ -1,9 +1,12 @@
-"""Recent runs and how each ended: `python -m paddle_dist.runs [--root runs] [-n 10] [--json]`.
+"""Recent runs and how each ended: `python -m paddle_dist.runs [--root runs] [-n 10] [--json]`;
+`--clean` removes what this user's killed jobs left in /dev/shm (private.clean).
 
 Reads what every run leaves behind: its ranks' status files (status/rank<N>.json, written
 by faults.Monitor), metrics.json (written when the run finished), the latest checkpoint
 and run.json (the command that started it: `--json` gives, for a run that can be
-continued, the exact command that continues it). Nothing is written.
+continued, the exact command that continues it). Nothing is written. A job's launcher
+removes its private directory in /dev/shm (its token, heartbeats, stacks) when it ends;
+one killed with SIGKILL cannot, and the next job of the same user, or `--clean`, does.
 
 States:
 - done: every rank finished and metrics.json is there;
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import private
 from .rundir import resume_command
 from .report import pid_alive, read_status
 
@@ -105,7 +109,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--root", default="runs", help="where the runs are (output.root; default runs)")
     parser.add_argument("-n", "--last", type=int, default=10, help="how many runs, newest first (10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--clean", action="store_true",
+                        help="remove what this user's killed jobs left in /dev/shm (token, heartbeats), and say what")
     args = parser.parse_args(argv)
+    if args.clean:
+        removed = private.clean()
+        print("\n".join(f"removed {path}" for path in removed) or "nothing left by killed jobs")
+        return 0
     root = Path(args.root)
     if not root.is_dir():
         print(f"{PROG}: error: no run directory {root}/ here; pass --root with your output.root",

@@ -24,7 +24,7 @@ import paddle.distributed as dist
 
 from . import compat
 from . import env as envlib
-from . import attest, auth, faults, netcheck, rundir, supervisor
+from . import attest, auth, faults, gloocheck, netcheck, rundir, supervisor
 from .comm import PeerFailure, first_line
 from .errors import UserError
 
@@ -56,7 +56,11 @@ def setup(cfg) -> envlib.DistEnv:
                                                  _status_file(env, cfg), env.global_rank):
                 if env.global_rank != 0:
                     wait_for_store(*envlib.store_endpoint())
-                dist.init_parallel_env()
+                try:
+                    dist.init_parallel_env()
+                except Exception:
+                    _name_outsiders(env)
+                    raise
             _attest(env, cfg)
         _ENV = env
     seed_everything(cfg.train.seed)
@@ -78,6 +82,17 @@ def wait_for_store(host: str, port: int) -> None:
                 return
         except OSError:
             time.sleep(0.01)
+
+
+def _name_outsiders(env) -> None:
+    """The process group failed to form: when something outside the job took part in
+    gloo's connections here (gloocheck.py), end the rank for that (exit 6), in one line."""
+    host, port = envlib.store_endpoint()
+    seen = gloocheck.outsiders(host, port, env.world_size, env.global_rank)
+    if seen:
+        line = f"rank {env.global_rank}: the process group did not form: {seen[0]}"
+        print(f"{attest.SECURITY_LINE}{line}; the job was stopped (docs/security.md)", file=sys.stderr, flush=True)
+        raise attest.SecurityError(line)
 
 
 def _attest(env, cfg) -> None:

@@ -138,6 +138,9 @@ class DistConfig:
     backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     rendezvous_timeout: float = 120.0  # seconds to wait for every rank to arrive; 0 = forever
     hang_timeout: float = 300.0    # no rank progressing this long is a hang (docs/faults.md); 0 = off
+    isolate: bool = False          # one machine: the job in a network namespace of its own (loopback
+                                   # only): no other user sees or reaches its store, gloo or gate;
+                                   # nor has the job any network beyond itself (docs/security.md)
     stop_timeout: float = 60.0     # after SIGTERM, seconds the ranks get to save and stop before SIGKILL
     max_restarts: int = 0          # restart a failed job from its latest checkpoint up to N times
     nccl: NcclConfig = field(default_factory=NcclConfig)

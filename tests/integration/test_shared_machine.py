@@ -8,12 +8,16 @@ reaches changes what the job does, and what it can change is named:
 - a verdict it forges in Paddle's store ends the job with the security code (6), named as
   the root cause;
 - a connection to the job's listeners at start-up is named (or changes nothing);
-- it can read nothing of the run directory."""
+- it can read nothing of the run directory;
+and what a launcher killed with SIGKILL left there (its token) is removed by the next
+`python -m paddle_dist.runs --clean`."""
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +133,24 @@ def test_the_run_directory_is_closed_to_other_users(machine, open_root):
     reader = _outsider(machine, "read", *files, str(run_dir))
     assert _said(reader)["readable"] == []
     assert (run_dir.stat().st_mode & 0o777) == 0o700
+
+
+def test_what_a_killed_launcher_left_is_removed_by_the_next_clean(machine, open_root):
+    """A launcher killed with SIGKILL cannot remove its private directory (its token among
+    it); `python -m paddle_dist.runs --clean` removes it, and nothing else."""
+    proc, killer = _job(machine, open_root / "run", "train.epochs=50")
+    shm = Path(f"/proc/{proc.pid}/root/dev/shm/paddle_dist-{os.geteuid()}")   # as the job sees it
+    deadline = time.monotonic() + 60
+    while not list(shm.glob("job-*/token")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [token] = list(shm.glob("job-*/token"))
+    job_dir = token.parent.name
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc, killer, timeout=60)
+    cleaned = subprocess.run(machine.cmd([PY, "-m", "paddle_dist.runs", "--clean"]), capture_output=True,
+                             text=True, timeout=60)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip() == f"removed /dev/shm/paddle_dist-{os.geteuid()}/{job_dir}"
+    listed = subprocess.run(machine.cmd(["ls", "-A", f"/dev/shm/paddle_dist-{os.geteuid()}"]),
+                            capture_output=True, text=True, timeout=60)
+    assert listed.stdout.split() == []
