@@ -7,7 +7,9 @@ thread of the rank itself can run to notice the time.
 Usage:
     python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
-        the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there.
+        the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there. When
+        something outside the job took part in gloo's connections (gloocheck.py), that is
+        printed and recorded instead, as a breach (exit 6).
     python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG FOLDER WORLD BEAT_FD STACK_FD
         the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat), BEAT_FD and
         STACK_FD the descriptors of it and of STACK_FILE, handed on by the rank (the names
@@ -34,11 +36,14 @@ import sys
 import time
 
 try:
-    from . import hangs
+    from . import gloocheck, hangs
 except ImportError:            # run as a script: paddle_dist/ is on sys.path
+    import gloocheck
     import hangs
 
 EXIT_RENDEZVOUS = 3
+EXIT_SECURITY = 6              # faults.EXIT_SECURITY
+SECURITY_LINE = "paddle_dist: security: "       # attest.SECURITY_LINE: the report finds it
 POLL_S = 1.0
 STACK_WAIT_S = 3.0
 QUIT_WAIT_S = 3.0
@@ -48,15 +53,36 @@ GRACE_S = STACK_WAIT_S + 3 * POLL_S    # time for the watchdog of a rank to blam
 def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0") -> int:
     if _stdin_closed(seconds):
         return 0
-    sys.stderr.write(f"paddle_dist: {message}\n")
+    error, kind, code = message, "RendezvousTimeout", EXIT_RENDEZVOUS
+    seen = _outsiders(pid, int(rank))
+    if seen:
+        error, kind, code = f"rank {rank}: the process group did not form: {seen[0]}", "SecurityError", EXIT_SECURITY
+        sys.stderr.write(f"{SECURITY_LINE}{error}; the job was stopped (docs/security.md)\n")
+    else:
+        sys.stderr.write(f"paddle_dist: {message}\n")
     sys.stderr.flush()
     if status_file:
         _record(status_file, {"rank": int(rank), "pid": pid, "host": socket.gethostname(),
                               "state": "failed", "step": 0, "time": time.time(),
-                              "error_type": "RendezvousTimeout", "error": message,
-                              "exit_code": EXIT_RENDEZVOUS})
+                              "error_type": kind, "error": error, "exit_code": code})
     _end(pid)
     return 0
+
+
+def _outsiders(pid: int, rank: int) -> list:
+    """What outside the job holds up the rendezvous of rank `rank` (process `pid`), as
+    gloocheck.outsiders sees it from the store and sockets the rank's environment names;
+    [] when nothing, or when it cannot tell."""
+    host, _, port = (os.environ.get("PADDLE_MASTER") or "").rpartition(":")
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    world = os.environ.get("PADDLE_TRAINERS_NUM", "")
+    if not (host and port.isdigit() and world.isdigit()):
+        return []
+    try:
+        return gloocheck.outsiders(host, int(port), int(world), rank, pid)
+    except Exception:          # noqa: BLE001  (the deadline's own line must come out whatever happens)
+        return []
 
 
 def _end(pid: int) -> None:

@@ -42,10 +42,11 @@ ADDRESS_BYTES = 136            # gloo::transport::tcp::Address: sockaddr_storage
 ESTABLISHED, LISTEN = "01", "0A"
 
 
-def outsiders(store_host: str, store_port: int, world: int, rank: int, gid: int = 0) -> List[str]:
+def outsiders(store_host: str, store_port: int, world: int, rank: int, pid: int = 0, gid: int = 0) -> List[str]:
     """The lines naming what outside the job took part in gloo's connections here (module
-    docstring); [] when nothing was seen."""
-    ranks = rank_pids(f"{store_host}:{store_port}", rank)
+    docstring), for rank `rank` (process `pid`, this one by default); [] when nothing was
+    seen."""
+    ranks = rank_pids(f"{store_host}:{store_port}", rank, pid)
     owners = procfs._socket_owners()
     sockets = [(_address(local), _address(remote), state, inode)
                for local, remote, state, inode in procfs._tcp_sockets()]
@@ -54,11 +55,12 @@ def outsiders(store_host: str, store_port: int, world: int, rank: int, gid: int 
     return lines
 
 
-def rank_pids(store: str, rank: int) -> Dict[int, str]:
-    """{pid: "rank N"} of the job's ranks on this machine: this process (rank `rank`), its
-    siblings (ranks of one launcher: Paddle's, paddle_dist's or spawn's), and processes
-    whose environment gives PADDLE_TRAINER_ID and the same store (`store`, "host:port")."""
-    me = os.getpid()
+def rank_pids(store: str, rank: int, pid: int = 0) -> Dict[int, str]:
+    """{pid: "rank N"} of the job's ranks on this machine: rank `rank` (process `pid`, this
+    one by default), its siblings (ranks of one launcher: Paddle's, paddle_dist's or
+    spawn's), and processes whose environment gives PADDLE_TRAINER_ID and the same store
+    (`store`, "host:port")."""
+    me = pid or os.getpid()
     parent = procfs.parent_of(me)
     found = {me: f"rank {rank}"}
     for pid, state, its_parent, _ in procfs.process_table():

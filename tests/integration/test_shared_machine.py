@@ -120,6 +120,33 @@ def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root
     assert "does not prove the job's token" in cause or "counted 3 joins" in cause, err
 
 
+@pytest.mark.parametrize("isolate", [False, True], ids=["shared-loopback", "isolated"])
+def test_connections_to_the_jobs_listeners_at_start_up_are_named_or_change_nothing(machine, open_root, isolate):
+    """The other user connects to every socket that starts listening on the machine while
+    the job starts (gate, store, gloo's listeners) and holds the connections. On the
+    machine's loopback, the job either trains as if nothing happened (the ranks hold the
+    same weights) or ends with exit 6 naming the connection to a rank's gloo socket; with
+    dist.isolate the other user sees none of them, and the job trains."""
+    run_dir = open_root / "run"
+    outsider = _outsider(machine, "poke")
+    proc, killer = _job(machine, run_dir, "train.max_steps=10", f"dist.isolate={str(isolate).lower()}")
+    try:
+        out, err = finish(proc, killer, timeout=150)
+    finally:
+        poked = _said(outsider)
+    if isolate:
+        assert poked["poked"] == 0, poked
+    else:
+        assert poked["poked"] >= 2, poked                # the gate and the store at least
+    if proc.returncode == 6:
+        assert not isolate and "the process group did not form" in _root_cause(err), err
+        assert "gloo socket" in _root_cause(err) and "outsider.py" in _root_cause(err), err
+        return
+    assert proc.returncode == 0, err
+    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
+
+
 def test_the_run_directory_is_closed_to_other_users(machine, open_root):
     """After a job that saved checkpoints and logs, the other user can read none of the
     files of the run, nor list the run directory."""
