@@ -320,9 +320,13 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
                 code, met = meeting(p.gate)
                 if code:
                     return code
-            return supervisor.supervise_launch(list(p.argv), envlib.child_environ(dict(p.env, **private_env)),
-                                               run_dir, p.stop_timeout, Path(p.log_dir or "log"),
-                                               start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
+            try:
+                return supervisor.supervise_launch(list(p.argv), envlib.child_environ(dict(p.env, **private_env)),
+                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                                   start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
+            finally:
+                if met is not None and met.rendezvous is not None:
+                    met.rendezvous.close()
         if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
             job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce(), **private_env}
             p = dataclasses.replace(p, env=dict(p.env, **job))

@@ -4,15 +4,17 @@
 joined its HTTP rendezvous, and waits for a missing node for ever: nothing of paddle_dist
 runs in the ranks before then, so the ranks' own deadline cannot help. So each node's
 launcher first meets the others at a small rendezvous of its own, on node 0, at the port of
-`dist.master` (which Paddle's launcher binds only after this one has closed it), and gives
-up after `dist.rendezvous_timeout` seconds, saying which `node_rank`s are missing.
+`dist.master`, and gives up after `dist.rendezvous_timeout` seconds, saying which
+`node_rank`s are missing. Node 0 then keeps that listener and serves Paddle's launchers'
+own rendezvous on it (kvserver.py), to the machines that met alone.
 
 Protocol (version 2), over TCP. Every message is a frame: a 4-byte big-endian length, then
 that many bytes (at most MAX_FRAME) of a UTF-8 JSON object. A node (node_rank > 0) connects
 to node 0 and sends `{"v": 2, "node_rank": R, "nnodes": N, "nprocs": P, "host": "name"}`
 ("host": its host name, at most MAX_NAME characters, for node 0's reports). Node 0 answers
 `{"arrived": {"0": [P, "address"], ...}}` each time the set of arrived nodes changes, and at
-the end `{"go": true, "run": "name"}` (every node arrived; node 0 has closed its listener;
+the end `{"go": true, "run": "name"}` (every node arrived; node 0 serves Paddle's
+rendezvous on its listener from now on;
 "run", when node 0 has chosen its run directory already, is that directory's name, at most
 MAX_NAME characters and never a path: every machine then writes under a directory of that
 name, so that all of a job's records carry one name and never join another job's), or
@@ -45,7 +47,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from . import auth, tls
+from . import auth, kvserver, tls
 from .errors import UserError
 
 VERSION = 2
@@ -92,6 +94,8 @@ class Meeting:
     run: str = ""
     nodes: Dict[int, Node] = field(default_factory=dict)
     node_rank: int = 0
+    # node 0: Paddle's launchers' rendezvous, served on the meeting's listener (kvserver.py)
+    rendezvous: Optional[object] = field(default=None, compare=False, repr=False)
 
     def ranks_of(self, node_rank: int) -> range:
         """The global ranks of node `node_rank`: Paddle's launcher numbers the ranks of the
@@ -228,15 +232,20 @@ class _Host:
                     elif key.fileobj in self.peers:     # not dropped by an earlier event
                         self._read(self.peers[key.fileobj])
                 self._drop_silent(time.monotonic())
-            # Close the port before saying go: the others' Paddle launchers then find
-            # Paddle's rendezvous there, never this one.
+            # Serve Paddle's rendezvous on the same listener before saying go: the others'
+            # Paddle launchers find it there, and no other process can take the port between.
             self.selector.unregister(listener)
-            listener.close()
-            self._tell_all({"go": True, **({"run": self.gate.run} if self.gate.run else {})})
-            return Meeting(self.gate.run, {r: Node(p, a, self.hosts.get(r, ""))
-                                           for r, (p, a) in sorted(self.arrived.items())}, 0)
+            nodes = {r: Node(p, a, self.hosts.get(r, "")) for r, (p, a) in sorted(self.arrived.items())}
+            server, listener = kvserver.KVServer(listener, nodes).start(), None
+            try:
+                self._tell_all({"go": True, **({"run": self.gate.run} if self.gate.run else {})})
+            except BaseException:
+                server.close()
+                raise
+            return Meeting(self.gate.run, nodes, 0, rendezvous=server)
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
             for sock in list(self.peers):
                 self._close(sock)
             self.selector.close()

@@ -240,7 +240,7 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     if code == 0 and not request:
         return 0
     if not ranks and (late or request):
-        return _unstarted(request, start_timeout, err_path)
+        return _unstarted(request, start_timeout, err_path, meeting)
     number = global_ranks(places.values(), meeting)
     logs = {number(r): str(log_dir / f"workerlog.{r}") for r in range(64)
             if (log_dir / f"workerlog.{r}").exists()}
@@ -277,8 +277,10 @@ def _machines(places, meeting: Optional[Meeting], number: Callable[[int], int]) 
     return Machines(socket.gethostname(), tuple(sorted(local)), nnodes, meeting)
 
 
-def _unstarted(request: Optional[str], start_timeout: float, err_path: Path) -> int:
-    """The end of a launcher that started no rank: stopped on request, or too late."""
+def _unstarted(request: Optional[str], start_timeout: float, err_path: Path,
+               meeting: Optional[Meeting] = None) -> int:
+    """The end of a launcher that started no rank: stopped on request, or too late (with
+    what node 0's rendezvous refused meanwhile, kvserver.py)."""
     if request == "interrupt":
         code, line = faults.EXIT_INTERRUPTED, "paddle_dist: interrupted; no rank had started"
     elif request:
@@ -287,9 +289,13 @@ def _unstarted(request: Optional[str], start_timeout: float, err_path: Path) -> 
                 "run the same command again to start the job")
     else:
         code = faults.EXIT_RENDEZVOUS
+        refused = meeting.rendezvous.refusals() if meeting is not None and meeting.rendezvous else []
         line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s "
-                "although every machine had arrived; check that every machine reaches node 0 "
-                f"at dist.master and read its log {err_path}")
+                "although every machine had arrived; " + (
+                    f"the key-value rendezvous at dist.master refused {'; '.join(refused)}: something "
+                    "outside the job took part in it (docs/security.md)" if refused else
+                    "check that every machine reaches node 0 at dist.master (node 0's report names "
+                    f"anything outside the job that took part in the key-value rendezvous there), and read {err_path}"))
     print(line, file=sys.stderr, flush=True)
     return code
 
