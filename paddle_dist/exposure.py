@@ -1,11 +1,11 @@
 """What a job opens to the network, and what guards it: the one line a job prints at its
 start and the `exposure` section of `python -m paddle_dist.doctor`.
 
-Paddle's own servers (its TCP store, its multi-node launcher's key-value server) listen on
-every interface and authenticate nobody, and gloo and NCCL neither authenticate nor
-encrypt: Paddle offers no option for any of that. What paddle_dist adds is in front of
-them (the gates: rankgate.py, nodes.py) and after them (the ranks' attestation in the
-store: attest.py). docs/security.md says the same at length.
+Paddle's TCP store listens on every interface and authenticates nobody, and gloo and
+NCCL neither authenticate nor encrypt: Paddle offers no option for any of that. What
+paddle_dist adds is in front of them (the gates: rankgate.py, nodes.py), after them (the
+ranks' attestation in the store: attest.py), and in place of Paddle's multi-node
+key-value server (kvserver.py: node 0 serves that rendezvous to the machines that met). docs/security.md says the same at length.
 
 Example:
     for part in listeners(cfg):
@@ -52,10 +52,10 @@ def _listeners(cfg, gate: str) -> List[Listener]:
                      f"{OPEN}; paddle_dist's ranks attest in it" if token or one_machine
                      else f"{OPEN}; -o dist.token_file=PATH has paddle_dist's ranks attest in it")
     if d.nnodes > 1 and d.launcher == "launch":
-        port = d.master.rpartition(":")[2]
         guard = " + ".join(filter(None, [token, tls])) or f"{OPEN}; -o dist.token_file=PATH"
         return [Listener("meeting", f"at {d.master}", guard),
-                Listener("Paddle's key-value server", f"on every interface of node 0, port {port}", OPEN),
+                Listener("Paddle's launchers' rendezvous", f"at {d.master}, after the meeting",
+                         "served by paddle_dist to the machines that met alone"),
                 store, Listener(WIRE, "on the interface that reaches dist.master", WIRE_GUARD)]
     if d.launcher == "launch":
         return [Listener("gate", f"at {gate or '127.0.0.1, a port per job'}", token or "a token made for the job"),

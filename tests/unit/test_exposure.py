@@ -21,7 +21,8 @@ def test_a_one_machine_job_names_its_gate_and_what_stays_open():
 def test_machines_without_a_token_are_told_how_to_get_one():
     said = _said(["dist.nnodes=2", "dist.master=10.0.0.1:6170"])
     assert said["meeting"] == ("at 10.0.0.1:6170", "unauthenticated; -o dist.token_file=PATH")
-    assert said["Paddle's key-value server"] == ("on every interface of node 0, port 6170", "unauthenticated")
+    assert said["Paddle's launchers' rendezvous"] == ("at 10.0.0.1:6170, after the meeting",
+                                                      "served by paddle_dist to the machines that met alone")
     assert "-o dist.token_file=PATH has paddle_dist's ranks attest" in said["Paddle's store"][1]
 
 
@@ -42,3 +43,10 @@ def test_machines_meeting_over_tls_say_so(tmp_path):
     said = _said(["dist.nnodes=2", "dist.master=10.0.0.1:6170", f"dist.token_file={tmp_path}/t",
                   f"dist.tls_ca={tmp_path}/ca.pem", f"dist.tls_cert={tmp_path}/n.pem", f"dist.tls_key={tmp_path}/n.key"])
     assert said["meeting"][1] == f"token of {tmp_path}/t + mutual TLS 1.3 with certificates of {tmp_path}/ca.pem"
+
+
+def test_an_isolated_job_says_no_other_user_reaches_any_of_it():
+    said = _said(["dist.isolate=true"])
+    assert set(said) == {"gate", "Paddle's store", "gloo/NCCL"}
+    for where, guard in said.values():
+        assert where == "in the job's own network namespace" and guard.endswith("; no other user reaches it")
