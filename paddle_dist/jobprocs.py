@@ -25,7 +25,9 @@ from .report import Exit
 SHM = Path("/dev/shm")
 # Shared memory named after the process that made it: Paddle's DataLoader workers'
 # tensors (paddle_<pid>_<count>_<random>, memory/allocation/mmap_allocator.cc) and
-# paddle_dist's own heartbeat and transport files (paddle_dist-<what>-<pid>-...).
+# paddle_dist's transport files where a rank had no private directory
+# (paddle_dist-<what>-<pid>-...; heartbeats and the rest are in the job's directory,
+# private.py, which the launcher removes as a whole).
 SEGMENT = re.compile(r"^paddle_(\d+)_\d+_\d+$|^paddle_dist-[A-Za-z]+-(\d+)-")
 
 def signal_pids(pids: List[int], sig: int) -> None:
@@ -180,7 +182,7 @@ def remove_segments(pids: Iterable[int], folder: Path = SHM) -> List[str]:
     Returns the names removed.
 
     Example:
-        remove_segments([4711])     # ['paddle_4711_3_2844767769', 'paddle_dist-beat-4711-x1']
+        remove_segments([4711])     # ['paddle_4711_3_2844767769', 'paddle_dist-grads-4711-93847']
     """
     pids, removed = set(pids), []
     try:

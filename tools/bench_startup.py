@@ -12,6 +12,7 @@ data, and one step. The end is rank 0's clock when its first step ended (metrics
 
 Ways:
 - paddle_dist: `python train.py -o dist.nprocs=N` (ranks started by paddle_dist itself)
+- paddle_dist_isolated: the same with `-o dist.isolate=true` (a network namespace of its own)
 - paddle_dist_spawn: `python tools/spawn_train.py --nprocs N` (paddle.distributed.spawn)
 - paddle_launch: `python -m paddle.distributed.launch --nproc_per_node N train.py`
 - paddle_dist_baseline (with --baseline CHECKOUT): the paddle_dist way, run from another
@@ -43,6 +44,7 @@ def commands(nprocs: int, run_dir: Path) -> Dict[str, List[str]]:
     py = sys.executable
     return {
         "paddle_dist": [py, "train.py", "-o", f"dist.nprocs={nprocs}"] + job,
+        "paddle_dist_isolated": [py, "train.py", "-o", f"dist.nprocs={nprocs}", "-o", "dist.isolate=true"] + job,
         "paddle_dist_spawn": [py, "tools/spawn_train.py", "--nprocs", str(nprocs)] + job,
         "paddle_launch": [py, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
                           "--log_dir", str(run_dir / "launch"), "train.py"] + job,

@@ -1,0 +1,64 @@
+"""paddle_dist/isolate.py for real: a process (and what it starts) moved into a network
+namespace of its own has a loopback of its own, up, and nothing of the machine's; as a
+user other than root it keeps its uid (a user namespace mapping it to itself). The
+non-root case runs as uid 65534 through isolate.py as a script, as a launcher that is not
+root does (rerun_inside); it needs root to drop to that uid, and an interpreter that uid
+can run."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ISOLATE = str(Path(__file__).resolve().parents[2] / "paddle_dist" / "isolate.py")
+REPORT = ("import json, os, socket; s = socket.create_server(('127.0.0.1', 0)); "
+          "print(json.dumps({'interfaces': [n for _, n in socket.if_nameindex()], 'uid': os.geteuid(), "
+          "'net': os.readlink('/proc/self/ns/net'), 'reached': __import__('sys').argv[1:] and "
+          "socket.socket().connect_ex(('127.0.0.1', int(__import__('sys').argv[1]))) == 0}))")
+
+
+@pytest.fixture
+def outside():
+    """A listener on this machine's loopback, which nothing inside may reach."""
+    server = socket.create_server(("127.0.0.1", 0))
+    yield server.getsockname()[1]
+    server.close()
+
+
+def _inside(prefix, python, port) -> dict:
+    result = subprocess.run(prefix + [python, ISOLATE, python, "-c", REPORT, str(port)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_root_gets_a_loopback_of_its_own(outside):
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace alone needs root (other users: the next test)")
+    seen = _inside([], sys.executable, outside)
+    assert seen["interfaces"] == ["lo"] and seen["uid"] == 0 and not seen["reached"]
+    assert seen["net"] != os.readlink("/proc/self/ns/net")
+
+
+def test_another_user_keeps_its_uid_inside(outside):
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not system_python:
+        pytest.skip("needs root (to run as uid 65534 with setpriv) and /usr/bin/python3")
+    seen = _inside(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"], system_python, outside)
+    assert seen["interfaces"] == ["lo"] and seen["uid"] == 65534 and not seen["reached"]
+
+
+def test_a_job_on_several_machines_is_refused_in_one_line():
+    from paddle_dist import cli, config
+    from paddle_dist.errors import UserError
+
+    cfg = config.load(None, ["dist.isolate=true", "dist.nnodes=2", "dist.master=10.0.0.1:6170"])
+    with pytest.raises(UserError) as caught:
+        cli._isolate(cfg)
+    assert str(caught.value) == ("dist.isolate=true keeps a job inside one machine's private loopback; a job on "
+                                 "several machines cannot use it: remove -o dist.isolate=true")
