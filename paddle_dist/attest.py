@@ -118,8 +118,8 @@ def _proven_verdict(text: str, token: bytes, job: str, nonce: str, rank: int, wh
     verdict = record.get("verdict")
     if isinstance(verdict, str) and auth.matches(_verdict_proof(token, job, nonce, verdict), record.get("proof")):
         return verdict[:MAX_RECORD]
-    return (f"rank {rank} read a verdict in Paddle's store at {where} that does not prove the job's "
-            "token: something outside the job wrote it")
+    return (f"rank {rank} read a verdict in Paddle's store at {where} that does not prove this rank's "
+            "token: rank 0 holds another token, or something outside the job wrote it")
 
 
 def judge(store, token: bytes, job: str, world: int, nonce: str, where: str) -> str:

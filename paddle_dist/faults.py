@@ -195,10 +195,12 @@ def beat_folder(env, run_dir) -> Tuple[str, bool]:
     with contextlib.suppress(Exception):        # the rank's set-up has already said what is wrong with it
         token = auth.read_token(env.token_file) if getattr(env, "token_file", "") else b""
     shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())))
-    if shared is not None:
-        return shared, True
-    alone = tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-", dir=private.base())
-    return alone, False
+    return (shared, True) if shared is not None else (_own_folder(), False)
+
+
+def _own_folder() -> str:
+    """A private directory for this rank alone (removed by private.clean once it is gone)."""
+    return tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-", dir=private.base())
 
 
 class Monitor:
@@ -240,11 +242,9 @@ class Monitor:
         """The hang watchdog process (module docstring), and faulthandler ready to write
         this rank's stacks for it on SIGUSR2. The watchdog is handed the heartbeat's and
         the stack file's descriptors: it never opens them by name."""
-        if self.run_dir is not None and not self.folder:
-            self.folder, self.shared = beat_folder(self.env, self.run_dir)
-        elif not self.folder:
-            self.folder = tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-",
-                                           dir=private.base())
+        if not self.folder:
+            self.folder, self.shared = beat_folder(self.env, self.run_dir) if self.run_dir is not None else \
+                (_own_folder(), False)
         self._heartbeat = Heartbeat(self.folder, self.env.global_rank, time.monotonic())
         self._beat()
         self._stacks = os.fdopen(private.create(f"{self._heartbeat.path}.stack"), "w")

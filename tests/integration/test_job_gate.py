@@ -211,9 +211,11 @@ def test_ranks_started_by_hand_attest_with_dist_token_file(tmp_path):
             results = list(pool.map(lambda r: run(_by_hand(r, port, run_dir, tokens[r]), timeout=180), (0, 1)))
         if tokens[1] == other:
             assert [r.returncode for r in results] == [6, 6], [r.stderr for r in results]
-            for result in results:
-                assert (f"paddle_dist: security: rank 1's attestation in Paddle's store at 127.0.0.1:{port} "
-                        "does not prove the job's token") in result.stderr
+            assert (f"paddle_dist: security: rank 1's attestation in Paddle's store at 127.0.0.1:{port} "
+                    "does not prove the job's token") in results[0].stderr
+            # rank 1 cannot check rank 0's verdict with its own token either
+            assert (f"paddle_dist: security: rank 1 read a verdict in Paddle's store at 127.0.0.1:{port} "
+                    "that does not prove this rank's token: rank 0 holds another token") in results[1].stderr
         else:
             assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
             assert _weights(run_dir)[0] == _weights(run_dir)[1]

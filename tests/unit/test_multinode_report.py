@@ -63,6 +63,7 @@ def test_node_0_tells_its_run_name_and_learns_the_hosts():
         thread.join(20)
         assert not thread.is_alive(), "nodes.meet did not return"
     [zero], [one] = got0, got1
+    zero.rendezvous.close()
     assert one.run == zero.run == "job-20261125-090351" and one.node_rank == 1
     assert zero.nodes[1] == Node(3, "127.0.0.1", "nodeB") and zero.nodes[0].host == "nodeA"
     assert list(one.ranks_of(1)) == [2, 3, 4]          # node 1 knows its block too

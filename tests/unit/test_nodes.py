@@ -3,6 +3,7 @@ its place in the launch plan, and the launcher's start deadline. Nodes are threa
 process on loopback."""
 
 import signal
+import http.client
 import socket
 import struct
 import sys
@@ -22,17 +23,21 @@ def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
 
 
 class _Node(threading.Thread):
-    """nodes.meet in a thread; `.error` is what it raised (None when it returned)."""
+    """nodes.meet in a thread; `.error` is what it raised (None when it returned). Node 0's
+    rendezvous for Paddle's launchers (Meeting.rendezvous) is closed at once, or kept in
+    `.met` with `keep`."""
 
-    def __init__(self, gate):
+    def __init__(self, gate, keep=False):
         super().__init__(daemon=True)
-        self.gate, self.error = gate, None
+        self.gate, self.error, self.keep, self.met = gate, None, keep, None
 
     def run(self):
         try:
-            nodes.meet(self.gate)
+            self.met = nodes.meet(self.gate)
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             self.error = e
+        if self.met is not None and self.met.rendezvous is not None and not self.keep:
+            self.met.rendezvous.close()
 
     def result(self, timeout=20):
         self.join(timeout)
@@ -72,12 +77,18 @@ def test_anything_but_a_small_json_object_is_refused(data):
 # ---------------------------------------------------------------- meeting
 def test_two_nodes_meet_and_go():
     port = launcher.free_port("127.0.0.1")
-    host = _Node(_gate(port, 0))
+    host = _Node(_gate(port, 0), keep=True)
     host.start()
     other = _Node(_gate(port, 1))      # it retries until node 0 listens
     other.start()
     assert other.result() is None and host.result() is None
-    # Node 0 closed the port before saying go: Paddle's launcher can bind it now.
+    # Node 0 serves Paddle's launchers' rendezvous on the same port now (kvserver.py) ...
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/healthy")
+    assert conn.getresponse().read() == b'{"/healthy": "ok"}'
+    conn.close()
+    host.met.rendezvous.close()
+    # ... until the job ends, and the port is free again.
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
