@@ -10,6 +10,8 @@ import json
 import socket
 import threading
 
+import pytest
+
 from .procs import check, finish, run, start
 from .test_missing_node import _node, _port
 
@@ -60,6 +62,7 @@ def _closed(sock: socket.socket) -> bool:
         sock.setblocking(True)
 
 
+@pytest.mark.compat          # Paddle's launcher of each version talks to the rendezvous
 def test_idle_connections_and_junk_at_the_rendezvous_hold_up_nothing(tmp_path):
     port, run_dir = _port(), tmp_path / "run"
     node0, killer = start(_node(0, port, run_dir, timeout=60), limit=240)

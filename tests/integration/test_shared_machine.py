@@ -25,7 +25,7 @@ import pytest
 from .procs import PY, finish, start
 from .shared_machine import machine  # noqa: F401  (fixture)
 
-HANG_S = 5
+HANG_S = 3
 JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "dist.nprocs=2", "-o", "train.batch_size=32",
        "-o", "checkpoint.every_epochs=1"]
 
@@ -102,12 +102,13 @@ def test_a_planted_heartbeat_does_not_hide_a_hang(machine, open_root):
     assert "Root cause: rank 1 silent" in _root_cause(err), err
 
 
-@pytest.mark.parametrize("join", [True, False], ids=["with-a-join", "verdict-alone"])
-def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root, join):
-    """The other user writes the verdict "ok" into Paddle's store as soon as it listens (and
-    joins it): every rank that reads the forgery ends with exit 6, and the report names the
-    breach as the root cause, not the gloo failures that follow it."""
-    outsider = _outsider(machine, "forge", *(["--join"] if join else []))
+@pytest.mark.compat          # Paddle's store: 2.6's server and 3.x's
+def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root):
+    """The other user writes the verdict "ok" into Paddle's store as soon as it listens
+    (without joining it, which rank 0 would see: test_job_gate.py): the rank that reads the
+    forgery ends with exit 6, and the report names the breach as the root cause, not the
+    failures that follow it on the other rank."""
+    outsider = _outsider(machine, "forge")
     proc, killer = _job(machine, open_root / "run", "train.max_steps=20")
     try:
         out, err = finish(proc, killer, timeout=150)
@@ -117,9 +118,10 @@ def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root
     assert proc.returncode == 6, err
     cause = _root_cause(err)
     assert "found a breach: " in cause, err
-    assert "does not prove this rank's token" in cause or "counted 3 joins" in cause, err
+    assert "does not prove this rank's token" in cause, err
 
 
+@pytest.mark.compat          # gloo's start-up, as each Paddle version builds it
 @pytest.mark.parametrize("isolate", [False, True], ids=["shared-loopback", "isolated"])
 def test_connections_to_the_jobs_listeners_at_start_up_are_named_or_change_nothing(machine, open_root, isolate):
     """The other user connects to every socket that starts listening on the machine while

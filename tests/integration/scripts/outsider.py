@@ -9,8 +9,8 @@ Usage:
     outsider.py plant TARGET RUN_DIR        while the job runs: at every heartbeat and stack name
                                             the job's ranks could use in /dev/shm, a link to TARGET,
                                             and a heartbeat of ours that claims progress for ever
-    outsider.py forge [--join]              a verdict "ok" in the job's store (the new listener bound
-                                            to every address), and a join with --join
+    outsider.py forge                       a verdict "ok" in the job's store (the new listener bound
+                                            to every address)
     outsider.py poke                        a bare connection to every new listener, kept open
     outsider.py read PATH...                which of PATHs it can read
 """
@@ -104,7 +104,7 @@ def listeners(everywhere_only: bool) -> set:
     return found
 
 
-def forge(join: bool) -> None:
+def forge() -> None:
     before = listeners(True)
     while stdin_open():
         new = listeners(True) - before
@@ -112,8 +112,7 @@ def forge(join: bool) -> None:
             host, port = sorted(new)[0]
             with storewire.Connection(host, port, timeout=30, deadline=time.monotonic() + 30) as store:
                 store.set("paddle_dist/verdict", b"ok")
-                joined = store.add("init/", 1) if join else None
-                say(forged=f"{host}:{port}", joins=joined)
+                say(forged=f"{host}:{port}")
                 while stdin_open(1.0):
                     pass
             return
@@ -156,7 +155,7 @@ if __name__ == "__main__":
     elif action == "plant":
         plant(*args)
     elif action == "forge":
-        forge("--join" in args)
+        forge()
     elif action == "poke":
         poke()
     elif action == "read":
