@@ -179,13 +179,15 @@ def test_what_a_killed_launcher_left_is_removed_by_the_next_clean(machine, open_
     """A launcher killed with SIGKILL cannot remove its private directory (its token among
     it); `python -m paddle_dist.runs --clean` removes it, and nothing else."""
     proc, killer = _job(machine, open_root / "run", "train.epochs=50")
-    deadline = time.monotonic() + 60
-    while not _tokens(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    [token] = _tokens(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while not _tokens(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [token] = _tokens(proc.pid)
+    finally:                                  # the launcher, killed whatever happened
+        os.killpg(proc.pid, signal.SIGKILL)
+        finish(proc, killer, timeout=60)
     job_dir = token.parent.name
-    os.killpg(proc.pid, signal.SIGKILL)
-    finish(proc, killer, timeout=60)
     cleaned = subprocess.run(machine.cmd([PY, "-m", "paddle_dist.runs", "--clean"]), capture_output=True,
                              text=True, timeout=60)
     assert cleaned.returncode == 0, cleaned.stderr
