@@ -5,11 +5,12 @@ rendezvous while it waits for peers; a C or CUDA call that never returns), and t
 thread of the rank itself can run to notice the time.
 
 Usage:
-    python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK]
+    python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK [STORE WORLD]]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
         the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there. When
-        something outside the job took part in gloo's connections (gloocheck.py), that is
-        printed and recorded instead, as a breach (exit 6).
+        something outside the job took part in gloo's connections (gloocheck.py, given
+        Paddle's STORE as host:port and the job's WORLD), that is printed and recorded
+        instead, as a breach (exit 6).
     python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG FOLDER WORLD BEAT_FD STACK_FD
         the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat), BEAT_FD and
         STACK_FD the descriptors of it and of STACK_FILE, handed on by the rank (the names
@@ -50,11 +51,12 @@ QUIT_WAIT_S = 3.0
 GRACE_S = STACK_WAIT_S + 3 * POLL_S    # time for the watchdog of a rank to blame to act first
 
 
-def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0") -> int:
+def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0",
+         store: str = "", world: str = "0") -> int:
     if _stdin_closed(seconds):
         return 0
     error, kind, code = message, "RendezvousTimeout", EXIT_RENDEZVOUS
-    seen = _outsiders(pid, int(rank))
+    seen = _outsiders(pid, int(rank), store, int(world))
     if seen:
         error, kind, code = f"rank {rank}: the process group did not form: {seen[0]}", "SecurityError", EXIT_SECURITY
         sys.stderr.write(f"{SECURITY_LINE}{error}; the job was stopped (docs/security.md)\n")
@@ -69,18 +71,15 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
     return 0
 
 
-def _outsiders(pid: int, rank: int) -> list:
+def _outsiders(pid: int, rank: int, store: str, world: int) -> list:
     """What outside the job holds up the rendezvous of rank `rank` (process `pid`), as
-    gloocheck.outsiders sees it from the store and sockets the rank's environment names;
-    [] when nothing, or when it cannot tell."""
-    host, _, port = (os.environ.get("PADDLE_MASTER") or "").rpartition(":")
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
-    world = os.environ.get("PADDLE_TRAINERS_NUM", "")
-    if not (host and port.isdigit() and world.isdigit()):
+    gloocheck.outsiders sees it from Paddle's `store` ("host:port") and this machine's
+    sockets; [] when nothing, or when it cannot tell."""
+    host, _, port = store.rpartition(":")
+    if not (host and port.isdigit() and world > 0):
         return []
     try:
-        return gloocheck.outsiders(host, int(port), int(world), rank, pid)
+        return gloocheck.outsiders(host, int(port), world, rank, pid)
     except Exception:          # noqa: BLE001  (the deadline's own line must come out whatever happens)
         return []
 
@@ -198,4 +197,4 @@ if __name__ == "__main__":
         pid_, beat_, seconds_, status_, rank_, stack_, log_, folder_, world_, beat_fd_, stack_fd_ = sys.argv[2:13]
         sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_, folder_, int(world_),
                        int(beat_fd_), int(stack_fd_)))
-    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:6]))
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:8]))

@@ -47,6 +47,8 @@ RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
 # A rank that paddle_dist's launcher admitted (rankgate.py): the job, and the path of the
 # file holding its token (never the token), for the rank's attestation (attest.py).
 JOB, TOKEN_FILE = "PADDLE_DIST_JOB", "PADDLE_DIST_TOKEN_FILE"
+# The job's private directory in /dev/shm, made by its launcher (private.py).
+JOB_DIR = "PADDLE_DIST_JOB_DIR"
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -72,6 +74,7 @@ class DistEnv:
     supervised: bool = False       # started by paddle_dist's launcher, which reports failures
     job: str = ""                  # the job this rank was admitted to ("" when no gate admitted it)
     token_file: str = ""           # the file with that job's token
+    job_dir: str = ""              # the job's private directory in /dev/shm ("" when no launcher made one)
 
     @property
     def is_main(self) -> bool:
@@ -112,7 +115,7 @@ def detect(gpus: str = "", backend: str = "auto", gpu_info: Optional[GpuInfo] = 
     world = ranks.get("world_size", 1)
     return DistEnv(launcher=cluster.name, device=device, supervised=environ.get(SUPERVISED) == "1",
                    backend=select_backend(backend, device, world), job=environ.get(JOB, ""),
-                   token_file=environ.get(TOKEN_FILE, ""), **ranks)
+                   token_file=environ.get(TOKEN_FILE, ""), job_dir=environ.get(JOB_DIR, ""), **ranks)
 
 
 def probe_gpus() -> GpuInfo:

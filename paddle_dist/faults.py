@@ -194,7 +194,7 @@ def beat_folder(env, run_dir) -> Tuple[str, bool]:
     token = b""
     with contextlib.suppress(Exception):        # the rank's set-up has already said what is wrong with it
         token = auth.read_token(env.token_file) if getattr(env, "token_file", "") else b""
-    shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())))
+    shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())), getattr(env, "job_dir", ""))
     return (shared, True) if shared is not None else (_own_folder(), False)
 
 
@@ -421,7 +421,8 @@ class Monitor:
 
 
 @contextlib.contextmanager
-def deadline(seconds: float, message: str, status_file: Optional[Path] = None, rank: int = 0):
+def deadline(seconds: float, message: str, status_file: Optional[Path] = None, rank: int = 0,
+             store: str = "", world: int = 0):
     """End this process with `message` and exit code EXIT_RENDEZVOUS (3) if the block is
     not done in `seconds`.
 
@@ -430,7 +431,9 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     while it waits, so no thread here could. It sends SIGQUIT, whose handler here is libc's
     `_exit` itself, set through ctypes: it needs no GIL, and `_exit(SIGQUIT)` is
     `_exit(3)` on Linux, so the shell sees 3 however the rank was started. The rank's
-    status file, when given, records the failure for the launcher's report.
+    status file, when given, records the failure for the launcher's report. `store`
+    ("host:port" of Paddle's store) and `world`: where the watchdog looks for something
+    outside the job that holds the rendezvous up (gloocheck.py).
     """
     if not seconds:
         yield
@@ -438,7 +441,7 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     script = Path(__file__).with_name("_deadline.py")
     previous = _exit_on_sigquit()
     watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
-                                 str(status_file or ""), str(rank)], stdin=subprocess.PIPE,
+                                 str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
                                 preexec_fn=os.setpgrp)
     try:
         yield

@@ -61,7 +61,6 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.socket = listener
         self.nodes = nodes
         self.address_of = {rank: _ip_of(node.address) for rank, node in nodes.items()}
-        self.addresses = set(self.address_of.values())
         self.entries: Dict[int, tuple] = {}        # node rank: (path, value, who wrote it)
         self.lock = threading.Lock()
         self._said: List[str] = []
@@ -77,10 +76,17 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.server_close()
 
     def verify_request(self, request, client_address) -> bool:
-        if client_address[0] in self.addresses:
+        if client_address[0] in self.address_of.values():
             return True
-        self.say(f"a connection from {_who(client_address)}, which is no machine of the job")
+        self.say(f"a connection from {self.who(client_address)}, which is no machine of the job")
         return False
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def who(self, client) -> str:
+        return _who(client, self.port)
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -102,10 +108,10 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         if first is not None and first[:2] == (path, body) and client[0] == self.address_of[node_rank]:
             return 200                             # the same entry again: Paddle's launcher repeats it
         if node is None:
-            self.say(f"a PUT of {path[:80]!r} from {_who(client)}: no machine's entry")
+            self.say(f"a PUT of {path[:80]!r} from {self.who(client)}: no machine's entry")
             return 403
-        if client[0] != self.address_of[node_rank] or (node_rank == 0 and not _ours(client)):
-            self.say(f"a PUT of node {node_rank}'s entry from {_who(client)}, which is not node {node_rank}"
+        if client[0] != self.address_of[node_rank] or (node_rank == 0 and not _ours(client, self.port)):
+            self.say(f"a PUT of node {node_rank}'s entry from {self.who(client)}, which is not node {node_rank}"
                      + ("'s launcher" if node_rank == 0 else f" ({node.address})"))
             return 403
         try:
@@ -113,13 +119,13 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         except ValueError:
             entry = None
         if not isinstance(entry, dict) or entry.get("rank") != node_rank or entry.get("replicas") != node.nprocs:
-            self.say(f"a PUT of node {node_rank}'s entry from {_who(client)} that is not one: {body[:60]!r}")
+            self.say(f"a PUT of node {node_rank}'s entry from {self.who(client)} that is not one: {body[:60]!r}")
             return 403
         with self.lock:
-            first = self.entries.setdefault(node_rank, (path, body, _who(client)))
+            first = self.entries.setdefault(node_rank, (path, body, self.who(client)))
         if first[:2] != (path, body):
             self.say(f"node {node_rank}'s entry, written first from {first[2]}, written again differently "
-                     f"from {_who(client)}")
+                     f"from {self.who(client)}")
             return 403
         return 200
 
@@ -145,7 +151,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if not 0 <= length <= MAX_BODY:
-            self.server.say(f"a PUT of {length} bytes from {_who(self.client_address)}")
+            self.server.say(f"a PUT of {length} bytes from {self.server.who(self.client_address)}")
             self._reply(413)
             return
         self._reply(self.server.put(self.path, self.rfile.read(length), self.client_address))
@@ -176,24 +182,23 @@ def _ip_of(host: str) -> str:
         return host
 
 
-def _who(client) -> str:
-    """"host:port", with the process when it is on this machine and this user may see it."""
-    ip, port = client[0], client[1]
-    pid = _pid_of(client)
-    return f"{ip}:{port}" + (f" (pid {pid}: {' '.join(procfs.cmdline(pid))[:80]})" if pid else "")
+def _who(client, port: int) -> str:
+    """"host:port" of the client end `client` of a connection to `port`, with its process
+    when it is on this machine and this user may see it."""
+    pid = _pid_of(client, port)
+    return f"{client[0]}:{client[1]}" + (f" (pid {pid}: {' '.join(procfs.cmdline(pid))[:80]})" if pid else "")
 
 
-def _pid_of(client) -> int:
-    owners = procfs._socket_owners()
-    for local, _, state, inode in procfs._tcp_sockets():
-        if state == "01" and (procfs._ip(local[0]), local[1]) == (client[0], client[1]):
-            return owners.get(inode, 0)
-    return 0
+def _pid_of(client, port: int) -> int:
+    """The process of this machine that holds the client end `client` of a connection to
+    `port`, 0 when unknown."""
+    return next((pid for ip, number, pid in procfs.peers_of(port) if (ip, number) == tuple(client[:2])), 0)
 
 
-def _ours(client) -> bool:
-    """Whether the peer `client` is a process of this launcher (a descendant of it)."""
-    pid, me = _pid_of(client), os.getpid()
+def _ours(client, port: int) -> bool:
+    """Whether the peer `client` of a connection to `port` is a process of this launcher
+    (a descendant of it)."""
+    pid, me = _pid_of(client, port), os.getpid()
     for _ in range(64):
         if pid in (0, 1):
             return False

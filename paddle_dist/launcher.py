@@ -308,7 +308,7 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     machines of a multi-node launch learnt when they met, if they have met already
     (meeting()); the report names the ranks' hosts from it."""
     with job_files(p.token_file) as (folder, token_file):
-        private_env = {private.JOB_DIR: folder}
+        private_env = {envlib.JOB_DIR: folder}
         if p.direct:
             with rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
                 child_env = envlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))

@@ -6,8 +6,9 @@ another user's plant. Nothing of a job is kept there directly. Each user has one
 directory, `/dev/shm/paddle_dist-<uid>` (0700, checked to be a real directory the user
 owns: never followed through a link), and each job a directory inside it:
 - `job-<pid>-<random>`: made by the launcher (mkdtemp) for its whole job, named to the
-  ranks by PADDLE_DIST_JOB_DIR; it holds the job token, the ranks' heartbeats and stacks
-  and the shared-memory transport's segment, and is removed when the job ends;
+  ranks by PADDLE_DIST_JOB_DIR (env.JOB_DIR); it holds the job token, the ranks'
+  heartbeats and stacks and the shared-memory transport's segment, and is removed when
+  the job ends;
 - `key-<key>`: made by the ranks of a job started without paddle_dist's launcher (Paddle's
   own launcher, mpirun on another machine), named by the job's secret (key()).
 
@@ -38,7 +39,6 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-JOB_DIR = "PADDLE_DIST_JOB_DIR"          # the launcher's job directory, for its ranks
 SHM = "/dev/shm"
 LAUNCHED = re.compile(r"^job-(\d+)-")           # in the user's directory: job-<launcher pid>-<random>
 # straight in /dev/shm: paddle_dist-job-<uid>-<launcher pid>-<random> (a directory), and
@@ -96,10 +96,9 @@ def key(token: bytes, name: str) -> str:
     return hashlib.sha256(token + b"\0" + name.encode()).hexdigest()[:16]
 
 
-def rank_dir(job_key: str) -> Optional[str]:
-    """The directory a rank keeps its files in: its launcher's (PADDLE_DIST_JOB_DIR), else
-    this user's `key-<job_key>`; None when neither is private (module docstring)."""
-    given = os.environ.get(JOB_DIR, "")
+def rank_dir(job_key: str, given: str = "") -> Optional[str]:
+    """The directory a rank keeps its files in: `given`, its launcher's (env.DistEnv.job_dir),
+    else this user's `key-<job_key>`; None when neither is private (module docstring)."""
     if given and owned(given):
         return given
     parent = user_dir()

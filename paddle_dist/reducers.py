@@ -175,7 +175,7 @@ def _open_local(env, keys: List[str], chunk: int, phase):
     reducer, created = None, ""
     if rank == leader and world > 1 and not keys[rank].startswith("unsupported"):
         try:
-            path = shm.new_path("grads")
+            path = shm.new_path("grads", env.job_dir)
             reducer, created = shm.ShmReducer.create(path, world, chunk), str(path)
         except OSError:
             pass

@@ -52,8 +52,9 @@ def setup(cfg) -> envlib.DistEnv:
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).
+            store = "{}:{}".format(*envlib.store_endpoint())
             with quiet_paddle(), faults.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg),
-                                                 _status_file(env, cfg), env.global_rank):
+                                                 _status_file(env, cfg), env.global_rank, store, env.world_size):
                 if env.global_rank != 0:
                     wait_for_store(*envlib.store_endpoint())
                 try:

@@ -276,10 +276,9 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def new_path(tag: str) -> Path:
-    """Where a new segment goes: the job's private directory (private.py) where its
-    launcher made one, else this user's, else /dev/shm itself (created exclusively all the
-    same: never through another user's file or link)."""
-    given = os.environ.get(private.JOB_DIR, "")
-    folder = given if given and private.owned(given) else (private.user_dir() or str(SHM_DIR))
+def new_path(tag: str, job_dir: str = "") -> Path:
+    """Where a new segment goes: the job's private directory (`job_dir`, private.py) where
+    its launcher made one, else this user's, else /dev/shm itself (created exclusively all
+    the same: never through another user's file or link)."""
+    folder = job_dir if job_dir and private.owned(job_dir) else (private.user_dir() or str(SHM_DIR))
     return Path(folder) / f"paddle_dist-{tag}-{os.getpid()}-{time.monotonic_ns()}"

@@ -290,12 +290,14 @@ def _unstarted(request: Optional[str], start_timeout: float, err_path: Path,
     else:
         code = faults.EXIT_RENDEZVOUS
         refused = meeting.rendezvous.refusals() if meeting is not None and meeting.rendezvous else []
-        line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s "
-                "although every machine had arrived; " + (
-                    f"the key-value rendezvous at dist.master refused {'; '.join(refused)}: something "
-                    "outside the job took part in it (docs/security.md)" if refused else
-                    "check that every machine reaches node 0 at dist.master (node 0's report names "
-                    f"anything outside the job that took part in the key-value rendezvous there), and read {err_path}"))
+        if refused:
+            why = (f"the key-value rendezvous at dist.master refused {'; '.join(refused)}: something "
+                   "outside the job took part in it (docs/security.md)")
+        else:
+            why = ("check that every machine reaches node 0 at dist.master (node 0's report names anything "
+                   f"outside the job that took part in the key-value rendezvous there), and read {err_path}")
+        line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s although every "
+                f"machine had arrived; {why}")
     print(line, file=sys.stderr, flush=True)
     return code
 

@@ -80,8 +80,8 @@ def test_gloo_address_records_decode():
 def test_an_address_in_gloos_keys_held_by_another_process_is_named_as_rewritten():
     child = _holder("import socket; s = socket.create_server(('127.0.0.1', 0)); "
                     "print('ready', flush=True); print(s.getsockname()[1], flush=True)")
-    port = int(child.stdout.readline())
     try:
+        port = int(child.stdout.readline())
         ranks = {os.getpid(): "rank 0"}
         sockets = [(gloocheck._address(local), gloocheck._address(remote), state, inode)
                    for local, remote, state, inode in procfs._tcp_sockets()]

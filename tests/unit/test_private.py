@@ -18,7 +18,6 @@ def shm(tmp_path, monkeypatch):
     folder.mkdir()
     folder.chmod(0o1777)
     monkeypatch.setattr(private, "base", lambda: str(folder))
-    monkeypatch.delenv(private.JOB_DIR, raising=False)
     return folder
 
 
@@ -65,12 +64,11 @@ def test_the_users_directory_taken_by_a_link_or_left_open_is_not_used(shm, tmp_p
     assert private.user_dir() is None and private.rank_dir("k") is None
 
 
-def test_a_launchers_directory_is_used_by_its_ranks_only_when_private(shm, monkeypatch):
+def test_a_launchers_directory_is_used_by_its_ranks_only_when_private(shm):
     folder = private.make_job_dir()
-    monkeypatch.setenv(private.JOB_DIR, folder)
-    assert private.rank_dir("k") == folder
+    assert private.rank_dir("k", folder) == folder
     os.chmod(folder, 0o755)
-    assert private.rank_dir("k") == str(shm / f"paddle_dist-{os.geteuid()}" / "key-k")
+    assert private.rank_dir("k", folder) == str(shm / f"paddle_dist-{os.geteuid()}" / "key-k")
 
 
 def test_what_killed_jobs_left_is_removed_and_live_jobs_kept(shm):
