@@ -142,7 +142,7 @@ def test_connections_to_the_jobs_listeners_at_start_up_are_named_or_change_nothi
         assert poked["poked"] >= 2, poked                # the gate and the store at least
     if proc.returncode == 6:
         assert not isolate and "the process group did not form" in _root_cause(err), err
-        assert "gloo socket" in _root_cause(err) and "outsider.py" in _root_cause(err), err
+        assert "gloo socket" in _root_cause(err) and f"held by pid {outsider.pid} (" in _root_cause(err), err
         return
     assert proc.returncode == 0, err
     records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
