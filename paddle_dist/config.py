@@ -225,6 +225,12 @@ def validate(cfg: Config) -> None:
         value = get_key(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(allowed)} (got {value!r})")
+    if not 0 <= cfg.train.ema_decay < 1:
+        raise ConfigError(f"train.ema_decay must be in [0, 1), e.g. 0.999 (got {cfg.train.ema_decay!r}); 0 = off")
+    monitor = cfg.checkpoint.monitor
+    if monitor != "train_loss" and not (monitor.startswith("eval_") and len(monitor) > 5):
+        raise ConfigError(f"checkpoint.monitor must be train_loss or eval_<metric> such as eval_accuracy, "
+                          f"eval_loss or a fit() metric's eval_<name> (got {monitor!r})")
     for key in POSITIVE:
         if get_key(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1 (got {get_key(cfg, key)!r})")

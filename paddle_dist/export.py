@@ -17,7 +17,8 @@ For your own model, the Python API does the same (this module is callable):
     paddle_dist.export(net, [InputSpec([None, 3, 64, 64], "float32", "image")], "out/")
 
 `python -m paddle_dist.checkpoint export RUN model.pdparams` is the other way out of a run:
-the weights alone, for `paddle.load` and `set_state_dict` in Python.
+the weights alone, for `paddle_dist.checkpoint.load_weights(net, "model.pdparams")` in Python,
+which refuses a model whose parameter names or shapes differ (as `export_run` does here).
 
 Example:
     $ python -m paddle_dist.export runs/mnist_lenet-20261123-061500
@@ -25,6 +26,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import argparse
 import json
@@ -135,12 +138,15 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
         if record is not None:
             raise UserError(configlib.refuse_fit_run(
                 run_dir, record, "python -m paddle_dist.export rebuilds only built-in models: export "
-                "yours from the script, paddle_dist.export(net, input_spec, out) (docs/deploy.md)"))
+                f"yours from the script, paddle_dist.checkpoint.load_weights(net, '{run_dir}') then "
+                "paddle_dist.export(net, input_spec, out) (docs/deploy.md)"))
     cfg = configlib.load(config or str(run_dir / "config.yaml"))
     classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     state = checkpoint.load(checkpoint_dir)
-    checkpoint.restore(state, net, rng=False)
+    if state.averaged:          # train.ema_decay: the moving averages are what was evaluated
+        state = dataclasses.replace(state, model=state.averaged)
+    checkpoint.restore(state, net, rng=False)     # exactly, or refused in one line
     info = preprocessing(cfg, classes)
     spec = InputSpec([None, *info.pop("input_shape")], "float32", INPUT_NAME)
     info = {"model": cfg.model.name, "task": models.task_of(cfg.model.name), **info,

@@ -99,6 +99,7 @@ class Progress:
         self.train_time, self._t_last = 0.0, None
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
+        self.grad_norm = None     # an ema.MeasuredClip: its last norm is printed at each report
 
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
@@ -161,21 +162,26 @@ class Progress:
         speed = self.samples_per_s
         remaining = self.total_steps - self.start_step - self.step_count
         eta = remaining * self.global_batch / speed if speed else 0
+        norm = ""
+        if self.grad_norm is not None and self.grad_norm.last is not None:
+            value = read_values([self.grad_norm.last])[0]        # the last step's, after averaging
+            norm = f" grad norm {value:.3g}"
+            self.scalar("train/grad_norm", value)
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
-                      f"loss {mean:.4f} lr {lr:.2e} {speed:,.0f} samples/s eta {format_eta(eta)}")
+                      f"loss {mean:.4f} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}")
         self.scalar("train/loss", mean)
         self.scalar("train/lr", lr)
         self.scalar("train/samples_per_s", speed)
 
     def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float]) -> None:
         line = f"epoch {epoch + 1}/{self.epochs} done: train loss {train_loss:.4f}"
+        numbers = {k: v for k, v in metrics.items() if k != "count" and isinstance(v, (int, float))}
         if metrics:
-            found = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "count")
+            found = " ".join(f"{k} {v:.4f}" for k, v in numbers.items())
             line += f" | eval {found} on {int(metrics['count'])} samples"
         self.log.info(line)
-        for key, value in metrics.items():
-            if key != "count":
-                self.scalar(f"eval/{key}", value, step=epoch + 1)
+        for key, value in numbers.items():       # a metric of several values is in metrics.json
+            self.scalar(f"eval/{key}", value, step=epoch + 1)
 
     def scalar(self, tag: str, value: float, step: Optional[int] = None) -> None:
         if self.writer is not None:

@@ -56,6 +56,8 @@ class DataConfig:
     seed: int = 0                  # synthetic / linear: data generator seed
     batched: bool = True           # in-memory datasets: gather each batch with one indexing op
                                    # (false: paddle.io.DataLoader, per-sample __getitem__ + collate)
+    num_workers: int = 0           # DataLoader worker processes per rank for datasets read per
+                                   # sample (a DataLoader given to fit() keeps its own)
 
 
 @dataclass
@@ -90,6 +92,10 @@ class TrainConfig:
     amp_dtype: str = "auto"        # auto (float16 on GPU, bfloat16 on CPU) | float16 | bfloat16
     loss_scale: float = 32768.0    # float16: initial dynamic loss scale (bfloat16 needs none)
     weight_decay: float = 0.0
+    clip_grad_norm: float = 0.0    # clip the gradients to this global norm (paddle.nn.ClipGradByGlobalNorm;
+                                   # the config's optimizer) and log the norm; 0 = no clipping
+    ema_decay: float = 0.0         # keep an exponential moving average of the weights, e.g. 0.999,
+                                   # used for evaluation, the best checkpoint and export; 0 = off
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw
@@ -174,7 +180,10 @@ class CheckpointConfig:
     keep_last: int = 3
     resume: str = "auto"           # auto (latest in this run dir, if any) | none | a checkpoint path
     monitor: str = "eval_accuracy" # the metric that picks <run>/best and early stopping:
-                                   # eval_accuracy (higher is better) | eval_loss | train_loss
+                                   # eval_accuracy | eval_loss | train_loss | eval_<name> of a
+                                   # fit(metrics=...) metric; higher is better except for names
+                                   # ending in loss or error (fit() with metrics and no accuracy:
+                                   # the first metric's)
     save_best: bool = True         # keep the best epoch's checkpoint in <run>/best
 
 
@@ -223,7 +232,6 @@ CHOICES = {
     "train.scheduler_every": ("step", "epoch"),
     "train.amp": ("off", "O1", "O2"),
     "train.amp_dtype": ("auto", "float16", "bfloat16"),
-    "checkpoint.monitor": ("eval_accuracy", "eval_loss", "train_loss"),
     "output.share": ("private", "group"),
 }
 # What each built-in model and dataset is for (the model picks its loss and metric).
@@ -240,7 +248,7 @@ DATA_TASKS = {"linear": "regression", "mnist": "classification", "cifar10": "cla
 POSITIVE = ("data.image_size", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
 POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch", "train.loss_scale")
-NON_NEGATIVE = ("model.num_classes", "train.epochs", "dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
+NON_NEGATIVE = ("train.clip_grad_norm", "train.ema_decay", "data.num_workers", "model.num_classes", "train.epochs", "dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")

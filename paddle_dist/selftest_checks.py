@@ -108,7 +108,8 @@ def _global_batch(step: int, world: int, seed: int):
 
 
 def _tensors(x, y):
-    return paddle.to_tensor(x), paddle.to_tensor(y)
+    """One batch as loop.step takes it: ([input], [label])."""
+    return [paddle.to_tensor(x)], [paddle.to_tensor(y)]
 
 
 def _max_difference(net, ref) -> float:

@@ -40,7 +40,8 @@ def build_parts(cfg) -> Parts:
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     return Parts(model=net, train_data=train_data, eval_data=eval_data,
                  loss=default_loss(task), task=task, name=cfg.model.name, classes=classes,
-                 optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay))
+                 optimizer=optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay,
+                                                     cfg.train.clip_grad_norm))
 
 
 def main(cfg) -> trainer.Result:

@@ -17,7 +17,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("show", help="print the checkpoint's meta data as JSON")
     show.add_argument("checkpoint", help="a ckpt_* directory, a checkpoints root or a run dir")
-    export = commands.add_parser("export", help="write the weights for paddle.load")
+    export = commands.add_parser("export", help="write the weights as a .pdparams file, for "
+                                 "paddle_dist.checkpoint.load_weights(net, file)")
     export.add_argument("checkpoint", help="a ckpt_* directory, a checkpoints root or a run dir")
     export.add_argument("out", help="output file, e.g. model.pdparams")
     args = parser.parse_args(argv)

@@ -2,7 +2,8 @@
 is read into and the Snapshot it is written from, meta and random-generator state, and the
 conversions between Paddle's state dicts and plain arrays.
 
-Layout: `<run>/checkpoints/ckpt_000000120/{model.npz, optimizer.npz, rng.npz, meta.json}`,
+Layout: `<run>/checkpoints/ckpt_000000120/{model.npz, optimizer.npz, rng.npz, meta.json}`
+(and `ema.npz`, the model with its weights' moving averages, under train.ema_decay),
 named by global step (so name order is training order), and a `latest` file naming the
 newest. Arrays go to npz files, scalars to meta.json; nothing is ever pickled.
 
@@ -28,6 +29,7 @@ from ..errors import UserError
 
 FORMAT = 2
 LATEST = "latest"
+AVERAGED = "ema.npz"      # the model with train.ema_decay's moving averages as its weights
 SEP = "/"
 NAME = re.compile(r"ckpt_(\d+)")
 LEFTOVER = re.compile(r"\.ckpt_(\d+)\.(tmp|old|del)-.+")   # what a crashed save may leave
@@ -55,6 +57,7 @@ class State:
     rng_arrays: Dict[str, np.ndarray] = field(default_factory=dict)
     rng_info: Dict[str, Any] = field(default_factory=dict)
     path: Optional[Path] = None
+    averaged: Dict[str, np.ndarray] = field(default_factory=dict)   # train.ema_decay's weights
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Snapshot:
     rng: Dict[str, np.ndarray]
     rng_info: Dict[str, Any]
     meta: Dict[str, Any]
+    averaged: Dict[str, np.ndarray] = field(default_factory=dict)   # ema.npz: the model with
+                                                                     # train.ema_decay's averages
 
     @property
     def name(self) -> str:

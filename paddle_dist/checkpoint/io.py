@@ -29,16 +29,18 @@ import numpy as np
 import paddle
 
 from .. import compat
-from .format import (FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
+from .format import (AVERAGED, FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
                      _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
 
 
-def snapshot(model, optimizer, meta: Dict[str, Any]) -> Snapshot:
+def snapshot(model, optimizer, meta: Dict[str, Any],
+             averaged: Optional[Dict[str, np.ndarray]] = None) -> Snapshot:
     """Copy model, optimizer, RNG states and meta out of Paddle now, on the training thread.
 
     `meta` needs global_step, epoch (0-based, the epoch in progress), step_in_epoch
     (optimizer steps done in it), world_size and model; more JSON keys may follow.
+    `averaged`: the model's state with the weights' moving averages (ema.npz), if any.
 
     Example:
         snap = snapshot(net, opt, {"global_step": 120, "epoch": 1, "step_in_epoch": 20,
@@ -49,7 +51,7 @@ def snapshot(model, optimizer, meta: Dict[str, Any]) -> Snapshot:
     rng_arrays, rng_info = capture_rng(meta["global_step"])
     return Snapshot(model=_to_numpy(model.state_dict()), optimizer=opt_arrays,
                     optimizer_scalars=_json_copy(opt_scalars, "optimizer state"),
-                    rng=rng_arrays, rng_info=rng_info, meta=meta)
+                    rng=rng_arrays, rng_info=rng_info, meta=meta, averaged=dict(averaged or {}))
 
 
 def write(root: Path, snap: Snapshot, keep_last: int = 3) -> Path:
@@ -161,6 +163,8 @@ def _write_files(folder: Path, snap: Snapshot) -> None:
     _save_npz(folder / "model.npz", snap.model)
     _save_npz(folder / "optimizer.npz", snap.optimizer)
     _save_npz(folder / "rng.npz", snap.rng)
+    if snap.averaged:
+        _save_npz(folder / AVERAGED, snap.averaged)
     info = dict(snap.meta, format=FORMAT, optimizer_scalars=snap.optimizer_scalars,
                 rng=snap.rng_info)
     _write_synced(folder / "meta.json", json.dumps(info, indent=1, sort_keys=True))
@@ -242,8 +246,9 @@ def load(path: Path) -> State:
     rng = _load_npz(path / "rng.npz")
     _check_rng(rng, rng_info, path)
     optimizer = _unflatten(_load_npz(path / "optimizer.npz"), scalars)
+    averaged = _load_npz(path / AVERAGED) if (path / AVERAGED).exists() else {}
     return State(model=_load_npz(path / "model.npz"), optimizer=optimizer, meta=meta,
-                 rng_arrays=rng, rng_info=rng_info, path=path)
+                 rng_arrays=rng, rng_info=rng_info, path=path, averaged=averaged)
 
 
 def _locate(path: Path) -> Path:
@@ -347,11 +352,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def export_pdparams(path: Path, out: Path) -> Path:
-    """Write a checkpoint's weights in Paddle's own format, for `paddle.load`.
+    """Write a checkpoint's weights in Paddle's own format (`paddle.save` of the state dict).
+
+    Load them with `load_weights` (weights.py), which refuses a model whose parameter names
+    or shapes differ; Paddle's `set_state_dict` only warns and skips what does not match.
 
     Example:
         export_pdparams("runs/x/checkpoints", "model.pdparams")
-        net.set_state_dict(paddle.load("model.pdparams"))
+        load_weights(net, "model.pdparams")
     """
     weights = {k: paddle.to_tensor(v, place=paddle.CPUPlace()) for k, v in load(path).model.items()}
     out = Path(out)

@@ -10,13 +10,11 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
-
-import numpy as np
-import paddle
+from typing import Optional
 
 from .format import FIX, REQUIRED_META, CheckpointError, State, _to_tensors, apply_rng
 from .io import _locate, latest
+from .weights import put_weights, weight_differences
 
 
 def resolve_resume(spec: str, run_dir: Path) -> Optional[Path]:
@@ -39,16 +37,14 @@ def resolve_resume(spec: str, run_dir: Path) -> Optional[Path]:
 
 
 def restore(state: State, model, optimizer=None, rng: bool = True) -> None:
-    """Put a loaded state back: weights, optimizer state (with its LR scheduler), RNGs.
+    """Put a loaded state back: weights (exactly, or CheckpointError listing the parameters
+    whose names, shapes or dtypes differ), optimizer state (with its LR scheduler), RNGs.
 
     Example:
         restore(load(path), net, opt)        # rng=False leaves the generators alone
     """
-    differences = _param_differences(state.model, model)
-    if differences:
-        raise CheckpointError(f"checkpoint {state.path} does not fit this model: "
-                              f"{'; '.join(differences)}; build the model it was trained with")
-    model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.model.items()})
+    put_weights(state.model, model, f"checkpoint {state.path}", "checkpoint",
+                fix="build the model it was trained with")
     if optimizer is not None:
         optimizer.set_state_dict(_to_tensors(state.optimizer))
     if rng:
@@ -75,28 +71,9 @@ def check_compatible(state: State, world_size: int, model_name: str, model=None)
         raise CheckpointError(f"checkpoint {where} holds model '{meta['model']}' but the config "
                               f"builds '{model_name}'; set model.name={meta['model']}, or start "
                               "fresh with checkpoint.resume=none")
-    differences = _param_differences(state.model, model) if model is not None else []
+    differences = weight_differences(state.model, model) if model is not None else []
     if differences:
         raise CheckpointError(f"checkpoint {where} does not fit the model '{model_name}' built "
                               f"now: {'; '.join(differences)}; build it as the run that wrote "
                               "the checkpoint did, or start fresh with checkpoint.resume=none")
 
-
-def _param_differences(saved: Dict[str, np.ndarray], model) -> List[str]:
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    out = []
-    if set(own) - set(saved):
-        out.append(f"missing in the checkpoint: {_few(set(own) - set(saved))}")
-    if set(saved) - set(own):
-        out.append(f"not in the model: {_few(set(saved) - set(own))}")
-    shapes = [f"{k} {tuple(saved[k].shape)} vs {own[k]}" for k in sorted(set(own) & set(saved))
-              if tuple(saved[k].shape) != own[k]]
-    if shapes:
-        out.append(f"shape (checkpoint vs model) of {_few(shapes)}")
-    return out
-
-
-def _few(items, limit: int = 4) -> str:
-    items = sorted(items)
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return ", ".join(items[:limit]) + more

@@ -15,6 +15,7 @@ Example (a user's own model; run it as is, or under `python -m paddle_dist.launc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -33,9 +34,13 @@ from .. import env as envlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
 from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer
-from . import hapi, loop
-from .common import (Parts, Position, Result, Session, default_loss, evaluate, make_optimizer,
+from . import callbacks as callbacklib
+from . import firstbatch, hapi, loop
+from .common import (Parts, Position, Result, Session, default_loss, make_optimizer,
                      optimizer_factory, steps_per_epoch, total_steps)
+from .evaluation import evaluate, metric_names
+from .feed import MODEL_LOSS, Feed
+from .loading import Source
 from .selection import Best
 
 TRAINERS = {"loop": loop, "hapi": hapi}
@@ -44,18 +49,35 @@ IMAGE_DATA = ("mnist", "cifar10", "imagefolder")     # what paddle_dist.export k
 LAUNCHERS = {"paddle_launch": "launch", "spawn": "spawn", "openmpi": "mpirun"}
 
 
-def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
-        eval_data: Optional[paddle.io.Dataset] = None, loss: Optional[Callable] = None,
-        optimizer=None, config: Union[None, str, configlib.Config] = None,
-        task: str = "classification") -> Result:
+def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer=None,
+        config: Union[None, str, configlib.Config] = None, task: str = "classification",
+        metrics=None, callbacks=None, inputs=None, labels=None,
+        split_batch: Optional[Callable] = None, epochs: Optional[int] = None,
+        batch_size: Optional[int] = None, num_workers: Optional[int] = None) -> Result:
     """Train `model` data-parallel on whatever processes this job has.
+
+    `train_data`, `eval_data`: a paddle.io.Dataset, or a paddle.io.DataLoader whose batch
+    size, drop_last, shuffling, collate_fn and workers are kept (paddle_dist shards it).
+    A batch is split into the model's inputs and the labels by paddle.Model's rule:
+    `inputs` and `labels` (counts, or lists of paddle.static.InputSpec, whose names pick
+    a dict sample's keys) default to `forward`'s arguments and the rest of the batch;
+    `split_batch(batch) -> (inputs, labels)` does what the rule cannot.
+
+    `loss` is called as `loss(*outputs, *labels)`; it defaults to cross-entropy
+    (classification) or MSE (regression); `loss="model"`: the model takes the inputs and
+    the labels and returns its own loss (a tensor, a tuple (loss, *outputs) or a dict
+    with "loss"). `metrics`: paddle.metric.Metric objects, evaluated exactly over the
+    whole eval set (logged as eval_<name>); `callbacks`: paddle.callbacks.Callback
+    objects, called as paddle.Model calls them, on every rank (docs/own_model.md).
+    `epochs`, `batch_size` (per rank) and `num_workers`, as paddle.Model.fit takes them,
+    set train.epochs, train.batch_size and data.num_workers.
 
     `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
     config's); it keeps the rate it was built with unless the config asks for scaling,
     warm-up or a schedule; its own LRScheduler, if any, is stepped after every optimizer
-    step or every epoch (train.scheduler_every). `loss` defaults to cross-entropy
-    (classification) or MSE (regression). `config` defaults to the typed defaults (plus
-    what `python -m paddle_dist.launch` was given).
+    step or every epoch (train.scheduler_every, or a paddle.callbacks.LRScheduler among
+    `callbacks`). `config` defaults to the typed defaults (plus what
+    `python -m paddle_dist.launch` was given).
 
     A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
     Ctrl+C with 130, another rank's failure with 5, each without a traceback
@@ -71,19 +93,75 @@ def fit(model: paddle.nn.Layer, train_data: paddle.io.Dataset,
         # Not the built-in LeNet job: the run is named after the user's model (a copy:
         # the caller's config stays as it was).
         cfg = configlib.replace_key(cfg, "output.name", type(model).__name__.lower())
+    model_loss = isinstance(loss, str) and loss == MODEL_LOSS
+    if isinstance(loss, str) and not model_loss:
+        raise ConfigError(f"fit(loss={loss!r}): give a loss function, or loss='model' for a model "
+                          "that returns its own loss")
+    feed = Feed(model, inputs, labels, split_batch, model_loss)
+    train_source, eval_source = Source.of(train_data, "train_data"), Source.of(eval_data, "eval_data")
+    for key, value in (("train.epochs", epochs), ("train.batch_size", batch_size),
+                       ("data.num_workers", num_workers)):
+        if value is not None:
+            cfg = configlib.replace_key(cfg, key, value)
+    cfg = _loader_settings(cfg, train_source, eval_source)
+    metrics = _metric_list(metrics)
+    cfg = _monitor_for(cfg, metrics, eval_source is not None)
     env = runtime.setup(cfg)
-    loss = loss or default_loss(task)
+    loss = None if model_loss else (loss or default_loss(task))
     source = "script" if optimizer is not None else "config"
+    if optimizer is not None and cfg.train.clip_grad_norm:
+        raise ConfigError("train.clip_grad_norm clips the config's optimizer; give your own optimizer "
+                          "grad_clip=paddle.nn.ClipGradByGlobalNorm(...) instead")
     if optimizer is None:
-        optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay)
-    parts = Parts(model, train_data, eval_data, loss, optimizer, task, type(model).__name__,
-                  own=True, optimizer_from=source)
+        optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay,
+                                      cfg.train.clip_grad_norm)
+    parts = Parts(model, train_source, eval_source, loss, optimizer, task, type(model).__name__,
+                  own=True, optimizer_from=source, metrics=metrics,
+                  callbacks=callbacklib.check(callbacks), feed=feed)
     try:
         return train(parts, cfg, env)
     except KeyboardInterrupt:
         raise faults.Interrupted() from None
     except PeerFailure as exc:
         raise faults.StoppedByPeer(str(exc)) from None
+
+
+def _metric_list(metrics) -> list:
+    found = [] if metrics is None else list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+    for metric in found:
+        if not isinstance(metric, paddle.metric.Metric):
+            raise ConfigError(f"fit(metrics=...) takes paddle.metric.Metric objects, not "
+                              f"{type(metric).__name__}")
+    return found
+
+
+def _monitor_for(cfg, metrics: list, evaluates: bool):
+    """The config with checkpoint.monitor resolved against the metrics: the default
+    (eval_accuracy) becomes the first metric's when the metrics log no accuracy; a
+    monitor that nothing logs is refused."""
+    if not metrics or not evaluates:
+        return cfg
+    names = [f"eval_{name}" for name in metric_names(metrics)]
+    monitor = cfg.checkpoint.monitor
+    if monitor == configlib.Config().checkpoint.monitor and monitor not in names:
+        return configlib.replace_key(cfg, "checkpoint.monitor", names[0])
+    if monitor not in ("train_loss", "eval_loss", *names):
+        raise ConfigError(f"checkpoint.monitor={monitor} is not logged: the metrics log "
+                          f"{', '.join(names)} (and train_loss, eval_loss); set checkpoint.monitor to one of them")
+    return cfg
+
+
+def _loader_settings(cfg, train: Source, eval_: Optional[Source]):
+    """The config with what the user's DataLoaders set (batch sizes, drop_last, shuffling,
+    workers), so that config.yaml records what ran and the step counts follow it."""
+    pairs = [("train.batch_size", train.batch_size), ("train.drop_last", train.drop_last),
+             ("train.shuffle", train.shuffle), ("data.num_workers", train.num_workers)]
+    if eval_ is not None:
+        pairs.append(("train.eval_batch_size", eval_.batch_size))
+    for key, value in pairs:
+        if value is not None:
+            cfg = configlib.replace_key(cfg, key, value)
+    return cfg
 
 
 @dataclass
@@ -128,7 +206,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     per_epoch = -(-micro // cfg.train.accumulate_steps)     # optimizer steps
     limit = total_steps(cfg, per_epoch)
     policy, text = (None, "") if configlib.evaluates_only(cfg) else \
-        _lr_policy(cfg, env, optimizer, per_epoch, limit)
+        _lr_policy(cfg, env, optimizer, per_epoch, limit, parts.callbacks)
     return Prepared(optimizer, per_epoch, limit, policy, text, record)
 
 
@@ -210,9 +288,10 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
          prepared: Prepared) -> Result:
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
-    start, history, resumed = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    start, history, resumed, averaged = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
-        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed)
+        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed, amp_plan)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
     grad_sync.attach(optimizer, parts.model)
@@ -232,10 +311,17 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
         log.info(f"paddle_dist: mixed precision {amp_plan.level} in {amp_plan.dtype}"
                  + (f", dynamic loss scale from {amp_plan.loss_scale:g}" if amp_plan.loss_scale else ""))
     session.result.history, session.result.resumed_from = history, resumed
+    if session.ema is not None and averaged:
+        session.ema.load(averaged)            # the averages go on where they stood
+    elif session.ema is not None and resumed:
+        log.warning(f"checkpoint {resumed} holds no moving averages (train.ema_decay was off): "
+                    "they start from its weights")
     session.best.replay(history)
     try:
         if not session.done:
+            session.events.train_begin()
             TRAINERS[cfg.train.api].run(session)
+            session.events.train_end(callbacklib.hapi_logs(session.result.metrics, "eval_"))
         # The ranks compare their final weights (as at every checkpoint: once a step), before
         # session.close() has rank 0 wait for its checkpoint writes: the others must not
         # wait for those inside a collective (gloo gives up after 30 s).
@@ -252,24 +338,32 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
 
 
 def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Position,
-                   checkpoint_path: str) -> Result:
+                   checkpoint_path: str, precision: amp.AmpPlan) -> Result:
     """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
     log.info(f"paddle_dist: evaluating {checkpoint_path} on {len(parts.eval_data)} test samples "
              f"with {env.world_size} rank(s); nothing is trained")
-    found = evaluate(parts.model, parts.eval_data, parts.loss, parts.task, env,
-                     cfg.train.eval_batch_size, monitor.beat, monitor.phase, cfg.data.batched)
+    found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, env,
+                     cfg.train.eval_batch_size, parts.task, monitor.beat, monitor.phase,
+                     cfg.data.batched, cfg.data.num_workers, precision if precision.level == "O2" else None)
     metrics = {"epoch": at.epoch, **{f"eval_{k}": v for k, v in found.items()}}
     return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 
 
-def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int) -> Tuple[Optional[LrPolicy], str]:
+def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int,
+               callbacks=()) -> Tuple[Optional[LrPolicy], str]:
     """The lr policy when it changes anything (else the optimizer keeps its own rate), and
     the rate in plain words. An optimizer with its own LRScheduler is refused only when the
-    config asks for a policy of its own; else Session steps it (train.scheduler_every)."""
+    config asks for a policy of its own; else Session steps it (train.scheduler_every), or
+    a paddle.callbacks.LRScheduler among the callbacks does."""
     base = float(optimizer.get_lr())
     policy = LrPolicy.from_config(cfg.train, env.world_size, per_epoch, limit, base_lr=base)
     scheduler = optimizer._learning_rate
     if policy.peak == base and not policy.varies:
+        stepper = next((c for c in callbacks if isinstance(c, paddle.callbacks.LRScheduler)), None)
+        if isinstance(scheduler, LRScheduler) and stepper is not None:
+            return None, (f"lr from the optimizer's own {type(scheduler).__name__}, {base:g} at the "
+                          f"start, stepped by paddle.callbacks.LRScheduler(by_step={stepper.by_step}, "
+                          f"by_epoch={stepper.by_epoch}): a step is an optimizer step")
         if isinstance(scheduler, LRScheduler):
             return None, _own_scheduler(scheduler, base, cfg.train.scheduler_every)
         return None, f"lr {base:g}, constant"
@@ -298,7 +392,8 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
-    """(start position, history so far, checkpoint path) from `checkpoint.resume`.
+    """(start position, history so far, checkpoint path, the moving averages or {}) from
+    `checkpoint.resume`. Evaluating only takes the averages as the weights, when there are.
 
     Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
     machines need neither a copy of the files nor the same run directory path."""
@@ -308,7 +403,7 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
 
     state = runtime.from_rank0(cfg, env, read)
     if state is None:
-        return Position(), [], None
+        return Position(), [], None, {}
     path = state.path
     # Evaluating needs the weights only: any number of ranks may read them.
     world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
@@ -321,7 +416,9 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
              f"in it, {meta['global_step']} steps done")
     start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"])
-    return start, list(meta.get("history", [])), str(path)
+    if configlib.evaluates_only(cfg) and state.averaged:      # what training evaluated
+        checkpoint.restore(dataclasses.replace(state, model=state.averaged), parts.model, rng=False)
+    return start, list(meta.get("history", [])), str(path), state.averaged
 
 
 def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
@@ -330,6 +427,8 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
         "test_accuracy": last.get("eval_accuracy"),
         "test_loss": last.get("eval_loss"),
         "test_samples": last.get("eval_count"),
+        # Every evaluation metric by its name (the loss, accuracy or fit()'s metrics).
+        "test_metrics": {k[5:]: v for k, v in last.items() if k.startswith("eval_") and k != "eval_count"},
         "final_loss": last.get("train_loss"),
         "samples_per_s": result.samples_per_s,
         "wall_time_s": result.wall_time_s,
@@ -352,7 +451,9 @@ def _summary(log, result: Result, run_dir: Path, cfg) -> None:
     if "eval_accuracy" in last:
         log.info(f"test accuracy {last['eval_accuracy']:.4f} on {int(last['eval_count'])} samples")
     elif "eval_loss" in last:
-        log.info(f"test loss {last['eval_loss']:.6f} on {int(last['eval_count'])} samples")
+        others = "".join(f", {k[5:]} {v:.4f}" for k, v in last.items() if k.startswith("eval_")
+                         and k not in ("eval_loss", "eval_count") and isinstance(v, float))
+        log.info(f"test loss {last['eval_loss']:.6f}{others} on {int(last['eval_count'])} samples")
     best = Best(cfg.checkpoint.monitor).replay(result.history)
     if best.value is not None and len(result.history) > 1:
         kept = f"; its checkpoint is {run_dir / 'best'}" if cfg.checkpoint.save_best else ""

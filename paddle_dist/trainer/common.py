@@ -7,6 +7,7 @@ seeding, sharding, evaluation, checkpoints and resume.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,31 +15,45 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import paddle
-import paddle.distributed as dist
 from paddle.optimizer.lr import LRScheduler
 
 from .. import checkpoint
 from ..amp import AmpPlan
 from ..faults import Preempted
-from ..sync import collective
 from . import agreement
+from .callbacks import Events, ModelView, hapi_logs
+from .ema import Ema, MeasuredClip
+from .evaluation import all_reduce_sum, average_buffers, evaluate, metric_names
+from .feed import Feed
+from .loading import Source
 from .selection import Best
 
 
 @dataclass
 class Parts:
-    """A training job's pieces. `optimizer` is an Optimizer or a factory taking parameters."""
+    """A training job's pieces. `optimizer` is an Optimizer or a factory taking parameters;
+    the data a Dataset or a DataLoader (kept as a loading.Source); `feed` how a batch
+    reaches the model and the loss (default: paddle.Model's rule for `model`)."""
 
     model: paddle.nn.Layer
-    train_data: paddle.io.Dataset
-    eval_data: Optional[paddle.io.Dataset]
-    loss: Callable
+    train_data: Any
+    eval_data: Optional[Any]
+    loss: Optional[Callable]
     optimizer: Union[paddle.optimizer.Optimizer, Callable]
     task: str = "classification"      # classification (accuracy) | regression (loss only)
     name: str = ""                    # model name recorded in checkpoints
     classes: Optional[List[str]] = None   # class names, saved in <run>/classes.json
     own: bool = False                 # fit(): the script's own model and data, recorded as such
     optimizer_from: str = "config"    # config (train.optimizer, train.lr) | script (its own)
+    metrics: List[Any] = field(default_factory=list)      # paddle.metric.Metric objects
+    callbacks: List[Any] = field(default_factory=list)    # paddle.callbacks.Callback objects
+    feed: Optional[Feed] = None
+
+    def __post_init__(self):
+        self.train_data = Source.of(self.train_data, "train_data")
+        self.eval_data = Source.of(self.eval_data, "eval_data")
+        if self.feed is None:
+            self.feed = Feed(self.model)
 
 
 @dataclass
@@ -81,16 +96,20 @@ def make_optimizer(spec, parameters):
     return spec(parameters)
 
 
-def optimizer_factory(name: str, lr: float, weight_decay: float) -> Callable:
-    """Factory for the configured optimizer (so it is created on the right parameters)."""
+def optimizer_factory(name: str, lr: float, weight_decay: float, clip_norm: float = 0.0) -> Callable:
+    """Factory for the configured optimizer (so it is created on the right parameters);
+    `clip_norm` > 0: gradients clipped to that global norm (ema.MeasuredClip)."""
     def build(parameters):
         decay = weight_decay or None
+        clip = MeasuredClip(clip_norm) if clip_norm else None
         if name == "adam":
-            return paddle.optimizer.Adam(learning_rate=lr, parameters=parameters, weight_decay=decay)
+            return paddle.optimizer.Adam(learning_rate=lr, parameters=parameters, weight_decay=decay,
+                                         grad_clip=clip)
         if name == "momentum":
             return paddle.optimizer.Momentum(learning_rate=lr, momentum=0.9, parameters=parameters,
-                                             weight_decay=decay)
-        return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, weight_decay=decay)
+                                             weight_decay=decay, grad_clip=clip)
+        return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, weight_decay=decay,
+                                    grad_clip=clip)
     return build
 
 
@@ -122,109 +141,11 @@ class ResumableBatchSampler(paddle.io.DistributedBatchSampler):
         return super().__len__() - max(self.skipping, self.skip)
 
 
-class BatchLoader:
-    """Batches of an in-memory dataset, each gathered by one `dataset.batch(indices)` call
-    (one fancy-indexing op per array) instead of a `__getitem__` per sample and a collate.
-    Any dataset offering `batch(indices) -> (x, y)` of numpy arrays can use it."""
-
-    def __init__(self, dataset, batch_sampler):
-        self.dataset, self.batch_sampler = dataset, batch_sampler
-
-    def __iter__(self):
-        for indices in self.batch_sampler:
-            x, y = self.dataset.batch(indices)
-            yield paddle.to_tensor(x), paddle.to_tensor(y)
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-
-def loader_for(dataset, batch_sampler, batched: bool = True):
-    """BatchLoader when the dataset can gather batches (and `batched`), else a DataLoader."""
-    if batched and callable(getattr(dataset, "batch", None)):
-        return BatchLoader(dataset, batch_sampler)
-    return paddle.io.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=0)
-
-
 def train_loader(parts: Parts, cfg, env):
-    sampler = ResumableBatchSampler(parts.train_data, cfg.train.batch_size, env,
+    """The training batches of this rank, as (inputs, labels), and their sampler."""
+    sampler = ResumableBatchSampler(parts.train_data.dataset, cfg.train.batch_size, env,
                                     cfg.train.shuffle, cfg.train.drop_last)
-    return loader_for(parts.train_data, sampler, cfg.data.batched), sampler
-
-
-class ExactShardSampler(paddle.io.BatchSampler):
-    """Evaluation batches of rank r: samples r, r+W, r+2W, ... No padding, so with the
-    counts summed across ranks every sample is counted exactly once (Paddle's
-    DistributedBatchSampler pads with duplicates to even out the shards)."""
-
-    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int):
-        self.indices = list(range(rank, num_samples, world_size))
-        self.batch_size = batch_size
-
-    def __iter__(self):
-        for start in range(0, len(self.indices), self.batch_size):
-            yield self.indices[start:start + self.batch_size]
-
-    def __len__(self):
-        return (len(self.indices) + self.batch_size - 1) // self.batch_size
-
-
-# ------------------------------------------------------------------ evaluation
-def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
-    """Sum a few numbers over all ranks (float64; every rank gets the same result)."""
-    tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
-    if env.is_distributed:
-        collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics")
-    return tensor.numpy()
-
-
-@paddle.no_grad()
-def average_buffers(net, env, phase=None) -> None:
-    """Average the model's floating-point state that no gradient moves (BatchNorm's running
-    statistics: Paddle keeps them as non-trainable parameters) over the ranks. Each rank's
-    come from its own shard; averaged at each epoch's end, evaluation and checkpoints see
-    one model, the same on every rank (like DDP's buffer broadcast, but once an epoch,
-    and using every rank's statistics)."""
-    trained = {id(p) for p in net.parameters() if not p.stop_gradient}
-    found = [t for t in net.state_dict().values() if id(t) not in trained and t.dtype in
-             (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)]
-    if not env.is_distributed or not found:
-        return
-    flat = paddle.concat([b.reshape([-1]).astype("float32") for b in found])
-    collective(dist.all_reduce, flat, phase=phase, what="all-reduce of buffers")
-    flat = flat / env.world_size
-    offset = 0
-    for b in found:
-        size = int(b.size)
-        b.set_value(flat[offset:offset + size].reshape(b.shape).astype(b.dtype))
-        offset += size
-
-
-@paddle.no_grad()
-def evaluate(net, dataset, loss_fn, task: str, env, batch_size: int,
-             beat: Callable[[], None] = lambda: None, phase=None,
-             batched: bool = True) -> Dict[str, float]:
-    """Loss (and accuracy for classification) over the whole dataset, identical on all ranks."""
-    was_training = net.training
-    net.eval()
-    sampler = ExactShardSampler(len(dataset), batch_size, env.global_rank, env.world_size)
-    loader = loader_for(dataset, sampler, batched)
-    loss_sum = correct = count = 0.0
-    for x, y in loader:
-        out = net(x)
-        n = x.shape[0]
-        loss_sum += float(loss_fn(out, y)) * n
-        if task == "classification":
-            correct += float((out.argmax(axis=-1) == y.reshape([-1])).astype("float64").sum())
-        count += n
-        beat()
-    if was_training:
-        net.train()
-    loss_sum, correct, count = (float(v) for v in all_reduce_sum([loss_sum, correct, count], env, phase))
-    metrics: Dict[str, Any] = {"loss": loss_sum / max(count, 1), "count": int(count)}
-    if task == "classification":
-        metrics["accuracy"] = correct / max(count, 1)
-    return metrics
+    return parts.train_data.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched), sampler
 
 
 # ------------------------------------------------------------------ the session
@@ -247,8 +168,17 @@ class Session:
         # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
         # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
         own = getattr(optimizer, "_learning_rate", None)
-        self.scheduler = own if isinstance(own, LRScheduler) and lr_policy is None else None
+        self.events = Events(parts.callbacks, ModelView(parts.model, optimizer, env.local_rank),
+                             {"batch_size": cfg.train.batch_size, "epochs": cfg.train.epochs,
+                              "steps": limit, "verbose": 0,
+                              "metrics": ["loss", *metric_names(parts.metrics)]})
+        # Paddle's LRScheduler callback, if given, steps the scheduler by its own rule.
+        steps_own = isinstance(own, LRScheduler) and lr_policy is None and not self.events.steps_scheduler()
+        self.scheduler = own if steps_own else None
         self.amp, self.scaler = AmpPlan(), None      # mixed precision (set by the trainer)
+        self.ema = Ema(parts.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        clip = getattr(optimizer, "_grad_clip", None)
+        progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
         self.saver = checkpoint.AsyncSaver()
         self.checked_at = -1          # the step whose weights the ranks last compared
@@ -262,23 +192,31 @@ class Session:
         if epoch != self.pos.epoch:
             self.pos = Position(epoch=epoch, global_step=self.pos.global_step)
         self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
+        self.events.epoch_begin(epoch)
 
     def before_step(self) -> None:
         """Set the rate for the coming optimizer step (a function of the step alone)."""
         if self.lr_policy is not None:
             self.optimizer.set_lr(self.lr_policy.at(self.pos.global_step))
+        if self.events:
+            self.events.batch_begin(self.pos.step_in_epoch)
 
     def after_step(self, loss) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached.
         `loss`: the step's mean loss, a device tensor (left unread) or a number."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
+        if self.ema is not None:
+            self.ema.update()
         self.result.step_times.append(time.perf_counter())
         if self.result.first_step_at is None:
             self.result.first_step_at = time.time()
         measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
-        self.progress.step(loss, float(self.optimizer.get_lr()),
-                           self.sync.comm_seconds if measurable else None)
+        lr = float(self.optimizer.get_lr())
+        self.progress.step(loss, lr, self.sync.comm_seconds if measurable else None)
+        if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
+            self.events.batch_end(self.pos.step_in_epoch - 1,
+                                  {"loss": [float(loss)], "lr": lr, "batch_size": self.cfg.train.batch_size})
         self.step_scheduler("step")
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
@@ -305,21 +243,45 @@ class Session:
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1))}
         average_buffers(self.parts.model, self.env, self.monitor.phase)
         if self.parts.eval_data is not None:
-            found = evaluate(self.parts.model, self.parts.eval_data, self.parts.loss, self.parts.task,
-                             self.env, self.cfg.train.eval_batch_size, self.monitor.beat,
-                             self.monitor.phase, self.cfg.data.batched)
-            metrics.update({f"eval_{k}": v for k, v in found.items()})
+            metrics.update({f"eval_{k}": v for k, v in self.evaluate().items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
+        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr())})
         self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
         at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
         if every and (epoch + 1) % every == 0:
             self.save(at)
         self._select(metrics, at)
+        self._callbacks_stop(at)
         self.progress.resume()
         return metrics
+
+    def evaluate(self) -> Dict[str, Any]:
+        """The exact evaluation of the test set, between the callbacks' eval begin and end."""
+        parts, cfg = self.parts, self.cfg
+        names = ["loss", *metric_names(parts.metrics)]
+        rounds = -(-(-(-len(parts.eval_data) // self.env.world_size)) // cfg.train.eval_batch_size)
+        self.events.eval_begin({"steps": rounds, "metrics": names})
+        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+            found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
+                             cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
+                             cfg.data.batched, cfg.data.num_workers,
+                             self.amp if self.amp.level == "O2" else None, self.events or None)
+        self.events.eval_end(hapi_logs(found, ""))
+        return found
+
+    def _callbacks_stop(self, at: Position) -> None:
+        """A callback's `model.stop_training` (EarlyStopping's, a user's) on any rank ends
+        the run after this epoch on every rank."""
+        if not self.events:
+            return
+        wanted = all_reduce_sum([1.0 if self.events.view.stop_training else 0.0], self.env,
+                                self.monitor.phase)[0]
+        if wanted and not self.done:
+            self.progress.log.info(f"a callback stopped training after epoch {at.epoch}")
+            self.limit = self.pos.global_step
 
     def step_scheduler(self, when: str) -> None:
         """Step the optimizer's own LRScheduler if train.scheduler_every is `when` (step:
@@ -362,7 +324,8 @@ class Session:
                 "world_size": self.env.world_size, "model": self.parts.name,
                 "api": self.cfg.train.api, "config_hash": self.config_hash,
                 "history": self.result.history}
-        snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta)
+        averaged = self.ema.weights() if self.ema is not None else None
+        snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
         self.saver.submit(root or Path(self.run_dir) / "checkpoints", snap,
                           self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
                           before_write=self.monitor.save_delay(at.global_step))

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 
 import paddle
+from paddle.static import InputSpec
 
 from ..amp import install_autocast
 from ..runtime import quiet_paddle
 from ..sync import disable_reducer
 from .common import Session, to_float, train_loader
+from .feed import Feed
 
 
 class _Bridge(paddle.callbacks.Callback):
@@ -68,13 +70,17 @@ class _Bridge(paddle.callbacks.Callback):
 
 
 class _GroupMean:
-    """The loss divided by the number of micro-batches in the current group."""
+    """The loss divided by the number of micro-batches in the current group. paddle.Model
+    calls it with the outputs and the labels; `feed` makes it the loss fit() was given
+    (or the model's own)."""
 
-    def __init__(self, loss):
-        self.inner, self.divisor = loss, 1
+    def __init__(self, loss, feed: Feed):
+        self.inner, self.feed, self.divisor = loss, feed, 1
 
     def __call__(self, *args):
-        loss = self.inner(*args)
+        labels = self.feed.counts[1] if not self.feed.model_loss else 0
+        outputs, labels = list(args[:len(args) - labels]), list(args[len(args) - labels:])
+        loss = self.feed.loss_of(self.inner, outputs, labels)
         return loss / self.divisor if self.divisor > 1 else loss
 
 
@@ -106,11 +112,15 @@ def run(session: Session) -> None:
 def _fit(session: Session) -> None:
     cfg, env = session.cfg, session.env
     reducer_on = env.is_distributed and session.sync.mode == "dataparallel"
+    feed = session.parts.feed
+    # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
+    # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
+    inputs = [InputSpec([None], name=f"input{i}") for i in range(feed.hapi_inputs())]
     with finding_unused_parameters(session.sync.find_unused) if reducer_on else contextlib.nullcontext():
-        model = paddle.Model(session.parts.model)
+        model = paddle.Model(session.parts.model, inputs=inputs)
     if env.is_distributed and not reducer_on:
         disable_reducer(model._adapter.ddp_model)
-    loss = _GroupMean(session.parts.loss)
+    loss = _GroupMean(session.parts.loss, feed)
     precision = session.amp
     # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
     # forward hooks, and hapi's AMP level is used just for its loss-scaling path (float16).

@@ -18,6 +18,7 @@ import paddle
 from ..amp import AmpPlan, autocast
 from ..sync import wrap
 from .common import Session, train_loader
+from .feed import Feed
 
 
 def run(session: Session) -> None:
@@ -34,7 +35,7 @@ def run(session: Session) -> None:
         for group in groups(loader, k):
             session.before_step()
             loss = step(model, parts.loss, group, session.optimizer, session.amp, session.scaler,
-                        session.sync.arm)
+                        session.sync.arm, parts.feed)
             if session.after_step(loss):
                 break
         session.end_epoch(epoch)
@@ -55,7 +56,7 @@ def groups(batches, k: int):
 
 
 def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
-         arm: Callable[[bool], None] = lambda final: None) -> paddle.Tensor:
+         arm: Callable[[bool], None] = lambda final: None, feed: Feed = None) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
     detached float64 tensor on the device (read it on the host only when it is needed:
     on a GPU every read waits for the queued work, see logger.read_values).
@@ -63,13 +64,15 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
     Each micro-batch's mean loss is divided by the group's size, so the summed gradient
     is that of the mean loss over all the group's samples (equal micro-batch sizes).
     `precision` and `scaler`: mixed precision and its loss scaling (amp.py); `arm(final)`
-    tells the gradient sync whether an optimizer step follows the coming backward()."""
+    tells the gradient sync whether an optimizer step follows the coming backward().
+    `group` holds (inputs, labels) lists, split by `feed` (default: one input, the rest labels)."""
+    feed = feed or Feed(model, inputs=1)
     total = None
-    for i, (x, y) in enumerate(group):
+    for i, (inputs, labels) in enumerate(group):
         if len(group) > 1:
             arm(i == len(group) - 1)
         with autocast(precision):
-            loss = loss_fn(model(x), y)
+            loss, _ = feed.loss_and_outputs(model, loss_fn, inputs, labels)
         part = loss / len(group) if len(group) > 1 else loss
         (scaler.scale(part) if scaler is not None else part).backward()
         # Summed in float64, like Python floats: the same mean as reading each loss would give.

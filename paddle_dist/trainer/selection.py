@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional
 
 
+LOWER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "perplexity", "ppl")
+
+
 @dataclass
 class Best:
-    monitor: str = "eval_accuracy"     # eval_accuracy (higher is better) | eval_loss | train_loss
+    monitor: str = "eval_accuracy"     # eval_accuracy | eval_loss | train_loss | eval_<metric>
     patience: int = 0                  # evaluations without improvement before stopping; 0 = never
     value: Optional[float] = None
     epoch: int = 0                     # 1-based epoch of the best value
@@ -28,7 +31,8 @@ class Best:
 
     @property
     def higher_is_better(self) -> bool:
-        return self.monitor.endswith("accuracy")
+        """Accuracy, mIoU, F1, AUC: higher; a loss or an error: lower."""
+        return not self.monitor.endswith(LOWER_IS_BETTER)
 
     def update(self, metrics: Dict[str, Any]) -> bool:
         """Take one epoch's metrics; True when they hold a new best value."""

@@ -83,7 +83,7 @@ def test_loop_step_casts_scales_and_steps_through_the_scaler(casts):
         def update(self):
             calls.append("update")
 
-    batch = (paddle.ones([2, 3]), paddle.zeros([2, 2]))
+    batch = ([paddle.ones([2, 3])], [paddle.zeros([2, 2])])     # (inputs, labels)
     loop.step(net, paddle.nn.MSELoss(), [batch, batch], optimizer,
               amp.AmpPlan("O1", "float16", 8.0), Scaler())
     assert calls == ["scale", "scale", "step", "update"]       # 2 micro-batches, 1 step

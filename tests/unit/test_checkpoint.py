@@ -2,8 +2,11 @@
 atomically (also from a background thread), pruned, validated, never unpickled."""
 
 import json
+import pickle
 import random
 import threading
+import warnings
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -11,7 +14,7 @@ import pytest
 from paddle.utils import unique_name
 
 from paddle_dist import checkpoint as ck
-from paddle_dist import compat
+from paddle_dist import compat, models
 from paddle_dist.config import config_hash
 from paddle_dist.errors import UserError
 from tests.integration.procs import run
@@ -546,6 +549,197 @@ def test_check_compatible_parameter_shapes_and_names(saved):
     assert "checkpoint.resume=none" in one_line(err)
 
 
+# ---------------------------------------------------------------- weights into a model exactly
+class Net(paddle.nn.Layer):
+    """A user's own model."""
+
+    def __init__(self, width=2, depth=1):
+        super().__init__()
+        self.fc = paddle.nn.Linear(3, width)
+        self.more = paddle.nn.LayerList([paddle.nn.Linear(width, width) for _ in range(depth - 1)])
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Wrapped(paddle.nn.Layer):
+    """The same model wrapped for training: every parameter name gains 'net.'."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+
+def sgd(net):
+    return paddle.optimizer.SGD(learning_rate=0.1, parameters=net.parameters())
+
+
+def weights(net):
+    return {k: v.numpy().copy() for k, v in net.state_dict().items()}
+
+
+def assert_bitwise(a, b):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
+
+
+def saved_pdparams(net, file):
+    paddle.save(net.state_dict(), str(file))
+    return file
+
+
+def test_restore_refuses_a_wrapped_models_checkpoint_naming_the_wrapper(tmp_path):
+    outer = Wrapped(Net())
+    path = ck.save(tmp_path, outer, sgd(outer), meta(1))
+    plain = Net()
+    before = weights(plain)
+    with pytest.raises(ck.CheckpointError, match="not in the model: net.fc.bias, net.fc.weight") as err:
+        ck.restore(ck.load(path), plain, rng=False)
+    assert "with 'net.' in front" in one_line(err) and str(path) in str(err.value)
+    assert_bitwise(weights(plain), before)
+
+
+def test_restore_refuses_another_dtype_in_one_line(tmp_path):
+    half = Net()
+    half.to(dtype="float16")
+    path = ck.save(tmp_path, half, sgd(half), meta(1))
+    with pytest.raises(ck.CheckpointError, match=r"dtype \(checkpoint vs model\) of fc.bias float16 "
+                                                 r"vs float32, fc.weight float16 vs float32") as err:
+        ck.restore(ck.load(path), Net(), rng=False)     # Paddle's own: an AssertionError, midway
+    one_line(err)
+
+
+def test_set_state_dict_skips_a_wrapped_models_weights_with_a_warning_only(tmp_path):
+    # Control, the user's report: Paddle loads nothing, warns, and the model stays untrained.
+    file = saved_pdparams(Wrapped(Net()), tmp_path / "model.pdparams")
+    plain = Net()
+    before = weights(plain)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        missing, unexpected = plain.set_state_dict(paddle.load(str(file)))
+    assert sorted(missing) == ["fc.bias", "fc.weight"]
+    assert sorted(unexpected) == ["net.fc.bias", "net.fc.weight"]
+    assert any("Skip loading" in str(w.message) for w in caught)
+    assert_bitwise(weights(plain), before)
+
+
+def test_load_weights_refuses_a_wrapped_models_pdparams_naming_the_keys(tmp_path):
+    file = saved_pdparams(Wrapped(Net()), tmp_path / "model.pdparams")
+    plain = Net()
+    before = weights(plain)
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.load_weights(plain, file)
+    message = one_line(err)
+    assert message.startswith(f"{file} does not fit this model: ")
+    assert "missing in the file: fc.bias, fc.weight; not in the model: net.fc.bias, net.fc.weight" in message
+    assert "with 'net.' in front" in message and "use its 'net'" in message
+    assert_bitwise(weights(plain), before)                     # nothing was loaded
+    ck.load_weights(Wrapped(Net()), file)                       # the fix the message gives works
+
+
+def test_load_weights_into_a_wrapper_points_at_its_sublayer(tmp_path):
+    file = saved_pdparams(Net(), tmp_path / "model.pdparams")
+    with pytest.raises(ck.CheckpointError, match="load into its sublayer 'net'") as err:
+        ck.load_weights(Wrapped(Net()), file)
+    assert "missing in the file: net.fc.bias, net.fc.weight" in one_line(err)
+
+
+def test_load_weights_names_a_few_differences_and_how_many_more(tmp_path):
+    file = saved_pdparams(Wrapped(Net(depth=4)), tmp_path / "model.pdparams")
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.load_weights(Net(depth=4), file)
+    assert ("not in the model: net.fc.bias, net.fc.weight, net.more.0.bias, net.more.0.weight "
+            "and 4 more;") in one_line(err)
+
+
+def test_load_weights_refuses_another_shape(tmp_path, saved):
+    file = saved_pdparams(Net(width=2), tmp_path / "model.pdparams")
+    wider = Net(width=4)
+    before = weights(wider)
+    with pytest.raises(ck.CheckpointError, match=r"shape \(file vs model\) of fc.bias \(2,\) vs \(4,\), "
+                                                 r"fc.weight \(3, 2\) vs \(3, 4\)") as err:
+        ck.load_weights(wider, file)
+    assert "missing" not in one_line(err) and "not in the model" not in str(err.value)
+    assert_bitwise(weights(wider), before)
+    with unique_name.guard(fresh_names()):
+        linear = paddle.nn.Linear(3, 4)
+    with pytest.raises(ck.CheckpointError, match=rf"checkpoint {saved} does not fit this model: "
+                                                 r"shape \(checkpoint vs model\) of bias"):
+        ck.load_weights(linear, saved.parent.parent)              # a run directory: its latest
+
+
+def test_load_weights_refuses_another_dtype(tmp_path):
+    half = Net()
+    half.to(dtype="float16")
+    file = saved_pdparams(half, tmp_path / "model.pdparams")
+    with pytest.raises(ck.CheckpointError, match=r"dtype \(file vs model\) of fc.bias float16 vs float32"):
+        ck.load_weights(Net(), file)
+
+
+def test_load_weights_of_an_exact_match_are_bitwise_equal(tmp_path, one_step):
+    net, opt, _ = one_step
+    trained_weights = weights(net)
+    file = saved_pdparams(net, tmp_path / "model.pdparams")
+    checkpoint = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(1))
+    exported = ck.export_pdparams(checkpoint, tmp_path / "exported.pdparams")
+    for given, loaded in [(file, file), (checkpoint, checkpoint), (tmp_path / "run", checkpoint),
+                          (tmp_path / "run" / "checkpoints", checkpoint), (exported, exported),
+                          (str(file), file)]:
+        fresh, _, _ = new_model(seed=1)
+        assert weights(fresh)["weight"].tobytes() != trained_weights["weight"].tobytes()
+        assert ck.load_weights(fresh, given) == loaded
+        assert_bitwise(weights(fresh), trained_weights)
+
+
+def test_load_weights_keeps_buffers_exactly(tmp_path):
+    net = paddle.nn.Sequential(paddle.nn.Linear(3, 2), paddle.nn.BatchNorm1D(2))
+    net[1]._mean.set_value(paddle.rand([2]))                      # running statistics, as trained
+    net[1]._variance.set_value(paddle.rand([2]) + 1)
+    file = saved_pdparams(net, tmp_path / "model.pdparams")
+    fresh = paddle.nn.Sequential(paddle.nn.Linear(3, 2), paddle.nn.BatchNorm1D(2))
+    ck.load_weights(fresh, file)
+    assert_bitwise(weights(fresh), weights(net))
+
+
+def test_load_weights_reads_a_pdparams_without_unpickling_objects(tmp_path):
+    file = tmp_path / "model.pdparams"
+    with open(file, "wb") as f:
+        pickle.dump({"fc.weight": Payload(), "fc.bias": np.zeros(2, np.float32)}, f, protocol=4)
+    UNPICKLED.clear()
+    paddle.load(str(file))                                      # control: Paddle's loader runs it
+    assert UNPICKLED == ["payload ran"]
+    UNPICKLED.clear()
+    with pytest.raises(ck.CheckpointError, match="refusing to load .*_record_unpickling") as err:
+        ck.load_weights(Net(), file)
+    assert "could run code" in one_line(err)
+    assert UNPICKLED == []
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "is not a file paddle.save wrote"),
+    (b"PK\x03\x04 a zip", "is not a file paddle.save wrote"),
+    (b"\x80\x04 half a pickle", "cannot read .*paddle.save"),
+    (pickle.dumps([np.zeros(2)], protocol=4), "holds a list, not a state dict"),
+    (pickle.dumps({"fc.weight": np.zeros((3, 2), np.float32), "epoch": 3}, protocol=4),
+     r"holds entries that are not weights \(epoch\)"),
+])
+def test_load_weights_refuses_a_file_that_is_not_a_state_dict(tmp_path, content, match):
+    file = tmp_path / "model.pdparams"
+    file.write_bytes(content)
+    with pytest.raises(ck.CheckpointError, match=match) as err:
+        ck.load_weights(Net(), file)
+    assert str(file) in one_line(err)
+
+
+def test_load_weights_of_a_missing_path_says_what_it_takes(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="not found; give a .pdparams file, a checkpoint") as err:
+        ck.load_weights(Net(), tmp_path / "nowhere")
+    one_line(err)
+    with pytest.raises(ck.CheckpointError, match="no checkpoint in"):
+        ck.load_weights(Net(), tmp_path)
+
+
 # ---------------------------------------------------------------- config_hash
 CONFIG = {"data": {"name": "mnist"}, "model": {"name": "lenet"},
           "train": {"lr": 0.001, "epochs": 5, "max_steps": 0, "log_every": 20, "seed": 2024},
@@ -606,6 +800,9 @@ def test_cli_show_and_export(saved, tmp_path):
     assert exported.returncode == 0, exported.stderr
     loaded = paddle.load(str(out))
     np.testing.assert_array_equal(np.asarray(loaded["weight"]), ck.load(saved).model["weight"])
+    fresh, _, _ = new_model(seed=1)
+    ck.load_weights(fresh, out)
+    assert_bitwise(weights(fresh), ck.load(saved).model)
 
 
 def test_cli_bad_path_is_one_line_and_exit_2(tmp_path):
@@ -614,3 +811,17 @@ def test_cli_bad_path_is_one_line_and_exit_2(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "not found" in lines[0] and str(tmp_path / "nowhere") in lines[0]
     assert result.stdout == ""
+
+
+def test_cli_export_of_a_wrapped_models_checkpoint_is_refused_in_one_line(tmp_path):
+    # A fit() run of a built-in LeNet wrapped in a Layer of the user's: every name is 'net.'...
+    outer = Wrapped(models.build("lenet", 10))
+    checkpoint = ck.save(tmp_path / "checkpoints", outer, sgd(outer), dict(meta(1), model="lenet"))
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "mnist_lenet.yaml")
+    result = run(["-m", "paddle_dist.export", str(checkpoint), "-c", config, "--out", str(tmp_path / "out")],
+                 timeout=180)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"checkpoint {checkpoint} does not fit this model: missing in the checkpoint: " in lines[0]
+    assert "and 6 more; not in the model: net." in lines[0] and "with 'net.' in front" in lines[0]
+    assert result.stdout == "" and not (tmp_path / "out").exists()

@@ -1,0 +1,183 @@
+"""Exact evaluation over all ranks: every sample once, no padding duplicates, and the
+same numbers on every rank as one process evaluating the whole set.
+
+The loss (and the built-in accuracy) are sums, all-reduced. A `paddle.metric.Metric` of
+the user's is not a sum paddle_dist can add up (mIoU, F1, AUC): each rank computes
+`metric.compute(*outputs, *labels)` on its batch, the ranks exchange those results batch
+by batch, and every rank feeds every rank's results to its own metric in rank order
+(`update()` gets numpy, as under paddle.Model). So each metric sees each sample once,
+whatever it accumulates, and never an average of per-rank values.
+
+Example:
+    found = evaluate(net, source, feed, loss_fn, [paddle.metric.Accuracy()], env, 500)
+    found["acc"], found["loss"], found["count"]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from ..sync import collective
+from .feed import Feed, batch_size_of
+
+
+class ExactShardSampler(paddle.io.BatchSampler):
+    """Evaluation batches of rank r: samples r, r+W, r+2W, ... No padding, so with the
+    counts summed across ranks every sample is counted exactly once (Paddle's
+    DistributedBatchSampler pads with duplicates to even out the shards)."""
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int):
+        self.indices = list(range(rank, num_samples, world_size))
+        self.batch_size = batch_size
+        # Rank 0 holds the most samples: every rank takes part in that many exchanges.
+        self.rounds = -(-len(range(0, num_samples, world_size)) // batch_size)
+
+    def __iter__(self):
+        for start in range(0, len(self.indices), self.batch_size):
+            yield self.indices[start:start + self.batch_size]
+
+    def __len__(self):
+        return (len(self.indices) + self.batch_size - 1) // self.batch_size
+
+
+def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
+    """Sum a few numbers over all ranks (float64; every rank gets the same result)."""
+    tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
+    if env.is_distributed:
+        collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics")
+    return tensor.numpy()
+
+
+def gather(obj: Any, env, phase=None) -> List[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank."""
+    if not env.is_distributed:
+        return [obj]
+    found: List[Any] = []
+    collective(dist.all_gather_object, found, obj, phase=phase, what="gather of metric results")
+    return found
+
+
+@paddle.no_grad()
+def average_buffers(net, env, phase=None) -> None:
+    """Average the model's floating-point state that no gradient moves (BatchNorm's running
+    statistics: Paddle keeps them as non-trainable parameters) over the ranks. Each rank's
+    come from its own shard; averaged at each epoch's end, evaluation and checkpoints see
+    one model, the same on every rank (like DDP's buffer broadcast, but once an epoch,
+    and using every rank's statistics)."""
+    found = buffers(net)
+    if not env.is_distributed or not found:
+        return
+    flat = paddle.concat([b.reshape([-1]).astype("float32") for b in found])
+    collective(dist.all_reduce, flat, phase=phase, what="all-reduce of buffers")
+    flat = flat / env.world_size
+    offset = 0
+    for b in found:
+        size = int(b.size)
+        b.set_value(flat[offset:offset + size].reshape(b.shape).astype(b.dtype))
+        offset += size
+
+
+def buffers(net) -> List[paddle.Tensor]:
+    """The model's floating-point state that no gradient moves (BatchNorm's statistics)."""
+    trained = {id(p) for p in net.parameters() if not p.stop_gradient}
+    return [t for t in net.state_dict().values() if id(t) not in trained and t.dtype in
+            (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)]
+
+
+def metric_names(metrics: Sequence) -> List[str]:
+    """The names the metrics log under (a metric may log several, e.g. acc_top1, acc_top5)."""
+    return [name for metric in metrics for name in _as_list(metric.name())]
+
+
+def builtin_accuracy(outputs: Sequence, labels: Sequence) -> Optional[paddle.Tensor]:
+    """Correct predictions of a classifier ([N, C] scores, N labels), else None."""
+    if len(outputs) != 1 or len(labels) != 1 or not isinstance(outputs[0], paddle.Tensor):
+        return None
+    out, label = outputs[0], labels[0]
+    if len(out.shape) != 2 or int(np.prod(label.shape)) != out.shape[0]:
+        return None
+    return (out.argmax(axis=-1) == label.reshape([-1]).astype("int64")).astype("float64").sum()
+
+
+@paddle.no_grad()
+def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_size: int,
+             task: str = "classification", beat: Callable[[], None] = lambda: None, phase=None,
+             batched: bool = True, workers: int = 0, amp=None, events=None) -> Dict[str, Any]:
+    """Loss, the metrics (or, with none and a classifier, accuracy) and the sample count over
+    the whole of `source`, identical on all ranks. `events`: the callbacks' eval batch
+    begin/end (callbacks.Events); `amp`: the autocast to evaluate under."""
+    from ..amp import AmpPlan, autocast
+
+    was_training = net.training
+    net.eval()
+    sampler = ExactShardSampler(len(source), batch_size, env.global_rank, env.world_size)
+    batches = iter(source.loader(sampler, feed, workers, batched))
+    for metric in metrics:
+        metric.reset()
+    loss_sum = correct = count = 0.0
+    accuracy = task == "classification" and not metrics
+    for step in range(sampler.rounds):
+        batch, results = next(batches, None), None
+        if batch is not None:
+            inputs, labels = batch
+            if events is not None:
+                events.eval_batch_begin(step)
+            with autocast(amp or AmpPlan()):
+                loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
+            n = batch_size_of(inputs)
+            loss_sum += float(loss) * n
+            count += n
+            if accuracy:
+                hits = builtin_accuracy(outputs, labels)
+                accuracy = hits is not None
+                correct += float(hits) if accuracy else 0.0
+            results = [computed(m, outputs, labels) for m in metrics]
+        if metrics:
+            for found in gather(results, env, phase):
+                for metric, args in zip(metrics, found or ()):
+                    metric.update(*args)
+        if batch is not None and events is not None:
+            events.eval_batch_end(step, {"loss": [float(loss)], "batch_size": n})
+        beat()
+    batches.close()           # its DataLoader workers, if any, end now
+    if was_training:
+        net.train()
+    # A rank whose batches were not classifier outputs counts no accuracy: the ranks agree.
+    sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0], env, phase)
+    loss_sum, correct, count, refused = (float(v) for v in sums)
+    found: Dict[str, Any] = {"loss": loss_sum / max(count, 1), "count": int(count)}
+    if task == "classification" and not metrics and not refused:
+        found["accuracy"] = correct / max(count, 1)
+    for metric in metrics:
+        found.update(zip_values(metric))
+    return found
+
+
+def computed(metric, outputs: Sequence, labels: Sequence) -> list:
+    """`metric.compute(*outputs, *labels)` as the numpy arguments of its update(), as
+    paddle.Model passes them."""
+    return [_numpy(r) for r in _as_list(metric.compute(*outputs, *labels))]
+
+
+def zip_values(metric) -> Dict[str, Any]:
+    """{name: value} of a metric's accumulate(), numbers as floats."""
+    names, values = _as_list(metric.name()), metric.accumulate()
+    values = list(values) if isinstance(values, (list, tuple)) and len(names) > 1 else [values]
+    return {name: _plain(value) for name, value in zip(names, values)}
+
+
+def _plain(value):
+    array = np.asarray(value, dtype="float64")
+    return float(array.reshape(-1)[0]) if array.size == 1 else array.tolist()
+
+
+def _numpy(value):
+    return value.numpy() if isinstance(value, paddle.Tensor) else value
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,188 @@
+"""How a batch reaches the model, the loss and the metrics, at both API levels.
+
+A batch is what the DataLoader's collate made of the samples: a list of tensors (tuple
+samples), a dict of tensors (dict samples) or one tensor. `Feed` splits it into the
+model's inputs and the labels by paddle.Model's rule: the first `inputs` fields are the
+model's inputs, the rest its labels, where `inputs` is a count or a list of
+`paddle.static.InputSpec` and defaults to the model's `forward` arguments. A dict sample
+is taken by name: the inputs are the keys that the InputSpecs, or else `forward`'s
+arguments, name; the labels are the `labels` InputSpecs' keys, or else every other key.
+What the rule cannot express, a function `split_batch(batch) -> (inputs, labels)` does.
+With `loss="model"` the model computes its own loss: it gets the inputs and the labels,
+and returns the loss (a scalar tensor, a tuple whose first item is the loss, or a dict
+with a "loss" item); the rest of a tuple goes to the metrics.
+
+Then the loss is `loss(*outputs, *labels)` and a metric's `compute(*outputs, *labels)`,
+as under paddle.Model.
+
+Example:
+    feed = Feed(net, inputs=[InputSpec([None, 32], "int64", "ids"), InputSpec([None], "int64", "length")])
+    inputs, labels = feed.split([ids, length, label])      # [ids, length], [label]
+    loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+from ..errors import ConfigError, DataError
+
+MODEL_LOSS = "model"        # fit(loss="model"): the model returns its own loss
+
+
+class Feed:
+    """The split of a batch into (inputs, labels), and the model and loss calls on them."""
+
+    def __init__(self, model: paddle.nn.Layer, inputs=None, labels=None,
+                 split_batch: Optional[Callable] = None, model_loss: bool = False):
+        self.split_batch, self.model_loss = split_batch, model_loss
+        self.input_names = _names(inputs, "inputs") or _forward_names(model)
+        self.label_names = _names(labels, "labels")
+        self.input_count = _count(inputs, "inputs") or max(len(_forward_names(model)), 1)
+        self.label_count = _count(labels, "labels")
+        self.counts: Optional[Tuple[int, int]] = None     # (inputs, labels) of the last batch split
+
+    def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
+        """(inputs, labels) of one collated batch."""
+        inputs, labels = self._split(batch)
+        self.counts = (len(inputs), len(labels))
+        return inputs, labels
+
+    def _split(self, batch):
+        if self.split_batch is not None:
+            return _split_result(self.split_batch(batch))
+        if isinstance(batch, dict):
+            return self._split_dict(batch)
+        fields = _flatten(batch)
+        inputs, rest = fields[:self.input_count], fields[self.input_count:]
+        if len(inputs) < self.input_count:
+            raise DataError(f"a batch has {len(fields)} field(s) ({describe(fields)}) but the model "
+                            f"takes {self.input_count} input(s); give fit() inputs= (a count or "
+                            "InputSpecs) or split_batch=")
+        labels = rest[:self.label_count] if self.label_count else rest
+        return inputs, labels
+
+    def _split_dict(self, batch: dict):
+        names = self.input_names if self.input_names and all(n in batch for n in self.input_names) else None
+        if names is None:          # hapi's rule: the values in key order, the first ones the inputs
+            return self._split(_flatten([batch[k] for k in sorted(batch)]))
+        if self.label_names:
+            missing = [n for n in self.label_names if n not in batch]
+            if missing:
+                raise DataError(f"a batch has keys {sorted(batch)} but the labels name {missing}; "
+                                "give fit() labels= InputSpecs named after the sample's keys")
+            labels = [batch[n] for n in self.label_names]
+        else:
+            labels = [value for key, value in batch.items() if key not in names]
+        return [batch[n] for n in names], _flatten(labels)
+
+    def outputs(self, model, inputs: Sequence, labels: Sequence) -> List[Any]:
+        """The model's outputs as a list (the labels go in too when it computes the loss)."""
+        given = [*inputs, *labels] if self.model_loss else list(inputs)
+        return _as_list(model(*given))
+
+    def loss_and_outputs(self, model, loss_fn, inputs, labels):
+        """(the mean loss, the outputs the metrics get): `loss_fn(*outputs, *labels)`, or the
+        model's own loss."""
+        outputs = self.outputs(model, inputs, labels)
+        return self.loss_of(loss_fn, outputs, labels), (self._rest(outputs) if self.model_loss else outputs)
+
+    def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence):
+        """The mean loss: `loss_fn(*outputs, *labels)`, or the model's own."""
+        if not self.model_loss:
+            return _scalar(loss_fn(*outputs, *labels))
+        first = outputs[0]
+        if not isinstance(first, dict):
+            return _scalar(first)
+        if "loss" not in first:
+            raise DataError(f"loss='model': the model returned a dict with keys {sorted(first)} "
+                            "but no 'loss'; return the loss, a tuple (loss, ...) or a dict with 'loss'")
+        return _scalar(first["loss"])
+
+    @staticmethod
+    def _rest(outputs: Sequence) -> List[Any]:
+        first = outputs[0]
+        if isinstance(first, dict):
+            return [v for k, v in first.items() if k != "loss"]
+        return list(outputs[1:])
+
+    def hapi_inputs(self) -> int:
+        """How many of a batch's fields paddle.Model gives the network (its `inputs`): the
+        inputs, and the labels too when the model computes its loss. Known once a batch was split."""
+        inputs, labels = self.counts or (self.input_count, 0)
+        return inputs + labels if self.model_loss else inputs
+
+
+def batch_size_of(inputs: Sequence) -> int:
+    """Samples in a batch: the first input's first dimension."""
+    first = inputs[0] if inputs else None
+    return int(first.shape[0]) if first is not None and len(first.shape) else 1
+
+
+def describe(fields) -> str:
+    """`float32 [8, 3, 32, 32], int64 [8, 1]`: what a batch holds, for error messages."""
+    if isinstance(fields, dict):
+        return ", ".join(f"{k} {describe([v])}" for k, v in fields.items())
+    words = []
+    for value in _flatten(fields):
+        dtype = str(getattr(value, "dtype", type(value).__name__)).replace("paddle.", "")
+        words.append(f"{dtype} {list(getattr(value, 'shape', []))}")
+    return ", ".join(words)
+
+
+def _scalar(loss):
+    if isinstance(loss, (list, tuple)):           # a loss with several terms: their sum, as hapi
+        loss = paddle.add_n([paddle.sum(term) for term in loss]) if len(loss) > 1 else loss[0]
+    return loss.mean() if int(np.prod(loss.shape)) != 1 else loss.reshape([])
+
+
+def _as_list(value) -> List[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _flatten(value) -> List[Any]:
+    if isinstance(value, (list, tuple)):
+        return [item for part in value for item in _flatten(part)]
+    if isinstance(value, dict):
+        return [item for key in sorted(value) for item in _flatten(value[key])]
+    return [value]
+
+
+def _split_result(result):
+    if not (isinstance(result, (list, tuple)) and len(result) == 2):
+        raise DataError(f"split_batch must return (inputs, labels), got {type(result).__name__}")
+    inputs, labels = result
+    return _as_list(inputs), ([] if labels is None else _as_list(labels))
+
+
+def _names(spec, what: str) -> List[str]:
+    if isinstance(spec, (list, tuple)):
+        names = [getattr(s, "name", None) if not isinstance(s, str) else s for s in spec]
+        return names if all(names) else []
+    return []
+
+
+def _count(spec, what: str) -> int:
+    if spec is None:
+        return 0
+    if isinstance(spec, bool) or not isinstance(spec, (int, list, tuple)):
+        raise ConfigError(f"fit({what}=...) takes a count or a list of paddle.static.InputSpec, "
+                          f"not {type(spec).__name__}")
+    count = spec if isinstance(spec, int) else len(spec)
+    if count < (1 if what == "inputs" else 0):
+        raise ConfigError(f"fit({what}={spec!r}): the model needs at least one input")
+    return count
+
+
+def _forward_names(model) -> List[str]:
+    """The names of `forward`'s arguments without a default (what a call must give)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -1,0 +1,106 @@
+"""Errors before work: the first batch is run once before epoch 1.
+
+Each rank reads its first training batch in its own thread, splits it, and runs the
+model's forward and the loss in training mode (no gradients; BatchNorm statistics and the
+random generators are put back after, so training is bitwise what it would have been);
+then its first evaluation batch (a few samples) through the forward, the loss and every
+metric's compute and update (the metrics are reset before each evaluation). A sample
+in the wrong layout, a metric that cannot read the outputs, or a crash at evaluation
+shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
+
+Example:
+    firstbatch.check(parts, cfg, env, plan)     # raises DataError naming the batch and the step
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, List
+
+import paddle
+
+from ..amp import AmpPlan, autocast
+from ..errors import DataError, UserError
+from .evaluation import buffers, computed
+from .feed import describe
+
+EVAL_SAMPLES = 8          # the evaluation check's batch: a few samples are enough
+
+
+def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
+    """Run the first training batch (when `train`) and the first evaluation batch of this rank."""
+    world, rank = env.world_size, env.global_rank
+    with _kept(parts.model):
+        if train:
+            size = min(cfg.train.batch_size, len(parts.train_data))
+            indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
+            _run(parts, parts.train_data, indices, "training", precision, training=True)
+        if parts.eval_data is not None and len(parts.eval_data):
+            size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
+            indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
+            _run(parts, parts.eval_data, indices, "evaluation", precision, training=False)
+    for metric in parts.metrics:
+        metric.reset()
+
+
+def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, training: bool) -> None:
+    net, feed = parts.model, parts.feed
+    batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
+                  lambda: source.first_batch(indices))
+    inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch))
+    held = f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'})"
+    net.train() if training else net.eval()
+    with paddle.no_grad(), autocast(precision):
+        outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels))
+        _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
+              lambda: feed.loss_of(parts.loss, outputs, labels))
+        given = feed._rest(outputs) if feed.model_loss else outputs
+        for metric in parts.metrics if not training else ():
+            name = type(metric).__name__
+            _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
+                  f"({describe(labels)}) of {held}",
+                  lambda: metric.update(*computed(metric, given, labels)))
+
+
+def _step(what: str, fn: Callable):
+    try:
+        return fn()
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure here is the input's: one line
+        raise DataError(f"{what} failed: {type(exc).__name__}: {key_line(exc)}; check that the "
+                        "samples have the layout and dtype the model, the loss and the metrics expect "
+                        "(the check before epoch 1)") from exc
+
+
+def key_line(exc: BaseException, limit: int = 400) -> str:
+    """The line of an error's text that says what went wrong (Paddle's errors run to
+    dozens of lines: the one naming the error, e.g. `(InvalidArgument) ...`)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    found = next((line for line in lines if re.match(r"^(\(\w+\)|\w*Error:)", line)), None)
+    found = found or next((line for line in lines if not line.startswith(("-", "="))), "")
+    return found if len(found) <= limit else found[:limit] + "..."
+
+
+class _kept:
+    """Puts back the model's buffers (BatchNorm statistics) and the random generators."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def __enter__(self):
+        self.rng = paddle.get_rng_state()
+        self.saved = [(b, b.clone()) for b in buffers(self.net)]
+        self.training = self.net.training
+
+    def __exit__(self, *exc):
+        paddle.set_rng_state(self.rng)
+        with paddle.no_grad():
+            for buffer, value in self.saved:
+                buffer.set_value(value)
+        self.net.train() if self.training else self.net.eval()
+        return False
+
+
+def _span(indices: List[int]) -> str:
+    return f"{indices[0]}..{indices[-1]}" if len(indices) > 1 else str(indices[0])

@@ -1,0 +1,181 @@
+"""Where a job's batches come from: a dataset, or a user's `paddle.io.DataLoader`, read
+through paddle_dist's own sharded, resumable batch sampler.
+
+A DataLoader given to fit() is taken apart: its dataset, batch size, `drop_last`,
+shuffling, `collate_fn` and workers are kept, and a new DataLoader is built over the same
+dataset with paddle_dist's sampler, so each rank reads its own shard and an epoch can
+start part-way through (exact resume). A DataLoader whose order paddle_dist cannot shard
+(an IterableDataset, a sampler of the user's own) is refused in one line at the call.
+
+Example:
+    source = Source.of(user_loader, "train_data")     # or a Dataset
+    loader = source.loader(sampler, feed)             # yields (inputs, labels)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import paddle
+from paddle.io.dataloader.collate import default_collate_fn
+
+from ..errors import ConfigError
+from .feed import Feed
+
+# The DataLoader settings carried over from a user's loader (besides its workers and collate).
+CARRIED = ("use_shared_memory", "timeout", "worker_init_fn", "prefetch_factor", "use_buffer_reader")
+SHARDABLE = (paddle.io.BatchSampler, paddle.io.DistributedBatchSampler)
+
+
+@dataclass
+class Source:
+    """A dataset and how its samples become batches. `batch_size`, `drop_last` and
+    `shuffle` are None unless a DataLoader set them (then they win over the config's)."""
+
+    dataset: Any
+    collate_fn: Optional[Callable] = None
+    num_workers: Optional[int] = None
+    batch_size: Optional[int] = None
+    drop_last: Optional[bool] = None
+    shuffle: Optional[bool] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data, what: str) -> Optional["Source"]:
+        """A Source for fit()'s `train_data` or `eval_data` (a Dataset or a DataLoader)."""
+        if data is None or isinstance(data, Source):
+            return data
+        if isinstance(data, paddle.io.DataLoader):
+            return cls._from_loader(data, what)
+        if isinstance(data, paddle.io.IterableDataset):
+            raise ConfigError(f"fit({what}=...) is an IterableDataset, which paddle_dist cannot "
+                              "shard or resume; give a map-style paddle.io.Dataset (__getitem__, __len__)")
+        if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+            raise ConfigError(f"fit({what}=...) takes a paddle.io.Dataset or a paddle.io.DataLoader, "
+                              f"not {type(data).__name__}")
+        return cls(data)
+
+    @classmethod
+    def _from_loader(cls, loader, what: str) -> "Source":
+        dataset, sampler = loader.dataset, loader.batch_sampler
+        if isinstance(dataset, paddle.io.IterableDataset) or sampler is None:
+            raise ConfigError(f"fit({what}=...) is a DataLoader over an IterableDataset, which "
+                              "paddle_dist cannot shard or resume; give a map-style paddle.io.Dataset")
+        if type(sampler) not in SHARDABLE:
+            raise ConfigError(f"fit({what}=...) is a DataLoader with its own batch sampler "
+                              f"({type(sampler).__name__}), whose order paddle_dist cannot shard over "
+                              "the ranks; give the DataLoader batch_size= and shuffle= instead, or the dataset")
+        inner = getattr(sampler, "sampler", None)
+        shuffle = getattr(sampler, "shuffle", None)
+        if shuffle is None:
+            shuffle = isinstance(inner, paddle.io.RandomSampler)
+        options = {k: getattr(loader, k) for k in CARRIED if hasattr(loader, k)}
+        options["persistent_workers"] = getattr(loader, "_persistent_workers", False)
+        return cls(dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                   batch_size=sampler.batch_size, drop_last=sampler.drop_last, shuffle=bool(shuffle),
+                   options=options)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def loader(self, batch_sampler, feed: Feed, workers: int = 0, batched: bool = True):
+        """Batches of `batch_sampler`'s indices, split by `feed` into (inputs, labels).
+        `workers`: the config's data.num_workers, unless the user's DataLoader had its own."""
+        gathers = batched and self.collate_fn is None and callable(getattr(self.dataset, "batch", None))
+        workers = workers if self.num_workers is None else self.num_workers
+        if gathers:
+            batches = BatchLoader(self.dataset, batch_sampler)
+        elif workers == 0:
+            batches = SampleLoader(self.dataset, batch_sampler, self.collate_fn)
+        else:
+            batches = paddle.io.DataLoader(self.dataset, batch_sampler=batch_sampler, collate_fn=self.collate_fn,
+                                           num_workers=workers, **self.options)
+        return SplitLoader(batches, feed)
+
+    def first_batch(self, indices):
+        """The batch of `indices`, read and collated in this thread (the check before work)."""
+        if self.collate_fn is None and callable(getattr(self.dataset, "batch", None)):
+            return next(iter(BatchLoader(self.dataset, [indices])))
+        return next(iter(SampleLoader(self.dataset, [indices], self.collate_fn)))
+
+
+class BatchLoader:
+    """Batches of an in-memory dataset, each gathered by one `dataset.batch(indices)` call
+    (one fancy-indexing op per array) instead of a `__getitem__` per sample and a collate.
+    Any dataset offering `batch(indices) -> (x, y)` of numpy arrays can use it."""
+
+    def __init__(self, dataset, batch_sampler):
+        self.dataset, self.batch_sampler = dataset, batch_sampler
+
+    def __iter__(self):
+        for indices in self.batch_sampler:
+            x, y = self.dataset.batch(indices)
+            yield [paddle.to_tensor(x), paddle.to_tensor(y)]
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+
+class SampleLoader:
+    """Batches read sample by sample and collated in this process, for zero workers.
+    (Paddle's DataLoader with num_workers=0 reads in a thread, and a sample that raises
+    there leaves the iteration waiting forever: Paddle 2.6 to 3.3.) A sample that fails
+    raises its own error, with a note naming its index."""
+
+    def __init__(self, dataset, batch_sampler, collate_fn=None):
+        self.dataset, self.batch_sampler = dataset, batch_sampler
+        self.collate_fn = collate_fn or default_collate_fn
+
+    def __iter__(self):
+        for indices in self.batch_sampler:
+            samples = []
+            for i in indices:
+                try:
+                    samples.append(self.dataset[i])
+                except Exception as exc:
+                    exc.add_note(f"paddle_dist: while reading sample {i} of {type(self.dataset).__name__}")
+                    raise
+            yield to_tensors(self.collate_fn(samples))
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+
+def to_tensors(value):
+    """numpy arrays (in lists, tuples and dicts) as paddle tensors, as a DataLoader gives them."""
+    if isinstance(value, np.ndarray):
+        return paddle.to_tensor(value)
+    if isinstance(value, dict):
+        return {k: to_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_tensors(v) for v in value]
+    return value
+
+
+class SplitLoader:
+    """A loader's batches as (inputs, labels) lists."""
+
+    def __init__(self, batches, feed: Feed):
+        self.batches, self.feed = batches, feed
+
+    def __iter__(self):
+        batches = iter(self.batches)
+        try:
+            for batch in batches:
+                yield self.feed.split(batch)
+        finally:
+            # A loop left early (the step limit, an early stop, an error) ends its DataLoader
+            # workers now: left to the interpreter's exit, Paddle's handler takes their
+            # ending for a crash (SystemError, exit 1).
+            shutdown = getattr(batches, "_try_shutdown_all", None)
+            if shutdown is not None:
+                shutdown()
+
+    def __len__(self):
+        return len(self.batches)
+
+    @property
+    def batch_sampler(self):
+        return self.batches.batch_sampler
