@@ -19,8 +19,13 @@ import numpy.random  # noqa: E402,F401
 
 from .env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as _load, with_overrides as _with_overrides  # noqa: E402
+from .refusal import for_scripts  # noqa: E402
 
-__all__ = ["Config", "DistEnv", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
+# A script's own mistake (a config typo, bad data) is one line and exit 2, as it is on
+# a launcher's command line, and still a ConfigError/DataError to catch (refusal.py).
+detect = for_scripts(detect)
+
+__all__ = ["Config", "DistEnv", "checkpoint", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
 _LAZY = {"fit": "trainer", "setup": "runtime", "seed_everything": "runtime"}
 
@@ -29,12 +34,15 @@ def __getattr__(name):
     import importlib
 
     if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name == "export":      # the module, callable: paddle_dist.export(net, input_spec, out)
-        return importlib.import_module(".export", __name__)
+        public = for_scripts(getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name))
+        globals()[name] = public          # made once: found directly from now on
+        return public
+    if name in ("export", "checkpoint"):   # modules: paddle_dist.export(net, input_spec, out) is
+        return importlib.import_module(f".{name}", __name__)   # callable; checkpoint.load_weights
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@for_scripts
 def load_config(path=None, overrides=()) -> Config:
     """The config for a script of one's own: the typed defaults (constant lr, no scaling,
     no warm-up: nothing the script did not ask for), or the YAML file `path`, then

@@ -1,8 +1,10 @@
 """What each rank does so that failures are fast, named and survivable.
 
 - A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
-  failed, stopped, hung, preempted, diverged), step, phase, last progress time, and for a
-  failure the exception and its traceback. Launchers read these to name the root cause.
+  failed, refused, stopped, hung, preempted, diverged), step, phase, last progress time,
+  and for a failure the exception and its traceback. Launchers read these to name the root
+  cause. "refused" is a rank that ended on a user error (a config, a data sample, a
+  checkpoint: errors.UserError): the run is not offered to be continued as it was.
 - A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
   seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
   in another collective than the rest: hangs.judge) has its stack logged and recorded, and
@@ -119,11 +121,14 @@ class Interrupted(_Ending):
 def outcome_of(exc: BaseException) -> str:
     """The state a rank ends in when `exc` stops it."""
     from .comm import PeerFailure
+    from .errors import UserError
 
     if isinstance(exc, Preempted):
         return "preempted"
     if isinstance(exc, Diverged):
         return "diverged"
+    if isinstance(exc, UserError):          # a refusal.Refused too: each is one
+        return "refused"
     if isinstance(exc, (PeerFailure, StoppedByPeer, KeyboardInterrupt, Interrupted)):
         return "stopped"
     return "failed"
@@ -367,7 +372,8 @@ class Monitor:
     # ------------------------------------------------------------ outcomes
     def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
                **extra: Any) -> None:
-        """Record how this rank ended: done | failed | stopped | hung | preempted | diverged."""
+        """Record how this rank ended: done | failed | refused | stopped | hung | preempted |
+        diverged."""
         info = dict(extra)
         if error is not None:
             lines = [line for line in str(error).splitlines() if line.strip()]

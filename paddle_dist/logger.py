@@ -44,6 +44,8 @@ def setup(run_dir: Optional[Path], env) -> logging.Logger:
     if prints(env):
         console = logging.StreamHandler(sys.stdout)
         console.setFormatter(logging.Formatter(console_label(env).replace("%", "%%") + "%(message)s"))
+        # A record logged with extra={"console": False} goes to the rank's log file only.
+        console.addFilter(lambda record: getattr(record, "console", True))
         log.addHandler(console)
     return log
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import attest, faults, rundir
+from .refusal import REFUSAL_LINE
 from .nodes import Meeting
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
@@ -38,6 +39,9 @@ SIGABRT_CODE = -signal.SIGABRT
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 # shm.PeerGone: a rank on the same machine died in the shared-memory exchange
 DIED_HERE = re.compile(r"rank (\d+) \(pid \d+\) died during the shared-memory")
+# Records of a rank that ended by itself, a candidate root cause (faults.Monitor.finish):
+# an exception, a user error (refused), a hang.
+ENDED_BADLY = ("failed", "refused", "hung")
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,9 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     the cause; when every rank here stopped so, on several machines, the cause is on
     another machine. Every rank ending with 75 (a requested stop, saved) is not a failure.
     Ranks whose weights check found them diverged (every rank finds it at once) come first:
-    that line is the report.
+    that line is the report. A root cause that refused its input (a user error: a
+    "refused" record, or exit 2 with refusal.REFUSAL_LINE in its output) is reported as the
+    one line it printed, with its code 2 (_refused).
 
     Example:
         root_cause({0: {"state": "stopped", ...}, 1: {"state": "failed", ...}}).code  # 1
@@ -203,10 +209,13 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     breach = _breach(status, exit_codes, exits, logs, machines)
     if breach is not None:
         return breach
-    bad = sorted((r for r in status.values() if r.get("state") in ("failed", "hung")),
+    bad = sorted((r for r in status.values() if r.get("state") in ENDED_BADLY),
                  key=lambda r: r.get("time", 0))
     if bad:
         cause = bad[0]
+        refusal = _refused(cause, logs) if cause["state"] == "refused" else None
+        if refusal is not None:
+            return refusal
         code = faults.EXIT_HANG if cause["state"] == "hung" else cause.get("exit_code", 1)
         return _report(cause, code, _describe(cause, machines), status, exit_codes, logs, machines)
     elsewhere = _elsewhere(status, exit_codes, machines)
@@ -216,6 +225,9 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     if silent is not None:
         rank, code = silent
         record = status.get(rank, {"rank": rank})
+        refusal = _refused(record, logs) if code == faults.EXIT_USAGE else None
+        if refusal is not None:
+            return refusal
         # Its own code unseen, the launcher's may be a consequence's (5): not the cause's.
         unseen = faults.EXIT_FAILED if launcher_code == faults.EXIT_PEER else launcher_code
         exit_code = exit_code_of(code) if code is not None else unseen
@@ -226,6 +238,26 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
         return _report(record, exit_code or launcher_code, headline, status, exit_codes, logs, machines)
     return Report(launcher_code, [f"paddle_dist: the job failed (exit {launcher_code}) before any rank "
                                   "reported its state; see the launcher's logs"])
+
+
+def _refused(record: dict, logs: Dict[int, str]) -> Optional[Report]:
+    """The report of a rank that refused its input (exit 2): the one line it printed
+    (refusal.REFUSAL_LINE, in its output), else its record's error; None when it said
+    neither (a script's own sys.exit(2) or argparse error: its last lines say more). No
+    command follows it (with_resume): run as it was, the job would fail the same way.
+
+    Example:
+        _refused({"rank": 0, "state": "refused", "error": "unknown config key 'a.b'"}, {}).text
+        # "paddle_dist: error: unknown config key 'a.b'"
+    """
+    output = logs.get(record.get("rank"))
+    said = [line[line.index(REFUSAL_LINE):] for line in (tail_lines(output, 20) if output else [])
+            if REFUSAL_LINE in line]
+    if said:
+        return Report(faults.EXIT_USAGE, [said[-1]])
+    if record.get("state") == "refused" and record.get("error"):
+        return Report(faults.EXIT_USAGE, [f"{REFUSAL_LINE}{record['error']}"])
+    return None
 
 
 def _breach(status: Dict[int, dict], exit_codes: Dict[int, int], exits: Optional[Sequence[Exit]],
@@ -416,7 +448,7 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         status = read_status(run_dir)
-        settled = any(r.get("state") in ("failed", "hung") for r in status.values()) or \
+        settled = any(r.get("state") in ENDED_BADLY for r in status.values()) or \
             _died_silently(status, {}) is not None
         if settled or time.monotonic() > deadline:
             break
@@ -438,7 +470,9 @@ def with_resume(report: Report, run_dir: Optional[Path], rerun: Sequence[str] = 
     """`report` ending with the exact command that continues the run (rundir.resume_command),
     when the job can be continued and the command is known; otherwise, when given, with
     `rerun`, the command that runs the job again (a user's script that keeps no run). A
-    job whose ranks' weights diverged gets neither: it says where its checkpoints are.
+    job that failed on its input (exit 2: a refused record, a typo in the script's config)
+    gets neither, as it would fail the same way: its one line says what to fix. A job
+    whose ranks' weights diverged gets neither: it says where its checkpoints are.
 
     Example:
         with_resume(report, None, ["python", "-m", "paddle_dist.launch", "x.py"]).lines[-1]

@@ -13,6 +13,8 @@ States:
 - running: a rank is still alive;
 - preempted: every rank stopped on request (SIGTERM/SIGUSR1) after saving a checkpoint;
 - diverged: the ranks' weights differed at a check (exit 7): never continued;
+- refused: a rank ended on a user error (exit 2: a config, a data sample, a checkpoint):
+  its command, run as it was, would fail the same way, so none is offered;
 - failed: a rank raised, hung or died (killed without a record counts here too);
 - unknown: no rank ever reported (a run dir whose job never started training).
 
@@ -33,7 +35,7 @@ from typing import Dict, List, Optional
 
 from . import private
 from .rundir import resume_command
-from .report import pid_alive, read_status
+from .report import ENDED_BADLY, pid_alive, read_status
 
 PROG = "python -m paddle_dist.runs"
 
@@ -55,7 +57,10 @@ def run_state(status: Dict[int, dict], finished: bool) -> str:
         return "preempted"
     if any(s == "diverged" for s in states):
         return "diverged"
-    return "failed"
+    # As the report's root cause: the first rank to end by itself.
+    ended = sorted((r for r in status.values() if r.get("state") in ENDED_BADLY),
+                   key=lambda r: r.get("time", 0))
+    return "refused" if ended and ended[0]["state"] == "refused" else "failed"
 
 
 def describe(run_dir: Path) -> dict:
@@ -75,7 +80,7 @@ def describe(run_dir: Path) -> dict:
         "checkpoint_step": _checkpoint_step(newest),
         # The last record any rank wrote; a run with none: when its directory last changed.
         "updated": max((r.get("time", 0) for r in status.values()), default=run_dir.stat().st_mtime),
-        # The exact command that continues it ("" when done, running or diverged).
+        # The exact command that continues it ("" when done, running, refused or diverged).
         "resume": resume_command(run_dir) if state in ("failed", "preempted", "unknown") else "",
     }
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import faults
+from .refusal import REFUSAL_LINE
 from .jobprocs import Ranks, place_of, remove_segments, signal_pids
 from .nodes import Meeting
 from .procfs import process_table
@@ -360,8 +361,9 @@ def _pointed_run(pointer: Optional[Path]) -> Optional[Path]:
 
 class _Console:
     """Rank 0's output on this terminal: for a user's script without Paddle's noise
-    (report.is_noise; its log keeps everything), and nothing once Ctrl+C was pressed (the
-    ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
+    (report.is_noise; its log keeps everything) nor its user error's line (a typo in its
+    config: refusal.REFUSAL_LINE), which the report says once, and nothing once Ctrl+C was
+    pressed (the ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
 
     def __init__(self, filtered: bool):
         self.filtered, self.muted, self.partial = filtered, False, b""
@@ -382,7 +384,8 @@ class _Console:
             self._out(rest)
 
     def _noise(self, line: bytes) -> bool:
-        return is_noise(line.decode(errors="replace"))
+        text = line.decode(errors="replace")
+        return is_noise(text) or text.startswith(REFUSAL_LINE)
 
     def _out(self, data: bytes) -> None:
         if self.muted or not data:

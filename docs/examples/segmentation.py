@@ -92,7 +92,8 @@ class LogLearningRate(paddle.callbacks.Callback):
             print(f"epoch {epoch + 1}: lr {self.model._optimizer.get_lr():g}")
 
 
-def main(plain=False):
+def build():
+    """The model, the data, the optimizer, the metrics and the callbacks."""
     paddle.seed(2024)
     net = SegNet()
     train_loader = paddle.io.DataLoader(Shapes(256, seed=0), batch_size=8, shuffle=True, num_workers=2)
@@ -103,13 +104,19 @@ def main(plain=False):
     metrics = [MeanIoU()]
     callbacks = [LogLearningRate(), paddle.callbacks.LRScheduler(by_step=False, by_epoch=True),
                  paddle.callbacks.EarlyStopping("miou", mode="max", patience=2)]
+    return net, train_loader, eval_loader, CrossEntropyDice(), optimizer, metrics, callbacks
+
+
+def main(plain=False):
+    net, train_loader, eval_loader, loss, optimizer, metrics, callbacks = build()
     if plain:
         model = paddle.Model(net)
-        model.prepare(optimizer, CrossEntropyDice(), metrics)
+        model.prepare(optimizer, loss, metrics)
         model.fit(train_loader, eval_loader, epochs=EPOCHS, callbacks=callbacks, verbose=0)
     else:
         import paddle_dist
-        paddle_dist.fit(net, train_loader, eval_loader, CrossEntropyDice(), optimizer, metrics=metrics, callbacks=callbacks, epochs=EPOCHS)
+        paddle_dist.fit(net, train_loader, eval_loader, loss, optimizer, metrics=metrics, callbacks=callbacks, epochs=EPOCHS)
+    return net, callbacks
 
 
 if __name__ == "__main__":

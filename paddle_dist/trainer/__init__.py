@@ -252,7 +252,11 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
                 if not (env.supervised and logger.prints(env)):
                     log.error(f"paddle_dist: {exc}")
             elif state != "preempted":
-                log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "))
+                # fit()'s refusal of the script's input prints its own line (refusal.py):
+                # on the console once, in the rank's log file here.
+                quiet = {"console": False} if state == "refused" and parts.own else None
+                log.error(f"rank {env.global_rank} {state}: {type(exc).__name__}: {exc}".rstrip(": "),
+                          extra=quiet)
             if isinstance(exc, PeerFailure) and env.is_main and not env.supervised:
                 report.explain_from_rank(run_dir)
             raise

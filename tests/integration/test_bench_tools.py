@@ -187,3 +187,32 @@ def test_bench_link_refuses_bad_input_and_skips_where_it_cannot_run(tmp_path):
                        timeout=60))
     assert "skipped" in result.stdout and "iproute2" in result.stdout
     assert json.loads(out.read_text())["status"] == "skipped"
+
+
+def test_bench_loader_trains_on_jpegs_with_and_without_workers(tmp_path):
+    out = tmp_path / "loader.json"
+    # 5 steps of 2 per epoch: training ends inside an epoch, with DataLoader workers still
+    # running (once a hang until dist.hang_timeout, shortened here to fail fast).
+    result = check(run(["tools/bench_loader.py", "--runs", "1", "--classes", "2", "--images", "16",
+                        "--batch", "8", "--steps", "4", "--warmup", "1", "--frameworks",
+                        "paddle,paddle_dist", "-o", "dist.hang_timeout=60", "--json", str(out)], timeout=400))
+    found = json.loads(out.read_text())
+    assert (found["workers"], found["steps"], found["overrides"]) == ([0, 2], 4, ["dist.hang_timeout=60"])
+    v = found["variants"]
+    assert set(v) == {"paddle_w0", "paddle_w2", "paddle_dist_w0", "paddle_dist_w2"}
+    for name, entry in v.items():
+        assert entry["samples_per_s"] > 0 and len(entry["runs"]) == 1, name
+    assert v["paddle_w2"]["vs_paddle"] == 1.0 and v["paddle_dist_w0"]["vs_w0"] == 1.0
+    ours, plain = v["paddle_dist_w2"], v["paddle_w2"]
+    assert abs(ours["vs_paddle"] - ours["runs"][0] / plain["runs"][0]) < 1e-9
+    assert abs(ours["vs_w0"] - ours["runs"][0] / v["paddle_dist_w0"]["runs"][0]) < 1e-9
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| variant |") and "vs 0 workers" in table[0] and len(table) == 1 + 4
+
+
+def test_bench_loader_refuses_bad_input_with_one_line():
+    for args in (["--frameworks", "nope"], ["--frameworks", "paddle,paddle"], ["--workers", "-1"],
+                 ["--workers", "2,2"], ["--images", "1"]):
+        result = run(["tools/bench_loader.py", *args], timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "bench_loader: error" in result.stderr

@@ -288,14 +288,16 @@ def test_ranks_whose_models_differ_are_stopped_before_anything_starts(tmp_path):
     script = Path(SCRIPT).parent / "scripts" / "models_differ.py"
     result = run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
                   str(script)], timeout=120, cwd=tmp_path)
-    # The script does not catch fit()'s ConfigError: Python ends it with 1 and a traceback
-    # whose last line is paddle_dist's.
-    assert result.returncode == 1, result.stderr
-    line = ("paddle_dist.errors.ConfigError: the ranks' models differ: parameter '0.weight' is "
+    # The script does not catch fit()'s ConfigError: every rank ends with its one line and
+    # exit 2 (refusal.py), and the launcher's report is that line.
+    assert result.returncode == 2, result.stderr
+    line = ("paddle_dist: error: the ranks' models differ: parameter '0.weight' is "
             "[4, 8] float32 on rank 0 but [4, 9] float32 on rank 1")
+    [said] = result.stderr.splitlines()
+    assert said.startswith(line), result.stderr
     for rank in (0, 1):
         log = (tmp_path / "log" / f"workerlog.{rank}").read_text().strip()
-        assert log.splitlines()[-1].startswith(line), log
+        assert log.splitlines()[-1].startswith(line) and "Traceback" not in log, log
     assert not (tmp_path / "runs").exists()            # before the run directory
 
 

@@ -1,0 +1,143 @@
+"""fit() with a Paddle user's habits, for tests/integration/test_fit_habits.py.
+
+    fit_habits.py callbacks OUT       # a binary classifier with Paddle's own callbacks and
+                                      # metrics; each rank writes OUT/events<rank>.json and
+                                      # rank 0 OUT/weights.npz
+    fit_habits.py evaluate OUT        # one plain process evaluates OUT/weights.npz; prints JSON
+    fit_habits.py hwc                 # images in HWC layout into a Conv2D: refused before epoch 1
+    fit_habits.py own_sampler         # a DataLoader with a batch sampler of the user's own
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+import paddle_dist
+
+
+class Points(paddle.io.Dataset):
+    def __init__(self, count, seed):
+        rng = np.random.RandomState(seed)
+        self.x = rng.normal(0, 1, (count, 4)).astype("float32")
+        self.y = (self.x[:, :1] + 0.5 * rng.normal(0, 1, (count, 1)) > 0).astype("int64")
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __len__(self):
+        return len(self.x)
+
+
+class Positive(paddle.metric.Metric):
+    """Precision, Recall and Auc read probabilities: a user's compute() gives them."""
+
+    def compute(self, logits, label):
+        prob = F.softmax(logits, axis=-1)
+        return (prob if isinstance(self, paddle.metric.Auc) else prob[:, 1:]), label
+
+
+class Precision(Positive, paddle.metric.Precision):
+    pass
+
+
+class Recall(Positive, paddle.metric.Recall):
+    pass
+
+
+class Auc(Positive, paddle.metric.Auc):
+    pass
+
+
+def metrics():
+    return [paddle.metric.Accuracy(), Precision(), Recall(), Auc()]
+
+
+class Record(paddle.callbacks.Callback):
+    """Every call, with the logs' keys (and the eval logs' values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            def record(*args):
+                logs = args[-1] or {}
+                self.events.append([name, {k: v for k, v in logs.items()} if "eval_end" in name
+                                    else sorted(logs)])
+            return record
+        return super().__getattribute__(name)
+
+
+def net():
+    paddle.seed(7)
+    return paddle.nn.Sequential(paddle.nn.Linear(4, 16), paddle.nn.ReLU(), paddle.nn.Linear(16, 2))
+
+
+def callbacks(out):
+    out = Path(out)
+    cfg = paddle_dist.load_config(overrides=["train.epochs=6", "train.batch_size=8",
+                                             "train.eval_batch_size=16", f"output.run_dir={out}/run"])
+    record = Record()
+    plateau = paddle.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, verbose=0)
+    stopper = paddle.callbacks.EarlyStopping("acc", mode="max", patience=1, verbose=0)
+    model = net()
+    paddle_dist.fit(model, Points(96, 0), Points(51, 1), optimizer=paddle.optimizer.SGD(0.5, parameters=model.parameters()),
+                    config=cfg, metrics=metrics(),
+                    callbacks=[record, plateau, stopper, paddle.callbacks.VisualDL(str(out / "vdl")),
+                               paddle.callbacks.ModelCheckpoint(save_dir=str(out / "saved"))])
+    rank = paddle.distributed.get_rank()
+    (out / f"events{rank}.json").write_text(json.dumps({"events": record.events, "stop": stopper.stopped_epoch}))
+    if rank == 0:
+        np.savez(out / "weights.npz", **{k: v.numpy() for k, v in model.state_dict().items()})
+
+
+def evaluate(out):
+    model = net()
+    saved = np.load(Path(out) / "weights.npz")
+    model.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
+    model.eval()
+    found = {}
+    data = Points(51, 1)
+    logits = model(paddle.to_tensor(data.x))
+    label = paddle.to_tensor(data.y)
+    for metric in metrics():
+        results = metric.compute(logits, label)
+        results = results if isinstance(results, (list, tuple)) else [results]
+        metric.update(*[r.numpy() for r in results])
+        found[metric.name()[0] if isinstance(metric.name(), list) else metric.name()] = float(metric.accumulate())
+    found["loss"] = float(F.cross_entropy(logits, label))
+    print(json.dumps(found))
+
+
+class Images(paddle.io.Dataset):
+    def __getitem__(self, i):
+        return np.zeros((32, 32, 3), "float32"), np.array([i % 10], "int64")    # HWC: wrong
+
+    def __len__(self):
+        return 64
+
+
+def hwc():
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3), paddle.nn.Flatten(), paddle.nn.Linear(8 * 30 * 30, 10))
+    paddle_dist.fit(model, Images(), Images(), epochs=2)
+
+
+def own_sampler():
+    class Halves(paddle.io.BatchSampler):
+        def __iter__(self):
+            yield from ([i, i + 1] for i in range(0, 64, 2))
+
+        def __len__(self):
+            return 32
+
+    data = Points(64, 0)
+    paddle_dist.fit(net(), paddle.io.DataLoader(data, batch_sampler=Halves(data)))
+
+
+if __name__ == "__main__":
+    {"callbacks": callbacks, "evaluate": evaluate}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])

@@ -1,0 +1,154 @@
+"""fit() with the habits of paddle.Model users: Paddle's own callbacks and metrics on 2
+ranks, DataLoaders with workers through a kill and a resume, and input errors shown
+before any work, in one line."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .procs import ROOT, run
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "fit_habits.py")
+EXAMPLES = str(ROOT / "tests" / "integration" / "scripts" / "own_models.py")
+LAUNCH = ["-m", "paddle_dist.launch", "--nprocs", "2"]
+
+
+@pytest.fixture(scope="module")
+def with_callbacks(tmp_path_factory):
+    """One 2-rank run of the callbacks script per API level."""
+    found = {}
+    for api in ("loop", "hapi"):
+        out = tmp_path_factory.mktemp(f"callbacks-{api}")
+        done = run([*LAUNCH, "-o", f"train.api={api}", SCRIPT, "callbacks", str(out)], cwd=out, timeout=240)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        found[api] = out
+    return found
+
+
+def _events(out: Path, rank: int):
+    return json.loads((out / f"events{rank}.json").read_text())
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_callbacks_are_called_as_paddle_model_calls_them_on_every_rank(with_callbacks, api):
+    out = with_callbacks[api]
+    events = _events(out, 0)["events"]
+    assert events == _events(out, 1)["events"]            # the same calls, the same eval logs
+    names = [name for name, _ in events]
+    assert names[0] == "on_train_begin" and names[-1] == "on_train_end"
+    epochs = names.count("on_epoch_begin")
+    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    assert epochs == names.count("on_epoch_end") == names.count("on_eval_end") == len(metrics["history"])
+    steps = names.count("on_train_batch_end")
+    assert steps == metrics["steps"] == epochs * 6        # 96 samples, 8 per rank: 6 steps an epoch
+    first = names.index("on_epoch_end")
+    assert names[first - 1] == "on_eval_end" and names[first - 2] == "on_eval_batch_end"
+    # The eval logs carry the exact evaluation of every metric by its name, loss as a list.
+    logs = [value for name, value in events if name == "on_eval_end"]
+    for epoch, entry in zip(metrics["history"], logs):
+        assert entry["loss"] == [epoch["eval_loss"]] and entry["auc"] == epoch["eval_auc"]
+    assert dict(events)["on_train_batch_end"] == ["batch_size", "loss", "lr"]
+
+
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_paddles_own_callbacks_act(with_callbacks, api):
+    out = with_callbacks[api]
+    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    history = metrics["history"]
+    # EarlyStopping("acc", patience=1): the run ends after the first epoch without a better acc.
+    accs = [h["eval_acc"] for h in history]
+    stale = next(i for i in range(1, len(accs)) if accs[i] <= max(accs[:i]))
+    assert len(history) == stale + 1 < 6
+    # ReduceLROnPlateau("loss", patience=0): the lr halves after each epoch whose eval loss
+    # is no better; the lr of the next epoch's steps says so.
+    lrs = [value["lr"] for name, value in _events_with_values(out) if name == "on_epoch_end"]
+    losses, expected, best = [h["eval_loss"] for h in history], [], None
+    lr = 0.5
+    for loss in losses:
+        if best is not None and loss >= best:
+            lr *= 0.5
+        best = loss if best is None else min(best, loss)
+        expected.append(lr)
+    assert lrs[1:] == expected[:-1]
+    assert (out / "saved" / "final.pdparams").is_file() and (out / "saved" / "0.pdparams").is_file()
+    assert list((out / "vdl").glob("vdlrecords.*.log"))                # Paddle's VisualDL callback
+
+
+def _events_with_values(out: Path):
+    """The epoch-end lr each epoch used (the events file keeps keys only: the lr is read
+    from the epoch lines of rank 0's log)."""
+    log = (out / "run" / "logs" / "rank0.log").read_text()
+    rates = [float(r) for r in re.findall(r"epoch \d+/\d+ step \d+/\d+ loss \S+ lr (\S+)", log)]
+    return [("on_epoch_end", {"lr": rate}) for rate in rates]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_accuracy_precision_recall_auc_equal_one_process(with_callbacks, api):
+    out = with_callbacks[api]
+    metrics = json.loads((out / "run" / "metrics.json").read_text())["test_metrics"]
+    done = run([SCRIPT, "evaluate", str(out)], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("acc", "precision", "recall", "auc"):
+        assert metrics[name] == one[name], name
+    assert abs(metrics["loss"] - one["loss"]) < 1e-6
+
+
+@pytest.mark.parametrize("command", [[SCRIPT, "hwc"], [*LAUNCH, SCRIPT, "hwc"]])
+def test_a_sample_in_the_wrong_layout_is_one_line_before_epoch_1(command, tmp_path):
+    done = run(command, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("paddle_dist:")
+             and "Warning" not in line]
+    assert "Traceback" not in done.stderr and "epoch 1/" not in done.stdout + done.stderr
+    said = "\n".join(lines)
+    assert "the model's forward on the first training batch" in said
+    assert "32, 32, 3]; labels int64" in said and "channels" in said     # what it got, what it expected
+    assert "to continue this run" not in done.stdout + done.stderr
+
+
+def test_a_dataloader_paddle_dist_cannot_shard_is_refused_at_the_call(tmp_path):
+    done = run([SCRIPT, "own_sampler"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "batch sampler (Halves)" in done.stderr
+    assert not (tmp_path / "runs").exists()                  # refused before anything is on disk
+
+
+def _shm():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("paddle")}
+
+
+def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_memory(tmp_path):
+    """The segmentation example (DataLoader with 2 workers, train.ema_decay): rank 1 is
+    killed mid-epoch; the same command continues from the mid-epoch checkpoint and ends
+    with the weights and moving averages of an uninterrupted run."""
+    common = ["-o", "train.ema_decay=0.9", "-o", "checkpoint.every_steps=5"]
+
+    def job(out, *extra):
+        return run([*LAUNCH, *common, "-o", f"output.run_dir={out}/run", *extra,
+                    EXAMPLES, "train", "segmentation", str(out)], cwd=tmp_path, timeout=240)
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    assert job(clean).returncode == 0
+    before = _shm()
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    stopped = job(killed, "-o", "faults.inject=kill:1:23")
+    assert stopped.returncode != 0 and "rank 1" in stopped.stderr
+    assert _shm() <= before                                  # nothing left in /dev/shm
+    done = job(killed)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from" in (killed / "run" / "logs" / "rank0.log").read_text()
+    for name in ("evaluated.npz",):
+        a, b = np.load(clean / name), np.load(killed / name)
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    last = sorted((clean / "run" / "checkpoints").glob("ckpt_*"))[-1].name
+    a, b = (np.load(out / "run" / "checkpoints" / last / "ema.npz") for out in (clean, killed))
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
