@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import auth, faults, nodes, private, rankgate, supervisor
+from . import auth, faults, jobprocs, nodes, private, rankgate, supervisor
 from .rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from . import env as envlib
 from .errors import DeviceError, UserError
@@ -338,7 +338,8 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
 def job_files(given_token: str = ""):
     """(the job's private directory, the path of its token file) while the job runs: the
     directory is made for this job alone (private.make_job_dir) and removed with all it
-    holds when the job ends; the token file is `given_token` (dist.token_file), else a
+    holds when the job ends, with the shared memory its ranks' DataLoader workers left
+    (private.note_worker); the token file is `given_token` (dist.token_file), else a
     token made for this job alone, in that directory."""
     folder = private.make_job_dir()
     try:
@@ -349,6 +350,7 @@ def job_files(given_token: str = ""):
                 f.write(auth.new_token() + "\n")
         yield folder, token_file
     finally:
+        jobprocs.remove_segments(private.noted_workers(folder))     # killed DataLoader workers'
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -110,6 +110,32 @@ def rank_dir(job_key: str, given: str = "") -> Optional[str]:
     return path if owned(path) else None
 
 
+WORKERS = "workers"       # a job directory's list of DataLoader worker pids (note_worker)
+
+
+def note_worker(job_dir: str) -> None:
+    """Add this process's pid to the job directory's list of DataLoader workers, whose
+    shared memory the launcher removes when the job ends (a worker killed with its rank
+    leaves its segments in /dev/shm)."""
+    if not (job_dir and owned(job_dir)):
+        return
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.join(job_dir, WORKERS), flags, 0o600)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def noted_workers(job_dir: str) -> List[int]:
+    """The pids note_worker() wrote in `job_dir`."""
+    try:
+        with open(os.path.join(job_dir, WORKERS)) as f:
+            return [int(line) for line in f if line.strip().isdigit()]
+    except OSError:
+        return []
+
+
 def create(path: str) -> int:
     """A new file at `path`, readable by its owner alone: never an existing file, never
     through a link. Returns its descriptor."""

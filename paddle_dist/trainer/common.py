@@ -145,7 +145,8 @@ def train_loader(parts: Parts, cfg, env):
     """The training batches of this rank, as (inputs, labels), and their sampler."""
     sampler = ResumableBatchSampler(parts.train_data.dataset, cfg.train.batch_size, env,
                                     cfg.train.shuffle, cfg.train.drop_last)
-    return parts.train_data.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched), sampler
+    return parts.train_data.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
+                                   env.job_dir), sampler
 
 
 # ------------------------------------------------------------------ the session

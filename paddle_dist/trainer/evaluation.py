@@ -115,7 +115,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
     was_training = net.training
     net.eval()
     sampler = ExactShardSampler(len(source), batch_size, env.global_rank, env.world_size)
-    batches = iter(source.loader(sampler, feed, workers, batched))
+    batches = iter(source.loader(sampler, feed, workers, batched, env.job_dir))
     for metric in metrics:
         metric.reset()
     loss_sum = correct = count = 0.0

@@ -21,6 +21,7 @@ import numpy as np
 import paddle
 from paddle.io.dataloader.collate import default_collate_fn
 
+from .. import private
 from ..errors import ConfigError
 from .feed import Feed
 
@@ -80,9 +81,12 @@ class Source:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def loader(self, batch_sampler, feed: Feed, workers: int = 0, batched: bool = True):
+    def loader(self, batch_sampler, feed: Feed, workers: int = 0, batched: bool = True,
+               job_dir: str = ""):
         """Batches of `batch_sampler`'s indices, split by `feed` into (inputs, labels).
-        `workers`: the config's data.num_workers, unless the user's DataLoader had its own."""
+        `workers`: the config's data.num_workers, unless the user's DataLoader had its own;
+        each notes its pid in `job_dir` (the launcher's, env.DistEnv.job_dir), whose
+        launcher removes the shared memory of workers killed with their rank."""
         gathers = batched and self.collate_fn is None and callable(getattr(self.dataset, "batch", None))
         workers = workers if self.num_workers is None else self.num_workers
         if gathers:
@@ -90,8 +94,9 @@ class Source:
         elif workers == 0:
             batches = SampleLoader(self.dataset, batch_sampler, self.collate_fn)
         else:
+            options = dict(self.options, worker_init_fn=NotedWorker(job_dir, self.options.get("worker_init_fn")))
             batches = paddle.io.DataLoader(self.dataset, batch_sampler=batch_sampler, collate_fn=self.collate_fn,
-                                           num_workers=workers, **self.options)
+                                           num_workers=workers, **options)
         return SplitLoader(batches, feed)
 
     def first_batch(self, indices):
@@ -116,6 +121,19 @@ class BatchLoader:
 
     def __len__(self):
         return len(self.batch_sampler)
+
+
+class NotedWorker:
+    """A DataLoader's worker_init_fn: notes the worker in the job's directory
+    (private.note_worker), then runs the user's own, if any."""
+
+    def __init__(self, job_dir: str, inner: Optional[Callable] = None):
+        self.job_dir, self.inner = job_dir, inner
+
+    def __call__(self, worker_id: int) -> None:
+        private.note_worker(self.job_dir)
+        if self.inner is not None:
+            self.inner(worker_id)
 
 
 class SampleLoader:

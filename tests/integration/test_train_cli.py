@@ -204,3 +204,23 @@ def test_a_paddle_outside_the_range_is_said_once_at_start_up(how, tmp_path):
     done = check(run([str(script)], timeout=240))
     said = [line for line in (done.stdout + done.stderr).splitlines() if "outside the range" in line]
     assert said == [f"paddle_dist: warning: {compat.version_problem('2.5.2')}"]
+
+
+def test_built_in_job_with_clipping_and_moving_averages(tmp_path):
+    """train.clip_grad_norm prints the norm it clipped; train.ema_decay's averages are in
+    every checkpoint, are what the run evaluated, and are what load_weights and
+    --eval-only take."""
+    run_dir = tmp_path / "run"
+    done = check(run(["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "dist.nprocs=2", "-o", "train.epochs=2",
+                      "-o", "train.log_every=5", "-o", "train.clip_grad_norm=0.5", "-o", "train.ema_decay=0.9",
+                      "-o", f"output.run_dir={run_dir}"], timeout=300))
+    assert "grad norm" in done.stdout
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert (latest / "ema.npz").is_file()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    again = tmp_path / "again"
+    check(run(["train.py", "-c", "configs/mnist_mlp.yaml", "--eval-only", "-o", f"checkpoint.resume={latest}",
+               "-o", f"output.run_dir={again}"], timeout=300))
+    evaluated = json.loads((again / "metrics.json").read_text())
+    assert evaluated["test_accuracy"] == metrics["test_accuracy"]     # the averages, evaluated again
+    assert evaluated["test_samples"] == 1000
