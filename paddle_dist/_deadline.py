@@ -22,9 +22,10 @@ Usage:
         Acting: ask the rank for its Python stack (SIGUSR2: faulthandler writes it to
         STACK_FILE, even while native code holds the GIL; not asked of a stopped process),
         record "hung" and the verdict in STATUS_FILE, print them, and SIGKILL PID.
-Both exit quietly when their stdin closes (the rank finished in time, or died). The rank
-starts them in a process group of their own, so a terminal's Ctrl+C (which the rank
-handles) never reaches them, not even while this interpreter is still starting.
+Both exit quietly when their stdin closes or brings a line (the rank finished in time, or
+died). The rank starts them in a process group of their own, so a terminal's Ctrl+C
+(which the rank handles) never reaches them, not even while this interpreter is still
+starting.
 """
 
 import json
@@ -149,7 +150,7 @@ def _stop_hung(pid: int, beat, message: str, status_file: str, stack_fd: int, lo
 
 
 def _stdin_closed(seconds: float) -> bool:
-    """Wait up to `seconds` for stdin to close; True if it did."""
+    """Wait up to `seconds` for stdin to close or bring a line (the rank's stop); True if it did."""
     ready, _, _ = select.select([sys.stdin], [], [], seconds)
     return bool(ready)
 

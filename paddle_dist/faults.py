@@ -118,6 +118,17 @@ class Interrupted(_Ending):
         super().__init__(message)
 
 
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    """End a _deadline.py watchdog quietly and wait for it: a line on its stdin, then the
+    pipe's end (which alone never comes while a forked child, such as a DataLoader
+    worker, holds a copy of the pipe)."""
+    with contextlib.suppress(OSError):
+        watchdog.stdin.write(b"stop\n")
+        watchdog.stdin.flush()
+    watchdog.stdin.close()
+    watchdog.wait()
+
+
 def outcome_of(exc: BaseException) -> str:
     """The state a rank ends in when `exc` stops it."""
     from .comm import PeerFailure
@@ -264,8 +275,7 @@ class Monitor:
             stdin=subprocess.PIPE, preexec_fn=os.setpgrp, pass_fds=fds)
 
     def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
-        watchdog.stdin.close()             # the watchdog exits quietly
-        watchdog.wait()
+        stop_watchdog(watchdog)
         faulthandler.unregister(signal.SIGUSR2)
         self._stacks.close()
         with contextlib.suppress(OSError):

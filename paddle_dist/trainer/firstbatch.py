@@ -1,10 +1,12 @@
 """Errors before work: the first batch is run once before epoch 1.
 
 Each rank reads its first training batch in its own thread, splits it, and runs the
-model's forward and the loss in training mode (no gradients; BatchNorm statistics and the
-random generators are put back after, so training is bitwise what it would have been);
-then its first evaluation batch (a few samples) through the forward, the loss and every
-metric's compute and update (the metrics are reset before each evaluation). A sample
+model's forward and the loss on it, then its first evaluation batch (a few samples)
+through the forward, the loss and every metric's compute and update (the metrics are
+reset before each evaluation). The model runs in evaluation mode without gradients, and
+the random generators and BatchNorm statistics are put back after, so training is
+bitwise what it would have been (a forward hook that counts only training calls, as a
+user's lr recorder may, sees none of these). A sample
 in the wrong layout, a metric that cannot read the outputs, or a crash at evaluation
 shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
 
@@ -49,7 +51,7 @@ def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, train
                   lambda: source.first_batch(indices))
     inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch))
     held = f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'})"
-    net.train() if training else net.eval()
+    net.eval()
     with paddle.no_grad(), autocast(precision):
         outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels))
         _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",

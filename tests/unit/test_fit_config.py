@@ -5,6 +5,7 @@ endings by signal that are exit codes, not tracebacks."""
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,25 @@ def test_the_watchdog_ignores_ctrl_c_and_ends_quietly_with_its_rank():
     finally:
         watchdog.kill()
         watchdog.wait()
+
+
+def test_the_watchdog_ends_with_its_rank_while_a_forked_child_holds_its_pipe():
+    """A DataLoader worker forked by the rank holds a copy of the watchdog's stdin: the
+    rank's line still ends it (the end of the pipe alone would not come)."""
+    script = Path(faults.__file__).with_name("_deadline.py")
+    watchdog = subprocess.Popen([sys.executable, str(script), "1", "600", "never said"],
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE, pass_fds=(watchdog.stdin.fileno(),))
+    try:
+        ended = threading.Thread(target=faults.stop_watchdog, args=(watchdog,), daemon=True)
+        ended.start()
+        ended.join(timeout=30)
+        assert not ended.is_alive() and watchdog.returncode == 0
+    finally:
+        for proc in (watchdog, holder):
+            proc.kill()
+            proc.wait()
 
 
 class _Points(paddle.io.Dataset):

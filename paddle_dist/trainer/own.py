@@ -1,0 +1,164 @@
+"""fit(): a script's own model, data, loss, optimizer, metrics and callbacks, as
+paddle.Model takes them, made into the Parts of a job (and the record of what it trains).
+
+Example:
+    result = paddle_dist.fit(net, train_loader, eval_loader, loss, optimizer,
+                             metrics=[paddle.metric.Accuracy()], callbacks=[...])
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Optional, Union
+
+import numpy as np
+import paddle
+from paddle.optimizer.lr import LRScheduler
+
+from .. import config as configlib
+from .. import env as envlib
+from .. import faults, runtime
+from ..errors import ConfigError
+from ..sync import PeerFailure
+from . import callbacks as callbacklib
+from .common import Parts, Result, default_loss, optimizer_factory
+from .evaluation import metric_names
+from .feed import MODEL_LOSS, Feed
+from .loading import Source
+
+
+def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer=None,
+        config: Union[None, str, configlib.Config] = None, task: str = "classification",
+        metrics=None, callbacks=None, inputs=None, labels=None,
+        split_batch: Optional[Callable] = None, epochs: Optional[int] = None,
+        batch_size: Optional[int] = None, num_workers: Optional[int] = None) -> Result:
+    """Train `model` data-parallel on whatever processes this job has.
+
+    `train_data`, `eval_data`: a paddle.io.Dataset, or a paddle.io.DataLoader whose batch
+    size, drop_last, shuffling, collate_fn and workers are kept (paddle_dist shards it).
+    A batch is split into the model's inputs and the labels by paddle.Model's rule:
+    `inputs` and `labels` (counts, or lists of paddle.static.InputSpec, whose names pick
+    a dict sample's keys) default to `forward`'s arguments and the rest of the batch;
+    `split_batch(batch) -> (inputs, labels)` does what the rule cannot.
+
+    `loss` is called as `loss(*outputs, *labels)`; it defaults to cross-entropy
+    (classification) or MSE (regression); `loss="model"`: the model takes the inputs and
+    the labels and returns its own loss (a tensor, a tuple (loss, *outputs) or a dict
+    with "loss"). `metrics`: paddle.metric.Metric objects, evaluated exactly over the
+    whole eval set (logged as eval_<name>); `callbacks`: paddle.callbacks.Callback
+    objects, called as paddle.Model calls them, on every rank (docs/own_model.md).
+    `epochs`, `batch_size` (per rank) and `num_workers`, as paddle.Model.fit takes them,
+    set train.epochs, train.batch_size and data.num_workers.
+
+    `optimizer` is an Optimizer or a factory `fn(parameters) -> Optimizer` (default: the
+    config's); it keeps the rate it was built with unless the config asks for scaling,
+    warm-up or a schedule; its own LRScheduler, if any, is stepped after every optimizer
+    step or every epoch (train.scheduler_every, or a paddle.callbacks.LRScheduler among
+    `callbacks`). `config` defaults to the typed defaults (plus what
+    `python -m paddle_dist.launch` was given).
+
+    A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
+    Ctrl+C with 130, another rank's failure with 5, each without a traceback
+    (faults.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
+    """
+    if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
+        given_path, given = envlib.launch_options()
+        cfg = configlib.load(given_path, given, fit_record=True) if given_path \
+            else configlib.with_overrides(given)
+    else:
+        cfg = config if isinstance(config, configlib.Config) else configlib.load(config, fit_record=True)
+    if cfg.output.name in ("", configlib.DEFAULT_CONFIG):
+        # Not the built-in LeNet job: the run is named after the user's model (a copy:
+        # the caller's config stays as it was).
+        cfg = configlib.replace_key(cfg, "output.name", type(model).__name__.lower())
+    model_loss = isinstance(loss, str) and loss == MODEL_LOSS
+    if isinstance(loss, str) and not model_loss:
+        raise ConfigError(f"fit(loss={loss!r}): give a loss function, or loss='model' for a model "
+                          "that returns its own loss")
+    feed = Feed(model, inputs, labels, split_batch, model_loss)
+    train_source, eval_source = Source.of(train_data, "train_data"), Source.of(eval_data, "eval_data")
+    for key, value in (("train.epochs", epochs), ("train.batch_size", batch_size),
+                       ("data.num_workers", num_workers)):
+        if value is not None:
+            cfg = configlib.replace_key(cfg, key, value)
+    cfg = _loader_settings(cfg, train_source, eval_source)
+    metrics = _metric_list(metrics)
+    cfg = _monitor_for(cfg, metrics, eval_source is not None)
+    env = runtime.setup(cfg)
+    loss = None if model_loss else (loss or default_loss(task))
+    source = "script" if optimizer is not None else "config"
+    if optimizer is not None and cfg.train.clip_grad_norm:
+        raise ConfigError("train.clip_grad_norm clips the config's optimizer; give your own optimizer "
+                          "grad_clip=paddle.nn.ClipGradByGlobalNorm(...) instead")
+    if optimizer is None:
+        optimizer = optimizer_factory(cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay,
+                                      cfg.train.clip_grad_norm)
+    parts = Parts(model, train_source, eval_source, loss, optimizer, task, type(model).__name__,
+                  own=True, optimizer_from=source, metrics=metrics,
+                  callbacks=callbacklib.check(callbacks), feed=feed)
+    from . import train        # the package's, which imports this module
+
+    try:
+        return train(parts, cfg, env)
+    except KeyboardInterrupt:
+        raise faults.Interrupted() from None
+    except PeerFailure as exc:
+        raise faults.StoppedByPeer(str(exc)) from None
+
+
+def _metric_list(metrics) -> list:
+    found = [] if metrics is None else list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+    for metric in found:
+        if not isinstance(metric, paddle.metric.Metric):
+            raise ConfigError(f"fit(metrics=...) takes paddle.metric.Metric objects, not "
+                              f"{type(metric).__name__}")
+    return found
+
+
+def _monitor_for(cfg, metrics: list, evaluates: bool):
+    """The config with checkpoint.monitor resolved against the metrics: the default
+    (eval_accuracy) becomes the first metric's when the metrics log no accuracy; a
+    monitor that nothing logs is refused."""
+    if not metrics or not evaluates:
+        return cfg
+    names = [f"eval_{name}" for name in metric_names(metrics)]
+    monitor = cfg.checkpoint.monitor
+    if monitor == configlib.Config().checkpoint.monitor and monitor not in names:
+        return configlib.replace_key(cfg, "checkpoint.monitor", names[0])
+    if monitor not in ("train_loss", "eval_loss", *names):
+        raise ConfigError(f"checkpoint.monitor={monitor} is not logged: the metrics log "
+                          f"{', '.join(names)} (and train_loss, eval_loss); set checkpoint.monitor to one of them")
+    return cfg
+
+
+def _loader_settings(cfg, train: Source, eval_: Optional[Source]):
+    """The config with what the user's DataLoaders set (batch sizes, drop_last, shuffling,
+    workers), so that config.yaml records what ran and the step counts follow it."""
+    pairs = [("train.batch_size", train.batch_size), ("train.drop_last", train.drop_last),
+             ("train.shuffle", train.shuffle), ("data.num_workers", train.num_workers)]
+    if eval_ is not None:
+        pairs.append(("train.eval_batch_size", eval_.batch_size))
+    for key, value in pairs:
+        if value is not None:
+            cfg = configlib.replace_key(cfg, key, value)
+    return cfg
+
+
+def fit_record(parts: Parts, optimizer) -> dict:
+    """What a fit() run trained, for its config.yaml and run.json (and its identity: a
+    changed model, optimizer or dataset is another job, whose checkpoints would not load
+    or would not mean the same).
+
+    Example:
+        fit_record(parts, opt)["parameters_digest"]    # sha256 of the names and shapes
+    """
+    shapes = "\n".join(f"{name}:{list(value.shape)}" for name, value in parts.model.state_dict().items())
+    scheduler = optimizer._learning_rate
+    return {"model": type(parts.model).__name__,
+            "parameters": int(sum(int(np.prod(p.shape)) for p in parts.model.parameters())),
+            "parameters_digest": hashlib.sha256(shapes.encode()).hexdigest()[:16],
+            "optimizer": type(optimizer).__name__, "lr": float(optimizer.get_lr()),
+            "lr_scheduler": type(scheduler).__name__ if isinstance(scheduler, LRScheduler) else "",
+            "optimizer_from": parts.optimizer_from,
+            "train_samples": len(parts.train_data),
+            "eval_samples": len(parts.eval_data) if parts.eval_data is not None else 0}
