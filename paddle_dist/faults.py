@@ -122,10 +122,11 @@ def stop_watchdog(watchdog: subprocess.Popen) -> None:
     """End a _deadline.py watchdog quietly and wait for it: a line on its stdin, then the
     pipe's end (which alone never comes while a forked child, such as a DataLoader
     worker, holds a copy of the pipe)."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):      # a watchdog that has ended reads nothing
         watchdog.stdin.write(b"stop\n")
         watchdog.stdin.flush()
-    watchdog.stdin.close()
+    with contextlib.suppress(OSError):
+        watchdog.stdin.close()
     watchdog.wait()
 
 

@@ -350,7 +350,8 @@ def job_files(given_token: str = ""):
                 f.write(auth.new_token() + "\n")
         yield folder, token_file
     finally:
-        jobprocs.remove_segments(private.noted_workers(folder))     # killed DataLoader workers'
+        gone = [pid for pid in private.noted_workers(folder) if not os.path.exists(f"/proc/{pid}")]
+        jobprocs.remove_segments(gone)      # what killed DataLoader workers left
         shutil.rmtree(folder, ignore_errors=True)
 
 

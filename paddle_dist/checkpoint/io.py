@@ -352,7 +352,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def export_pdparams(path: Path, out: Path) -> Path:
-    """Write a checkpoint's weights in Paddle's own format (`paddle.save` of the state dict).
+    """Write a checkpoint's weights in Paddle's own format (`paddle.save` of the state dict):
+    its moving averages when it has them (train.ema_decay), else the trained weights.
 
     Load them with `load_weights` (weights.py), which refuses a model whose parameter names
     or shapes differ; Paddle's `set_state_dict` only warns and skips what does not match.
@@ -361,7 +362,9 @@ def export_pdparams(path: Path, out: Path) -> Path:
         export_pdparams("runs/x/checkpoints", "model.pdparams")
         load_weights(net, "model.pdparams")
     """
-    weights = {k: paddle.to_tensor(v, place=paddle.CPUPlace()) for k, v in load(path).model.items()}
+    state = load(path)       # train.ema_decay: the averages, which the run evaluated and exports
+    weights = {k: paddle.to_tensor(v, place=paddle.CPUPlace())
+               for k, v in (state.averaged or state.model).items()}
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{_unique()}")
     try:

@@ -34,7 +34,7 @@ from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
                      total_steps)
-from .evaluation import evaluate
+from .evaluation import evaluate, gather, metric_names
 from .own import fit, fit_record
 from .selection import Best
 
@@ -78,6 +78,7 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
 def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
+    _check_monitor(parts, cfg)
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     check_optimizer(optimizer, parts.model, cfg.sync.mode)
     record = fit_record(parts, optimizer) if parts.own else None
@@ -90,6 +91,19 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     policy, text = (None, "") if configlib.evaluates_only(cfg) else \
         _lr_policy(cfg, env, optimizer, per_epoch, limit, parts.callbacks)
     return Prepared(optimizer, per_epoch, limit, policy, text, record)
+
+
+def _check_monitor(parts: Parts, cfg) -> None:
+    """Refuse a checkpoint.monitor that the job never logs (a typo would silently leave
+    it with no best checkpoint and no early stop); the default may go unlogged."""
+    monitor = cfg.checkpoint.monitor
+    logged = {"train_loss"}
+    if parts.eval_data is not None:
+        names = metric_names(parts.metrics) or (["accuracy"] if parts.task == "classification" else [])
+        logged |= {"eval_loss", *(f"eval_{name}" for name in names)}
+    if monitor != configlib.Config().checkpoint.monitor and monitor not in logged:
+        raise ConfigError(f"checkpoint.monitor={monitor} is not logged by this job; it logs "
+                          f"{', '.join(sorted(logged))}")
 
 
 def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, prepared: Prepared,
@@ -155,6 +169,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
     start, history, resumed, averaged = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    _agree_on_metrics(parts, env, monitor.phase)
     firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
         return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed, amp_plan)
@@ -201,6 +216,16 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     result.samples_per_s = progress.samples_per_s
     result.comm_calls, result.sync_transport = grad_sync.calls, grad_sync.used
     return result
+
+
+def _agree_on_metrics(parts: Parts, env, phase) -> None:
+    """Every rank must evaluate the same metrics (they exchange their results batch by
+    batch); ranks given different ones are refused, all of them, in one line."""
+    names = gather(metric_names(parts.metrics), env, phase)
+    if any(found != names[0] for found in names):
+        given = "; ".join(f"rank {rank}: {found or 'none'}" for rank, found in enumerate(names))
+        raise ConfigError(f"the ranks were given different metrics ({given}); give fit() the same "
+                          "metrics on every rank")
 
 
 def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Position,

@@ -6,7 +6,8 @@ name, `batch_size`). A train batch is one optimizer step (with train.accumulate_
 one call per k micro-batches). Callbacks run on every rank; the logs are the same on
 every rank except a train batch's loss, which is that rank's own (as under
 paddle.Model). `self.model` is a `ModelView`: the network, the optimizer, `save()` and
-`stop_training`, which ends the run at the epoch's end once any rank sets it.
+`stop_training`, which ends the run at the epoch's end once any rank sets it. The calls
+come in paddle.Model's order: an epoch's end, then its evaluation.
 
 Example:
     events = Events([paddle.callbacks.EarlyStopping("miou", mode="max", patience=2)], view, params)
@@ -24,15 +25,15 @@ from ..errors import ConfigError
 
 class ModelView:
     """What Paddle's callbacks reach through `self.model`: `network`, `_optimizer`,
-    `stop_training`, `save(path, training=True)` (on each machine's first rank, as
-    paddle.Model.save), `parameters()` and `state_dict()`."""
+    `stop_training`, `save(path, training=True)` (on the job's first rank: the weights are
+    the same on every rank), `parameters()` and `state_dict()`."""
 
-    def __init__(self, network: paddle.nn.Layer, optimizer, local_rank: int = 0):
-        self.network, self._optimizer, self.local_rank = network, optimizer, local_rank
+    def __init__(self, network: paddle.nn.Layer, optimizer, saves: bool = True):
+        self.network, self._optimizer, self.saves = network, optimizer, saves
         self.stop_training = False
 
     def save(self, path: str, training: bool = True) -> None:
-        if self.local_rank != 0:
+        if not self.saves:
             return
         paddle.save(self.network.state_dict(), f"{path}.pdparams")
         if training and self._optimizer is not None:

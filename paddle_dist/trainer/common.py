@@ -169,9 +169,9 @@ class Session:
         # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
         # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
         own = getattr(optimizer, "_learning_rate", None)
-        self.events = Events(parts.callbacks, ModelView(parts.model, optimizer, env.local_rank),
+        self.events = Events(parts.callbacks, ModelView(parts.model, optimizer, env.is_main),
                              {"batch_size": cfg.train.batch_size, "epochs": cfg.train.epochs,
-                              "steps": limit, "verbose": 0,
+                              "steps": progress.steps_per_epoch, "verbose": 0,
                               "metrics": ["loss", *metric_names(parts.metrics)]})
         # Paddle's LRScheduler callback, if given, steps the scheduler by its own rule.
         steps_own = isinstance(own, LRScheduler) and lr_policy is None and not self.events.steps_scheduler()
@@ -243,12 +243,13 @@ class Session:
         total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1))}
         average_buffers(self.parts.model, self.env, self.monitor.phase)
+        # paddle.Model's order: the epoch's end, then its evaluation.
+        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr())})
         if self.parts.eval_data is not None:
             metrics.update({f"eval_{k}": v for k, v in self.evaluate().items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
-        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr())})
         self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
         at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
@@ -275,9 +276,7 @@ class Session:
 
     def _callbacks_stop(self, at: Position) -> None:
         """A callback's `model.stop_training` (EarlyStopping's, a user's) on any rank ends
-        the run after this epoch on every rank."""
-        if not self.events:
-            return
+        the run after this epoch on every rank. Every rank takes part, callbacks or none."""
         wanted = all_reduce_sum([1.0 if self.events.view.stop_training else 0.0], self.env,
                                 self.monitor.phase)[0]
         if wanted and not self.done:
@@ -299,8 +298,8 @@ class Session:
 
     def _select(self, metrics: Dict[str, Any], at: Position) -> None:
         """Best checkpoint and early stopping, on rank 0's value (the same everywhere)."""
-        if self.best.monitor not in metrics:
-            return
+        if not isinstance(metrics.get(self.best.monitor), (int, float)):
+            return       # not logged, or a metric of several values (the same on every rank)
         value = metrics[self.best.monitor] if self.env.is_main else 0.0
         metrics = dict(metrics, **{self.best.monitor: float(all_reduce_sum(
             [value], self.env, self.monitor.phase)[0])})

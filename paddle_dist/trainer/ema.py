@@ -64,9 +64,10 @@ class Ema:
                 self.shadow[name].set_value(paddle.to_tensor(arrays[names[id(p)]]))
 
     def weights(self) -> Dict[str, np.ndarray]:
-        """The model's state_dict with the averages in place of the trained parameters."""
+        """The model's state_dict with the averages (float32, as kept) in place of the
+        trained parameters: what ema.npz holds, resumed and exported from."""
         found = {key: value.numpy() for key, value in self.model.state_dict().items()}
-        found.update({key: value.astype(found[key].dtype) for key, value in self.state().items()})
+        found.update(self.state())
         return found
 
 

@@ -118,32 +118,34 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
     batches = iter(source.loader(sampler, feed, workers, batched, env.job_dir))
     for metric in metrics:
         metric.reset()
-    loss_sum = correct = count = 0.0
-    accuracy = task == "classification" and not metrics
-    for step in range(sampler.rounds):
-        batch, results = next(batches, None), None
-        if batch is not None:
-            inputs, labels = batch
-            if events is not None:
-                events.eval_batch_begin(step)
-            with autocast(amp or AmpPlan()):
-                loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
-            n = batch_size_of(inputs)
-            loss_sum += float(loss) * n
-            count += n
-            if accuracy:
-                hits = builtin_accuracy(outputs, labels)
-                accuracy = hits is not None
-                correct += float(hits) if accuracy else 0.0
-            results = [computed(m, outputs, labels) for m in metrics]
-        if metrics:
-            for found in gather(results, env, phase):
-                for metric, args in zip(metrics, found or ()):
-                    metric.update(*args)
-        if batch is not None and events is not None:
-            events.eval_batch_end(step, {"loss": [float(loss)], "batch_size": n})
-        beat()
-    batches.close()           # its DataLoader workers, if any, end now
+    try:
+        loss_sum = correct = count = 0.0
+        accuracy = task == "classification" and not metrics
+        for step in range(sampler.rounds):
+            batch, results = next(batches, None), None
+            if batch is not None:
+                inputs, labels = batch
+                if events is not None:
+                    events.eval_batch_begin(step)
+                with autocast(amp or AmpPlan()):
+                    loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
+                n = batch_size_of(inputs)
+                loss_sum += float(loss) * n
+                count += n
+                if accuracy:
+                    hits = builtin_accuracy(outputs, labels)
+                    accuracy = hits is not None
+                    correct += float(hits) if accuracy else 0.0
+                results = [computed(m, outputs, labels) for m in metrics]
+            if metrics:
+                for found in gather(results, env, phase):
+                    for metric, args in zip(metrics, found or ()):
+                        metric.update(*args)
+            if batch is not None and events is not None:
+                events.eval_batch_end(step, {"loss": [float(loss)], "batch_size": n})
+            beat()
+    finally:
+        batches.close()           # its DataLoader workers, if any, end now
     if was_training:
         net.train()
     # A rank whose batches were not classifier outputs counts no accuracy: the ranks agree.

@@ -44,13 +44,12 @@ class Feed:
         self.label_names = _names(labels, "labels")
         self.input_count = _count(inputs, "inputs") or max(len(_forward_names(model)), 1)
         self.label_count = _count(labels, "labels")
-        self.counts: Optional[Tuple[int, int]] = None     # (inputs, labels) of the last batch split
+        # (inputs, labels) of a training batch: set by the check before epoch 1 (firstbatch)
+        self.counts: Optional[Tuple[int, int]] = None
 
     def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
         """(inputs, labels) of one collated batch."""
-        inputs, labels = self._split(batch)
-        self.counts = (len(inputs), len(labels))
-        return inputs, labels
+        return self._split(batch)
 
     def _split(self, batch):
         if self.split_batch is not None:
@@ -112,7 +111,7 @@ class Feed:
 
     def hapi_inputs(self) -> int:
         """How many of a batch's fields paddle.Model gives the network (its `inputs`): the
-        inputs, and the labels too when the model computes its loss. Known once a batch was split."""
+        inputs, and the labels too when the model computes its loss (counts, once known)."""
         inputs, labels = self.counts or (self.input_count, 0)
         return inputs + labels if self.model_loss else inputs
 

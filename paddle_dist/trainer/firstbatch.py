@@ -16,9 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Callable, List
 
+import numpy as np
 import paddle
 
 from ..amp import AmpPlan, autocast
@@ -50,6 +52,8 @@ def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, train
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices))
     inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch))
+    if training:         # what paddle.Model is told of a training batch's fields (hapi.py)
+        feed.counts = (len(inputs), len(labels))
     held = f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'})"
     net.eval()
     with paddle.no_grad(), autocast(precision):
@@ -85,18 +89,24 @@ def key_line(exc: BaseException, limit: int = 400) -> str:
 
 
 class _kept:
-    """Puts back the model's buffers (BatchNorm statistics) and the random generators."""
+    """Puts back the model's buffers (BatchNorm statistics) and the random generators
+    (Python's, numpy's, Paddle's; on Paddle 2.6 its CPU engine is not restorable, and an
+    evaluation-mode forward draws nothing from it)."""
 
     def __init__(self, net):
         self.net = net
 
     def __enter__(self):
-        self.rng = paddle.get_rng_state()
+        # The dataset's own augmentation draws from Python's and numpy's generators.
+        self.rng = (random.getstate(), np.random.get_state(), paddle.get_rng_state())
         self.saved = [(b, b.clone()) for b in buffers(self.net)]
         self.training = self.net.training
 
     def __exit__(self, *exc):
-        paddle.set_rng_state(self.rng)
+        python, numpy, own = self.rng
+        random.setstate(python)
+        np.random.set_state(numpy)
+        paddle.set_rng_state(own)
         with paddle.no_grad():
             for buffer, value in self.saved:
                 buffer.set_value(value)

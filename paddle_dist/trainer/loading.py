@@ -26,7 +26,10 @@ from ..errors import ConfigError
 from .feed import Feed
 
 # The DataLoader settings carried over from a user's loader (besides its workers and collate).
+# (Not persistent_workers: the loader is built anew each epoch, over a sampler that may
+# skip part of it, and a persistent iterator's workers would outlive their shutdown.)
 CARRIED = ("use_shared_memory", "timeout", "worker_init_fn", "prefetch_factor", "use_buffer_reader")
+ORDERS = (paddle.io.SequenceSampler, paddle.io.RandomSampler)   # what a rank's shard can replace
 SHARDABLE = (paddle.io.BatchSampler, paddle.io.DistributedBatchSampler)
 
 
@@ -61,19 +64,28 @@ class Source:
     @classmethod
     def _from_loader(cls, loader, what: str) -> "Source":
         dataset, sampler = loader.dataset, loader.batch_sampler
-        if isinstance(dataset, paddle.io.IterableDataset) or sampler is None:
+        if isinstance(dataset, paddle.io.IterableDataset):
             raise ConfigError(f"fit({what}=...) is a DataLoader over an IterableDataset, which "
                               "paddle_dist cannot shard or resume; give a map-style paddle.io.Dataset")
+        if sampler is None:
+            raise ConfigError(f"fit({what}=...) is a DataLoader without a batch size "
+                              "(batch_size=None); give it batch_size=N (per rank)")
         if type(sampler) not in SHARDABLE:
             raise ConfigError(f"fit({what}=...) is a DataLoader with its own batch sampler "
                               f"({type(sampler).__name__}), whose order paddle_dist cannot shard over "
                               "the ranks; give the DataLoader batch_size= and shuffle= instead, or the dataset")
         inner = getattr(sampler, "sampler", None)
-        shuffle = getattr(sampler, "shuffle", None)
-        if shuffle is None:
+        if isinstance(sampler, paddle.io.DistributedBatchSampler):
+            shuffle = bool(sampler.shuffle)
+        elif type(inner) in ORDERS and not getattr(inner, "replacement", False) \
+                and getattr(inner, "_num_samples", None) is None:
             shuffle = isinstance(inner, paddle.io.RandomSampler)
+        else:
+            raise ConfigError(f"fit({what}=...) is a DataLoader whose sampler ({type(inner).__name__}) "
+                              "picks samples paddle_dist's shards would not (a subset, weights, "
+                              "replacement); give fit() the dataset you mean (e.g. paddle.io.Subset) "
+                              "with shuffle=True or False")
         options = {k: getattr(loader, k) for k in CARRIED if hasattr(loader, k)}
-        options["persistent_workers"] = getattr(loader, "_persistent_workers", False)
         return cls(dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
                    batch_size=sampler.batch_size, drop_last=sampler.drop_last, shuffle=bool(shuffle),
                    options=options)
@@ -153,7 +165,8 @@ class SampleLoader:
                 try:
                     samples.append(self.dataset[i])
                 except Exception as exc:
-                    exc.add_note(f"paddle_dist: while reading sample {i} of {type(self.dataset).__name__}")
+                    if hasattr(exc, "add_note"):        # Python 3.11 and later
+                        exc.add_note(f"paddle_dist: while reading sample {i} of {type(self.dataset).__name__}")
                     raise
             yield to_tensors(self.collate_fn(samples))
 

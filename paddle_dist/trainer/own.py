@@ -83,6 +83,9 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
             cfg = configlib.replace_key(cfg, key, value)
     cfg = _loader_settings(cfg, train_source, eval_source)
     metrics = _metric_list(metrics)
+    if metrics and eval_source is None:
+        raise ConfigError("fit(metrics=...) needs eval_data: paddle_dist computes the metrics when it "
+                          "evaluates, not on training batches")
     cfg = _monitor_for(cfg, metrics, eval_source is not None)
     env = runtime.setup(cfg)
     loss = None if model_loss else (loss or default_loss(task))

@@ -46,8 +46,8 @@ def test_callbacks_are_called_as_paddle_model_calls_them_on_every_rank(with_call
     assert epochs == names.count("on_epoch_end") == names.count("on_eval_end") == len(metrics["history"])
     steps = names.count("on_train_batch_end")
     assert steps == metrics["steps"] == epochs * 6        # 96 samples, 8 per rank: 6 steps an epoch
-    first = names.index("on_epoch_end")
-    assert names[first - 1] == "on_eval_end" and names[first - 2] == "on_eval_batch_end"
+    first = names.index("on_epoch_end")           # paddle.Model's order: epoch end, then evaluation
+    assert names[first - 1] == "on_train_batch_end" and names[first + 1] == "on_eval_begin"
     # The eval logs carry the exact evaluation of every metric by its name, loss as a list.
     logs = [value for name, value in events if name == "on_eval_end"]
     for epoch, entry in zip(metrics["history"], logs):

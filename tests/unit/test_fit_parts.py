@@ -79,7 +79,9 @@ def test_a_model_with_its_own_loss_gets_the_labels_and_its_extra_outputs_go_to_t
     feed = Feed(Own(), inputs=1, model_loss=True)
     inputs, labels = feed.split([t(2, 3), t(2, 3) * 3])
     loss, outputs = feed.loss_and_outputs(Own(), None, inputs, labels)
-    assert float(loss) == 4.0 and len(outputs) == 1 and feed.hapi_inputs() == 2
+    assert float(loss) == 4.0 and len(outputs) == 1
+    feed.counts = (1, 1)                # a training batch's, as the check before epoch 1 notes them
+    assert feed.hapi_inputs() == 2      # paddle.Model hands the network the labels too
     with pytest.raises(DataError, match="no 'loss'"):
         feed.loss_of(None, [{"pred": t(1)}], [])
 
@@ -106,6 +108,34 @@ def test_a_dataloader_is_taken_apart_and_one_that_cannot_be_sharded_is_refused()
         Source.of(Stream(), "train_data")
     with pytest.raises(ConfigError, match="not object"):
         Source.of(object(), "eval_data")
+    subset = paddle.io.BatchSampler(sampler=paddle.io.SubsetRandomSampler([0, 1, 2]), batch_size=2)
+    with pytest.raises(ConfigError, match="SubsetRandomSampler"):
+        Source.of(paddle.io.DataLoader(data, batch_sampler=subset), "train_data")
+    with pytest.raises(ConfigError, match="batch_size=None"):
+        Source.of(paddle.io.DataLoader(data, batch_size=None), "train_data")
+    shuffled = paddle.io.BatchSampler(sampler=paddle.io.RandomSampler(data), batch_size=2)
+    assert Source.of(paddle.io.DataLoader(data, batch_sampler=shuffled), "train_data").shuffle
+    kept = Source.of(paddle.io.DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True), "x")
+    assert "persistent_workers" not in kept.options      # rebuilt each epoch: no worker outlives it
+
+
+def test_the_check_before_epoch_1_leaves_every_random_generator_as_it_found_it():
+    import random
+
+    from paddle_dist.trainer.firstbatch import _kept
+
+    net = paddle.nn.Sequential(paddle.nn.Linear(2, 2), paddle.nn.BatchNorm1D(2))
+    before = (random.random(), np.random.rand(), paddle.rand([1]).item())
+    random.seed(1), np.random.seed(1), paddle.seed(1)
+    expected = (random.random(), np.random.rand(), paddle.rand([1]).item())
+    random.seed(1), np.random.seed(1), paddle.seed(1)
+    stats = net[1]._mean.numpy().copy()
+    with _kept(net):
+        random.random(), np.random.rand(4), paddle.rand([3])
+        net.train()
+        net(paddle.rand([4, 2]) + 5)                    # moves BatchNorm's running mean
+    assert (random.random(), np.random.rand(), paddle.rand([1]).item()) == expected != before
+    np.testing.assert_array_equal(net[1]._mean.numpy(), stats)
 
 
 def test_zero_workers_read_in_this_thread_and_a_failing_sample_says_which():
