@@ -120,17 +120,13 @@ def _metric_list(metrics) -> list:
 
 def _monitor_for(cfg, metrics: list, evaluates: bool):
     """The config with checkpoint.monitor resolved against the metrics: the default
-    (eval_accuracy) becomes the first metric's when the metrics log no accuracy; a
-    monitor that nothing logs is refused."""
+    (eval_accuracy) becomes the first metric's when the metrics log no accuracy. (A
+    monitor the job never logs is refused when it starts: trainer._check_monitor.)"""
     if not metrics or not evaluates:
         return cfg
     names = [f"eval_{name}" for name in metric_names(metrics)]
-    monitor = cfg.checkpoint.monitor
-    if monitor == configlib.Config().checkpoint.monitor and monitor not in names:
+    if cfg.checkpoint.monitor == configlib.Config().checkpoint.monitor and cfg.checkpoint.monitor not in names:
         return configlib.replace_key(cfg, "checkpoint.monitor", names[0])
-    if monitor not in ("train_loss", "eval_loss", *names):
-        raise ConfigError(f"checkpoint.monitor={monitor} is not logged: the metrics log "
-                          f"{', '.join(names)} (and train_loss, eval_loss); set checkpoint.monitor to one of them")
     return cfg
 
 
