@@ -235,7 +235,7 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
              f"with {env.world_size} rank(s); nothing is trained")
     found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, env,
                      cfg.train.eval_batch_size, parts.task, monitor.beat, monitor.phase,
-                     cfg.data.batched, cfg.data.num_workers, precision if precision.level == "O2" else None)
+                     cfg.data.batched, cfg.data.num_workers, precision)
     metrics = {"epoch": at.epoch, **{f"eval_{k}": v for k, v in found.items()}}
     return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 

@@ -256,7 +256,6 @@ class Session:
         if every and (epoch + 1) % every == 0:
             self.save(at)
         self._select(metrics, at)
-        self._callbacks_stop(at)
         self.progress.resume()
         return metrics
 
@@ -269,19 +268,9 @@ class Session:
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
             found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
                              cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
-                             cfg.data.batched, cfg.data.num_workers,
-                             self.amp if self.amp.level == "O2" else None, self.events or None)
+                             cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None)
         self.events.eval_end(hapi_logs(found, ""))
         return found
-
-    def _callbacks_stop(self, at: Position) -> None:
-        """A callback's `model.stop_training` (EarlyStopping's, a user's) on any rank ends
-        the run after this epoch on every rank. Every rank takes part, callbacks or none."""
-        wanted = all_reduce_sum([1.0 if self.events.view.stop_training else 0.0], self.env,
-                                self.monitor.phase)[0]
-        if wanted and not self.done:
-            self.progress.log.info(f"a callback stopped training after epoch {at.epoch}")
-            self.limit = self.pos.global_step
 
     def step_scheduler(self, when: str) -> None:
         """Step the optimizer's own LRScheduler if train.scheduler_every is `when` (step:
@@ -297,19 +286,26 @@ class Session:
             self.scheduler.step()
 
     def _select(self, metrics: Dict[str, Any], at: Position) -> None:
-        """Best checkpoint and early stopping, on rank 0's value (the same everywhere)."""
-        if not isinstance(metrics.get(self.best.monitor), (int, float)):
-            return       # not logged, or a metric of several values (the same on every rank)
-        value = metrics[self.best.monitor] if self.env.is_main else 0.0
-        metrics = dict(metrics, **{self.best.monitor: float(all_reduce_sum(
-            [value], self.env, self.monitor.phase)[0])})
-        improved = self.best.update(metrics)      # on every rank: it is the early-stop state
-        if improved and self.cfg.checkpoint.save_best and self.run_dir:
-            self.save(at, Path(self.run_dir) / "best", keep_last=1)
-        if self.best.should_stop and not self.done:
-            self.progress.log.info(
-                f"early stop after epoch {at.epoch}: no better {self.best.monitor} in "
-                f"{self.best.stale} evaluations ({self.best.describe()})")
+        """Best checkpoint, early stopping and a callback's stop, decided alike on every rank
+        in one all-reduce: rank 0's monitored value, and whether any rank's callbacks set
+        `model.stop_training` (EarlyStopping's, a user's), which ends the run after this epoch."""
+        value = metrics.get(self.best.monitor)
+        # Not logged, or a metric of several values: nothing to select (the same on every rank).
+        monitored = isinstance(value, (int, float))
+        wanted = 1.0 if self.events.view.stop_training else 0.0
+        agreed, stop = all_reduce_sum([value if monitored and self.env.is_main else 0.0, wanted],
+                                      self.env, self.monitor.phase)
+        if monitored:
+            improved = self.best.update(dict(metrics, **{self.best.monitor: float(agreed)}))
+            if improved and self.cfg.checkpoint.save_best and self.run_dir:
+                self.save(at, Path(self.run_dir) / "best", keep_last=1)
+            if self.best.should_stop and not self.done:
+                self.progress.log.info(
+                    f"early stop after epoch {at.epoch}: no better {self.best.monitor} in "
+                    f"{self.best.stale} evaluations ({self.best.describe()})")
+                self.limit = self.pos.global_step
+        if stop and not self.done:
+            self.progress.log.info(f"a callback stopped training after epoch {at.epoch}")
             self.limit = self.pos.global_step
 
     def save(self, at: Position, root: Optional[Path] = None, keep_last: Optional[int] = None) -> None:

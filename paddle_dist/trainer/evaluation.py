@@ -109,7 +109,8 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
              batched: bool = True, workers: int = 0, amp=None, events=None) -> Dict[str, Any]:
     """Loss, the metrics (or, with none and a classifier, accuracy) and the sample count over
     the whole of `source`, identical on all ranks. `events`: the callbacks' eval batch
-    begin/end (callbacks.Events); `amp`: the autocast to evaluate under."""
+    begin/end (callbacks.Events); `amp`: the job's precision plan, whose autocast the
+    forward runs under at O2 (16-bit weights need 16-bit inputs; O1 evaluates in float32)."""
     from ..amp import AmpPlan, autocast
 
     was_training = net.training
@@ -127,7 +128,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
                 inputs, labels = batch
                 if events is not None:
                     events.eval_batch_begin(step)
-                with autocast(amp or AmpPlan()):
+                with autocast(amp if amp is not None and amp.level == "O2" else AmpPlan()):
                     loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
                 n = batch_size_of(inputs)
                 loss_sum += float(loss) * n

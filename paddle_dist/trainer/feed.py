@@ -40,9 +40,10 @@ class Feed:
     def __init__(self, model: paddle.nn.Layer, inputs=None, labels=None,
                  split_batch: Optional[Callable] = None, model_loss: bool = False):
         self.split_batch, self.model_loss = split_batch, model_loss
-        self.input_names = _names(inputs, "inputs") or _forward_names(model)
-        self.label_names = _names(labels, "labels")
-        self.input_count = _count(inputs, "inputs") or max(len(_forward_names(model)), 1)
+        arguments = _forward_names(model)
+        self.input_names = _names(inputs) or arguments
+        self.label_names = _names(labels)
+        self.input_count = _count(inputs, "inputs") or max(len(arguments), 1)
         self.label_count = _count(labels, "labels")
         # (inputs, labels) of a training batch: set by the check before epoch 1 (firstbatch)
         self.counts: Optional[Tuple[int, int]] = None
@@ -158,7 +159,7 @@ def _split_result(result):
     return _as_list(inputs), ([] if labels is None else _as_list(labels))
 
 
-def _names(spec, what: str) -> List[str]:
+def _names(spec) -> List[str]:
     if isinstance(spec, (list, tuple)):
         names = [getattr(s, "name", None) if not isinstance(s, str) else s for s in spec]
         return names if all(names) else []

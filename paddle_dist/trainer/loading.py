@@ -206,7 +206,3 @@ class SplitLoader:
 
     def __len__(self):
         return len(self.batches)
-
-    @property
-    def batch_sampler(self):
-        return self.batches.batch_sampler
