@@ -66,7 +66,7 @@ def test_paddles_own_callbacks_act(with_callbacks, api):
     assert len(history) == stale + 1 < 6
     # ReduceLROnPlateau("loss", patience=0): the lr halves after each epoch whose eval loss
     # is no better; the lr of the next epoch's steps says so.
-    lrs = [value["lr"] for name, value in _events_with_values(out) if name == "on_epoch_end"]
+    lrs = _epoch_lrs(out)
     losses, expected, best = [h["eval_loss"] for h in history], [], None
     lr = 0.5
     for loss in losses:
@@ -79,12 +79,11 @@ def test_paddles_own_callbacks_act(with_callbacks, api):
     assert list((out / "vdl").glob("vdlrecords.*.log"))                # Paddle's VisualDL callback
 
 
-def _events_with_values(out: Path):
-    """The epoch-end lr each epoch used (the events file keeps keys only: the lr is read
-    from the epoch lines of rank 0's log)."""
+def _epoch_lrs(out: Path):
+    """The lr each epoch's steps used, from the epoch lines of rank 0's log (the events
+    file keeps the train logs' keys only)."""
     log = (out / "run" / "logs" / "rank0.log").read_text()
-    rates = [float(r) for r in re.findall(r"epoch \d+/\d+ step \d+/\d+ loss \S+ lr (\S+)", log)]
-    return [("on_epoch_end", {"lr": rate}) for rate in rates]
+    return [float(r) for r in re.findall(r"epoch \d+/\d+ step \d+/\d+ loss \S+ lr (\S+)", log)]
 
 
 @pytest.mark.compat
@@ -98,6 +97,25 @@ def test_accuracy_precision_recall_auc_equal_one_process(with_callbacks, api):
     for name in ("acc", "precision", "recall", "auc"):
         assert metrics[name] == one[name], name
     assert abs(metrics["loss"] - one["loss"]) < 1e-6
+
+
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_dict_samples_two_inputs_and_workers_train_as_one_process_on_the_union(api, tmp_path):
+    """2 ranks of 8 (dict samples, a two-input model, a DataLoader with 2 workers,
+    parameter groups with their own rate, clipping) end with the same weights, and with
+    those of one process (the loop level) trained on batches of 16: the union of the
+    ranks' batches."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, command in ((one, [SCRIPT, "replay", str(one), "16"]),
+                         (two, [*LAUNCH, "-o", f"train.api={api}", SCRIPT, "replay", str(two), "8"])):
+        out.mkdir()
+        done = run(command, cwd=tmp_path, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [np.load(two / f"rank{r}.npz") for r in range(2)]
+    reference = np.load(one / "rank0.npz")
+    for name in reference.files:
+        assert np.array_equal(ranks[0][name], ranks[1][name]), name
+        np.testing.assert_allclose(ranks[0][name], reference[name], rtol=0, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("command", [[SCRIPT, "hwc"], [*LAUNCH, SCRIPT, "hwc"]])

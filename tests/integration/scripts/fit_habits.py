@@ -4,6 +4,9 @@
                                       # metrics; each rank writes OUT/events<rank>.json and
                                       # rank 0 OUT/weights.npz
     fit_habits.py evaluate OUT        # one plain process evaluates OUT/weights.npz; prints JSON
+    fit_habits.py replay OUT BATCH    # dict samples into a two-input model, a DataLoader with 2
+                                      # workers, parameter groups, clipping; each rank writes
+                                      # OUT/rank<N>.npz
     fit_habits.py hwc                 # images in HWC layout into a Conv2D: refused before epoch 1
     fit_habits.py own_sampler         # a DataLoader with a batch sampler of the user's own
 """
@@ -114,6 +117,45 @@ def evaluate(out):
     print(json.dumps(found))
 
 
+class Pairs(paddle.io.Dataset):
+    """Dict samples: two inputs and a label."""
+
+    def __init__(self, count, seed):
+        rng = np.random.RandomState(seed)
+        self.a, self.b = rng.normal(0, 1, (count, 3)).astype("float32"), rng.normal(0, 1, (count, 2)).astype("float32")
+        self.y = (self.a[:, :1] * self.b[:, :1] > 0).astype("int64")
+
+    def __getitem__(self, i):
+        return {"label": self.y[i], "b": self.b[i], "a": self.a[i]}
+
+    def __len__(self):
+        return len(self.y)
+
+
+class TwoInputs(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.left, self.right = paddle.nn.Linear(3, 8), paddle.nn.Linear(2, 8)
+        self.out = paddle.nn.Linear(8, 2)
+
+    def forward(self, a, b):
+        return self.out(paddle.tanh(self.left(a) * self.right(b)))
+
+
+def replay(out, batch):
+    paddle.seed(3)
+    model = TwoInputs()
+    groups = [{"params": model.out.parameters(), "learning_rate": 0.5},
+              {"params": model.left.parameters() + model.right.parameters()}]
+    optimizer = paddle.optimizer.Momentum(0.1, parameters=groups,
+                                          grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5))
+    loader = paddle.io.DataLoader(Pairs(96, 0), batch_size=int(batch), shuffle=True, num_workers=2)
+    cfg = paddle_dist.load_config(overrides=["train.epochs=3", f"output.run_dir={out}/run"])
+    paddle_dist.fit(model, loader, Pairs(21, 1), optimizer=optimizer, config=cfg, metrics=metrics())
+    np.savez(Path(out) / f"rank{paddle.distributed.get_rank()}.npz",
+             **{k: v.numpy() for k, v in model.state_dict().items()})
+
+
 class Images(paddle.io.Dataset):
     def __getitem__(self, i):
         return np.zeros((32, 32, 3), "float32"), np.array([i % 10], "int64")    # HWC: wrong
@@ -140,4 +182,4 @@ def own_sampler():
 
 
 if __name__ == "__main__":
-    {"callbacks": callbacks, "evaluate": evaluate}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
+    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
