@@ -40,6 +40,7 @@ from . import auth, faults, jobprocs, nodes, private, rankgate, supervisor
 from .rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from . import env as envlib
 from .errors import DeviceError, UserError
+from .report import pid_alive
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
 QUIET_CHILD = {
@@ -350,7 +351,7 @@ def job_files(given_token: str = ""):
                 f.write(auth.new_token() + "\n")
         yield folder, token_file
     finally:
-        gone = [pid for pid in private.noted_workers(folder) if not os.path.exists(f"/proc/{pid}")]
+        gone = [pid for pid in private.noted_workers(folder) if not pid_alive(pid)]
         jobprocs.remove_segments(gone)      # what killed DataLoader workers left
         shutil.rmtree(folder, ignore_errors=True)
 
