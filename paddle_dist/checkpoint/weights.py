@@ -25,6 +25,7 @@ from typing import Dict, List, Mapping, Set
 import numpy as np
 import paddle
 
+from ..safepickle import ArraysOnly
 from .format import AVERAGED, CheckpointError
 from .io import _brief, _load_npz, _locate, _read_meta
 
@@ -153,26 +154,6 @@ class _Refused(pickle.UnpicklingError):
     """A pickle names a global that a state dict never needs."""
 
 
-class _ArraysOnly(pickle.Unpickler):
-    """Unpickles what paddle.save writes for a state dict: numpy arrays and plain values. A
-    pickle can call any importable function while it loads (os.system, eval...), so every
-    global it names must be in this list, or loading stops before the name is looked up."""
-
-    # numpy's array reconstruction under its numpy 1 and numpy 2 names (Paddle 2.6 and 3.x
-    # write either); _codecs.encode, how Python 3 writes bytes at protocol 2.
-    ALLOWED = frozenset(
-        [(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
-         for n in ("_reconstruct", "scalar")]
-        + [("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"), ("collections", "OrderedDict")]
-        + [("builtins", n) for n in ("bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset",
-                                     "int", "list", "set", "slice", "str", "tuple")])
-
-    def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
-            raise _Refused(f"it refers to {module}.{name}, which a state dict never needs")
-        return super().find_class(module, name)
-
-
 def _read_pdparams(file: Path) -> Dict[str, np.ndarray]:
     """name -> array of a state dict that paddle.save wrote, unpickling arrays and plain values only."""
     try:
@@ -180,7 +161,8 @@ def _read_pdparams(file: Path) -> Dict[str, np.ndarray]:
             if f.read(1) != b"\x80":    # how every pickle of protocol 2 on starts; paddle.save writes 4
                 raise CheckpointError(f"{file} is not a file paddle.save wrote; give {WHAT}")
             f.seek(0)
-            data = _ArraysOnly(f, encoding="latin1").load()
+            data = ArraysOnly(f, "latin1", lambda name: _Refused(
+                f"it refers to {name}, which a state dict never needs")).load()
     except _Refused as exc:
         raise CheckpointError(f"refusing to load {file}: {exc}, and loading it could run code; "
                               f"{SAVED_BY}") from None

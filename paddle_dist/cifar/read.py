@@ -8,7 +8,6 @@ Example:
 
 import io
 import os
-import pickle
 import tarfile
 import zlib
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..safepickle import ArraysOnly
 from .download import download_cifar10
 from .layout import (_EXPECTED, _FIX_MISSING, _MARKERS, _PIXELS, _RECORD, ARCHIVE, BATCHES, BIN_DIR, MD5,
                      NUM_CLASSES, PY_DIR, URL, _error, default_root)
@@ -55,32 +55,6 @@ def find_cifar10(root: str) -> tuple[str, Path]:
     raise _error(f"data.root {root}", f"holds no CIFAR-10 data; expected {_EXPECTED}", _FIX_MISSING)
 
 
-class _Unpickler(pickle.Unpickler):
-    """Unpickles only what CIFAR-10 batches contain. A pickle can call any importable function
-    while it loads (os.system, eval...), so a hostile batch file could run code: every global
-    it names must be in this list or loading stops before the name is even looked up."""
-
-    # numpy's array reconstruction under its numpy 1 (the real files) and numpy 2 names;
-    # _codecs.encode, how Python 3 writes bytes at protocol 2 (write_fake); plain builtin
-    # types, whose Python 2 module is __builtin__.
-    ALLOWED = frozenset(
-        [(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
-         for n in ("_reconstruct", "scalar")]
-        + [("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")]
-        + [(m, n) for m in ("builtins", "__builtin__") for n in ("bool", "bytearray", "bytes", "complex",
-           "dict", "float", "frozenset", "int", "list", "set", "slice", "str", "tuple")])
-
-    def __init__(self, raw, where):
-        super().__init__(io.BytesIO(raw), encoding="bytes")   # Python 2 pickles: str -> bytes
-        self.where = where
-
-    def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
-            raise _error(self.where, f"refers to {module}.{name}, which a CIFAR-10 batch never "
-                         "needs; refused to load it, as it could run code")
-        return super().find_class(module, name)
-
-
 def _check_batch(where, data, labels):
     """(data uint8 [n, 3072], labels int64 [n]) or DataError saying what is off."""
     try:
@@ -103,7 +77,10 @@ def _check_batch(where, data, labels):
 
 def _pickled_batch(where, raw):
     try:
-        batch = _Unpickler(raw, where).load()
+        # Python 2 pickles: str -> bytes
+        batch = ArraysOnly(io.BytesIO(raw), "bytes", lambda name: _error(
+            where, f"refers to {name}, which a CIFAR-10 batch never needs; refused to load it, "
+            "as it could run code")).load()
     except DataError:
         raise
     except Exception as exc:   # a damaged pickle fails in many ways: EOFError, KeyError, ValueError...
