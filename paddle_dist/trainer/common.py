@@ -23,7 +23,7 @@ from ..faults import Preempted
 from . import agreement
 from .callbacks import Events, ModelView, hapi_logs
 from .ema import Ema, MeasuredClip
-from .evaluation import ExactShardSampler, all_reduce_sum, average_buffers, evaluate, metric_names
+from .evaluation import all_reduce_sum, average_buffers, evaluate, exchange_rounds, metric_names
 from .feed import Feed
 from .loading import Source
 from .selection import Best
@@ -263,7 +263,7 @@ class Session:
         """The exact evaluation of the test set, between the callbacks' eval begin and end."""
         parts, cfg = self.parts, self.cfg
         names = ["loss", *metric_names(parts.metrics)]
-        rounds = ExactShardSampler(len(parts.eval_data), cfg.train.eval_batch_size, 0, self.env.world_size).rounds
+        rounds = exchange_rounds(len(parts.eval_data), cfg.train.eval_batch_size, self.env.world_size)
         self.events.eval_begin({"steps": rounds, "metrics": names})
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
             found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,

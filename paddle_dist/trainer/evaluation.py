@@ -33,8 +33,7 @@ class ExactShardSampler(paddle.io.BatchSampler):
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int):
         self.indices = list(range(rank, num_samples, world_size))
         self.batch_size = batch_size
-        # Rank 0 holds the most samples: every rank takes part in that many exchanges.
-        self.rounds = -(-len(range(0, num_samples, world_size)) // batch_size)
+        self.rounds = exchange_rounds(num_samples, batch_size, world_size)
 
     def __iter__(self):
         for start in range(0, len(self.indices), self.batch_size):
@@ -42,6 +41,12 @@ class ExactShardSampler(paddle.io.BatchSampler):
 
     def __len__(self):
         return (len(self.indices) + self.batch_size - 1) // self.batch_size
+
+
+def exchange_rounds(num_samples: int, batch_size: int, world_size: int) -> int:
+    """Evaluation batches of rank 0, which holds the most samples: every rank takes part in
+    that many exchanges of metric results (one with no batch of its own sends none)."""
+    return -(-len(range(0, num_samples, world_size)) // batch_size)
 
 
 def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:

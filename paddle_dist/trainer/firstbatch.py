@@ -38,19 +38,20 @@ def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
         if train:
             size = min(cfg.train.batch_size, len(parts.train_data))
             indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
-            _run(parts, parts.train_data, indices, "training", precision, training=True)
+            _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, training=True)
         if parts.eval_data is not None and len(parts.eval_data):
             size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
             indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
-            _run(parts, parts.eval_data, indices, "evaluation", precision, training=False)
+            _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, training=False)
     for metric in parts.metrics:
         metric.reset()
 
 
-def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, training: bool) -> None:
+def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batched: bool,
+         training: bool) -> None:
     net, feed = parts.model, parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
-                  lambda: source.first_batch(indices))
+                  lambda: source.first_batch(indices, batched))
     inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch))
     if training:         # what paddle.Model is told of a training batch's fields (hapi.py)
         feed.counts = (len(inputs), len(labels))

@@ -99,23 +99,27 @@ class Source:
         `workers`: the config's data.num_workers, unless the user's DataLoader had its own;
         each notes its pid in `job_dir` (the launcher's, env.DistEnv.job_dir), whose
         launcher removes the shared memory of workers killed with their rank."""
-        gathers = batched and self.collate_fn is None and callable(getattr(self.dataset, "batch", None))
         workers = workers if self.num_workers is None else self.num_workers
-        if gathers:
-            batches = BatchLoader(self.dataset, batch_sampler)
-        elif workers == 0:
-            batches = SampleLoader(self.dataset, batch_sampler, self.collate_fn)
+        if workers == 0 or self._gathers(batched):
+            batches = self._in_thread(batch_sampler, batched)
         else:
             options = dict(self.options, worker_init_fn=NotedWorker(job_dir, self.options.get("worker_init_fn")))
             batches = paddle.io.DataLoader(self.dataset, batch_sampler=batch_sampler, collate_fn=self.collate_fn,
                                            num_workers=workers, **options)
         return SplitLoader(batches, feed)
 
-    def first_batch(self, indices):
+    def first_batch(self, indices, batched: bool = True):
         """The batch of `indices`, read and collated in this thread (the check before work)."""
-        if self.collate_fn is None and callable(getattr(self.dataset, "batch", None)):
-            return next(iter(BatchLoader(self.dataset, [indices])))
-        return next(iter(SampleLoader(self.dataset, [indices], self.collate_fn)))
+        return next(iter(self._in_thread([indices], batched)))
+
+    def _gathers(self, batched: bool) -> bool:
+        """Whether batches are gathered by the dataset's own `batch(indices)` (BatchLoader)."""
+        return batched and self.collate_fn is None and callable(getattr(self.dataset, "batch", None))
+
+    def _in_thread(self, batch_sampler, batched: bool):
+        if self._gathers(batched):
+            return BatchLoader(self.dataset, batch_sampler)
+        return SampleLoader(self.dataset, batch_sampler, self.collate_fn)
 
 
 class BatchLoader:
