@@ -11,23 +11,46 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 ISOLATE = str(Path(__file__).resolve().parents[2] / "paddle_dist" / "isolate.py")
-REPORT = ("import json, os, socket; s = socket.create_server(('127.0.0.1', 0)); "
+TOKEN = b"outside"
+REPORT = ("import json, os, socket, sys; s = socket.create_server(('127.0.0.1', 0)); port = sys.argv[1:] and int(sys.argv[1])\n"
+          "def reached():\n"
+          "    c = socket.socket(); c.settimeout(10)\n"
+          "    if c.connect_ex(('127.0.0.1', port)) != 0: return False\n"
+          "    try: return c.recv(16) == %r\n"
+          "    except OSError: return False\n"
           "print(json.dumps({'interfaces': [n for _, n in socket.if_nameindex()], 'uid': os.geteuid(), "
-          "'net': os.readlink('/proc/self/ns/net'), 'reached': __import__('sys').argv[1:] and "
-          "socket.socket().connect_ex(('127.0.0.1', int(__import__('sys').argv[1]))) == 0}))")
+          "'net': os.readlink('/proc/self/ns/net'), 'reached': bool(port) and reached()}))" % TOKEN)
 
 
 @pytest.fixture
 def outside():
-    """A listener on this machine's loopback, which nothing inside may reach."""
+    """A listener on this machine's loopback, which nothing inside may reach. It answers
+    every connection with TOKEN, so that only a connection to it counts as reaching it: a
+    connection inside to the same port number (the report's own listener drawn on it, or
+    a socket connected to itself) does not."""
     server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(TOKEN)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
     yield server.getsockname()[1]
+    server.shutdown(socket.SHUT_RDWR)
     server.close()
+    thread.join(timeout=10)
 
 
 def _inside(prefix, python, port) -> dict:
