@@ -155,9 +155,9 @@ class DistConfig:
 @dataclass
 class SyncConfig:
     mode: str = "auto"             # overlap: buckets all-reduced during backward() as they fill |
-                                   # fused: one exchange at the optimizer step | auto: fused when
-                                   # every rank is on this machine's CPUs (shared memory), else
-                                   # overlap | dataparallel: Paddle's reducer
+                                   # fused: one exchange at the optimizer step | auto: on CPUs fused
+                                   # when every rank is on this machine (shared memory), else
+                                   # overlap; on GPUs dataparallel | dataparallel: Paddle's reducer
     transport: str = "auto"        # CPU: auto (shm on one machine, hierarchical across machines
                                    # with several ranks each, else backend) | shm | hierarchical
                                    # (shm within a host + backend between hosts) | backend (the

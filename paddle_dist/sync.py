@@ -28,10 +28,13 @@ Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
   communication thread (CPU) or NCCL's stream (GPUs): overlap.py.
 - `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
-- `auto` (default): fused when every rank is on this machine's CPUs (shared memory
-  is faster than the thread's hand-off); overlap otherwise.
+- `auto` (default): on CPUs, fused when every rank is on this machine (shared memory is
+  faster than the thread's hand-off), overlap otherwise; on GPUs, dataparallel
+  (`resolve_mode`).
 - `dataparallel`: Paddle's own reducer inside backward(), built with
-  `find_unused_parameters=True`.
+  `sync.find_unused_parameters` (default true). On NCCL this is what Paddle tests; the
+  overlap exchange over NCCL has not been measured on GPUs, so it is there to be chosen
+  (`sync.mode=overlap`), not the default.
 
 Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
 hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
@@ -62,7 +65,7 @@ from .errors import ConfigError
 from .overlap import AsyncExchange, Overlap, ThreadExchange, give_missing, grad_views, set_grad
 
 __all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
-           "disable_reducer", "layout_mismatch", "stop_check_interval"]
+           "disable_reducer", "layout_mismatch", "resolve_mode", "stop_check_interval"]
 DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
 
 # sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
@@ -91,6 +94,8 @@ class GradSync:
                  accumulate_steps: int = 1, find_unused: bool = True):
         check_compress(compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
+        self.requested = mode
+        mode = resolve_mode(mode, env.device, compress, bucket_mb, transport)
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
         self.transport = transport if mode != "dataparallel" else "backend"
         self.accumulate_steps = accumulate_steps
@@ -326,7 +331,9 @@ class GradSync:
         if not self.env.is_distributed:
             return "no sync (one process)"
         if self.mode == "dataparallel":
-            return "sync by paddle.DataParallel"
+            why = " (sync.mode=auto on GPUs)" if self.requested == "auto" else ""
+            unused = ", find_unused_parameters" if self.find_unused else ""
+            return f"sync dataparallel{why}: paddle.DataParallel's reducer{unused}"
         buckets = f" ({len(self.overlap.buckets)} buckets)" if self.overlap is not None else ""
         return f"sync {self.mode}{buckets} over {self.used}"
 
@@ -471,6 +478,24 @@ def _uninstall(optimizer, sync: GradSync) -> None:
     if getattr(optimizer, "_paddle_dist_sync", None) is sync:
         optimizer.__class__ = type(optimizer)._paddle_dist_base
         del optimizer._paddle_dist_sync
+
+
+def resolve_mode(mode: str, device: str, compress: str = "none", bucket_mb: float = 0.0,
+                 transport: str = "auto") -> str:
+    """sync.mode as it runs on `device`: `auto` on a GPU is Paddle's own reducer
+    (`dataparallel`), unless an option only paddle_dist's exchange has is set
+    (sync.compress, bucket_mb, transport), which keeps auto's own choice; every other
+    case is unchanged.
+
+    Example:
+        resolve_mode("auto", "gpu:0")                    # 'dataparallel'
+        resolve_mode("auto", "cpu")                      # 'auto' (fused or overlap at attach)
+        resolve_mode("auto", "gpu:0", compress="bf16")   # 'auto'
+    """
+    own_options = compress != "none" or bool(bucket_mb) or transport != "auto"
+    if mode == "auto" and device.startswith("gpu") and not own_options:
+        return "dataparallel"
+    return mode
 
 
 def stop_check_interval(seconds_per_step: float) -> int:

@@ -29,7 +29,7 @@ from .. import amp, checkpoint, comm, faults, logger, report, rundir, runtime
 from .. import config as configlib
 from ..errors import ConfigError
 from ..schedule import LrPolicy
-from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer
+from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
@@ -80,7 +80,8 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     _check_monitor(parts, cfg)
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
-    check_optimizer(optimizer, parts.model, cfg.sync.mode)
+    check_optimizer(optimizer, parts.model, resolve_mode(cfg.sync.mode, env.device, cfg.sync.compress,
+                                                         cfg.sync.bucket_mb, cfg.sync.transport))
     record = fit_record(parts, optimizer) if parts.own else None
     parts.model, optimizer = amp.decorate(parts.model, optimizer, precision)
     agree_on_layout(optimizer, parts.model, env)

@@ -44,7 +44,7 @@ def _train(grad_sync, clock, steps, seconds_per_step, stop_at=None):
 def _dataparallel(rank, proposal=None):
     """A GradSync of `rank` whose all-reduce adds the other rank's contribution: rank 0's
     proposal for the next interval when this is rank 1."""
-    env = SimpleNamespace(is_distributed=True, global_rank=rank, backend="gloo")
+    env = SimpleNamespace(is_distributed=True, global_rank=rank, backend="gloo", device="cpu")
     grad_sync = sync.GradSync(env, mode="dataparallel")
 
     def all_reduce(tensor, what):
@@ -159,3 +159,37 @@ def test_a_parameter_unfrozen_after_the_start_is_refused_not_left_unaveraged():
     net[0].weight.stop_gradient = False
     with pytest.raises(ConfigError, match="parameter '0.weight' became trainable after training started"):
         grad_sync._check_unchanged()
+
+
+def _sync_for(device_info, environ, **options):
+    from paddle_dist.env import detect
+    from paddle_dist.schema import SyncConfig
+
+    env = detect(gpu_info=device_info, environ=environ)
+    return env, sync.GradSync.from_config(env, SyncConfig(**options))
+
+
+def _launched(rank, **extra):
+    from tests.unit.test_env import launch_child
+
+    return launch_child(rank, **extra)
+
+
+def test_auto_on_gpus_is_paddles_reducer_and_the_start_line_says_so():
+    from paddle_dist.env import GpuInfo
+
+    env, gpu = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"))
+    assert (env.device, env.backend, gpu.mode) == ("gpu:1", "nccl", "dataparallel")
+    assert gpu.describe() == ("sync dataparallel (sync.mode=auto on GPUs): paddle.DataParallel's "
+                              "reducer, find_unused_parameters")
+    # CPUs keep paddle_dist's own exchange (fused or overlap, chosen at attach)
+    env, cpu = _sync_for(GpuInfo(False, 0), _launched(1))
+    assert (env.device, cpu.mode) == ("cpu", "auto")
+    # an option only paddle_dist's exchange has keeps auto's own choice on GPUs too
+    assert _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"), compress="bf16")[1].mode == "auto"
+    # a mode named is the mode run
+    env, named = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"), mode="overlap")
+    assert named.mode == "overlap"
+    _, dp = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"), mode="dataparallel",
+                      find_unused_parameters=False)
+    assert dp.describe() == "sync dataparallel: paddle.DataParallel's reducer"
