@@ -31,7 +31,8 @@ difference below is measured, and tests/unit/test_compat.py checks each on every
   uninterrupted run alike, and saves that fresh state, which its 3 numbers describe
   exactly. The seed comes from the job's seed (`note_seed`, called by
   `runtime.seed_everything`) and the step, so saving twice at one step saves one state.
-  GPU generators (Philox: seed and offset say everything) are saved as they are.
+  GPU generators (Philox: seed and offset say everything) are saved as they are, the
+  process's own GPU's only (`generator_states`).
   A checkpoint moved between 2.6 and 3.x resumes, but its CPU engine starts afresh from
   the saved seed: exact from 2.6 to 3.x, not from 3.x to 2.6 (2.6 cannot set an engine).
 - An optimizer's loaded state. `set_state_dict` on an optimizer that has not stepped
@@ -234,16 +235,31 @@ def engine_saved() -> bool:
 def generator_states(step: int = 0) -> List[Tuple[List[int], List[int]]]:
     """Paddle's generator states for this process's device, as (scalars, engine) lists of
     ints that rebuild them exactly. Where the CPU engine cannot be saved (2.6), the CPU
-    generator is re-seeded first from (seed, `step`) (module docstring)."""
+    generator is re-seeded first from (seed, `step`) (module docstring).
+
+    On GPUs Paddle keeps one generator per visible GPU; only this process's own is saved
+    (`own_device`): another rank's copy of generator k never advanced there, and a rank
+    restores the saved one into its own GPU's generator (`set_generator_states`)."""
     import paddle
 
     if not engine_saved():
         _reseed_cpu(paddle, step)
+    own = own_device()
     out = []
     for state in paddle.get_rng_state():
         device, seed, offset, *engine = state.__getstate__()
+        if int(device) >= 0 and int(device) != own:
+            continue
         out.append(([int(device), int(seed), int(offset)], [int(v) for v in (engine[0] if engine else [])]))
     return out
+
+
+def own_device() -> int:
+    """This process's GPU (its index among the visible ones), or -1 on CPU."""
+    import paddle
+
+    kind, _, index = paddle.device.get_device().partition(":")
+    return int(index) if kind == "gpu" and index.isdigit() else -1
 
 
 _job_seed: List[int] = []     # the seed runtime.seed_everything gave this process
@@ -268,24 +284,41 @@ def _reseed_cpu(paddle, step: int) -> None:
 
 
 def set_generator_states(states: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> None:
-    """Put back what `generator_states()` returned."""
+    """Put back what `generator_states()` returned: a CPU state into the CPU generator, a
+    GPU state into this process's own GPU's generator (whichever GPU the saving process
+    had); the other generators keep theirs. A checkpoint of the older layout, one state per
+    visible GPU, goes back position by position, as it was saved. Raises ValueError where
+    a saved state has no generator here (a GPU's on a CPU)."""
     import paddle
     from paddle.base import core
 
-    rebuilt = []
-    for scalars, engine in states:
+    current = list(paddle.get_rng_state())
+    devices = [int(s.__getstate__()[0]) for s in current]
+    per_position = sum(int(s[0]) >= 0 for s, _ in states) > 1
+    own = own_device()
+    for i, (scalars, engine) in enumerate(states):
         pieces = tuple(int(s) for s in scalars)
+        if per_position:
+            slot = i
+        else:
+            home = pieces[0] if pieces[0] < 0 else own
+            slot = next((k for k, d in enumerate(devices) if d == home), None)
+            if slot is None or (pieces[0] >= 0) != (home >= 0):
+                where = "the CPU" if pieces[0] < 0 else "a GPU"
+                raise ValueError(f"it holds {where}'s generator, which this process (on "
+                                 f"{paddle.device.get_device()}) does not have")
+            pieces = (home,) + pieces[1:]
         if engine_saved() and not len(engine) and pieces[0] < 0:
             # Saved by 2.6 (no engine): its CPU engine starts afresh from the seed, here too.
             generator = core.default_cpu_generator()
             generator.manual_seed(pieces[1])
-            rebuilt.append(generator.get_state())
+            current[slot] = generator.get_state()
             continue
         # GeneratorState has no public constructor; this is how unpickling builds one.
         state = core.GeneratorState.__new__(core.GeneratorState)
         state.__setstate__(pieces + ((list(int(v) for v in engine),) if engine_saved() else ()))
-        rebuilt.append(state)
-    paddle.set_rng_state(rebuilt)
+        current[slot] = state
+    paddle.set_rng_state(current)
 
 
 # ---------------------------------------------------------------- optimizer state

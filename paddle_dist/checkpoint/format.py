@@ -114,13 +114,17 @@ def apply_rng(arrays: Dict[str, np.ndarray], info: Dict[str, Any]) -> None:
     random.setstate((py["version"], tuple(int(w) for w in arrays["python"]), py["gauss_next"]))
     np.random.set_state((npy["kind"], arrays["numpy"].astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached_gaussian"]))
-    saved, here = len(info["paddle"]), len(paddle.get_rng_state())
-    if saved != here:
-        raise CheckpointError(f"the checkpoint holds {saved} Paddle generator state(s) but this "
-                              f"process has {here}; resume on the same kind and number of devices "
-                              "per process, or restore with rng=False")
-    compat.set_generator_states([(scalars, arrays[f"paddle_{i}"])
-                                 for i, scalars in enumerate(info["paddle"])])
+    saved = [(scalars, arrays[f"paddle_{i}"]) for i, scalars in enumerate(info["paddle"])]
+    if len(saved) > 1 and len(saved) != len(paddle.get_rng_state()):
+        raise CheckpointError(f"the checkpoint holds {len(saved)} Paddle generator states, one per "
+                              f"GPU its process saw, but this process has {len(paddle.get_rng_state())}; "
+                              "resume where as many GPUs are visible, or restore with rng=False")
+    try:
+        compat.set_generator_states(saved)
+    except ValueError as exc:
+        raise CheckpointError(f"the checkpoint's random state does not fit this process: {exc}; "
+                              "resume on the kind of device it was written on, or restore with "
+                              "rng=False") from None
 
 
 def _check_rng(arrays: Dict[str, np.ndarray], info: Any, where: Path) -> None:

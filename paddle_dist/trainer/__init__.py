@@ -300,7 +300,9 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     # Evaluating needs the weights only: any number of ranks may read them.
     world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
     checkpoint.check_compatible(state, world, parts.name, parts.model)
-    checkpoint.restore(state, parts.model, optimizer, rng=True)
+    # Evaluating draws nothing at random: the generators stay as they are, so a checkpoint
+    # written on GPUs is evaluated on a CPU (or another count of GPUs) too.
+    checkpoint.restore(state, parts.model, optimizer, rng=not configlib.evaluates_only(cfg))
     meta = state.meta
     if meta.get("config_hash") not in (None, digest):
         log.warning(f"the config differs from the one checkpoint {path} was trained with "

@@ -825,3 +825,63 @@ def test_cli_export_of_a_wrapped_models_checkpoint_is_refused_in_one_line(tmp_pa
     assert f"checkpoint {checkpoint} does not fit this model: missing in the checkpoint: " in lines[0]
     assert "and 6 more; not in the model: net." in lines[0] and "with 'net.' in front" in lines[0]
     assert result.stdout == "" and not (tmp_path / "out").exists()
+
+
+class FakeGenerator:
+    """A GPU generator's state as Paddle pickles it: (device, seed, offset, engine)."""
+
+    def __init__(self, device=0, seed=0, offset=0):
+        self.parts = (device, seed, offset, [])
+
+    def __getstate__(self):
+        return self.parts
+
+    def __setstate__(self, parts):
+        self.parts = tuple(parts)
+
+
+class FakeGpuProcess:
+    """paddle's generators as a process on `gpus` visible GPUs sees them, running on `own`."""
+
+    def __init__(self, monkeypatch, gpus: int, own: str, offsets=None):
+        self.states = [FakeGenerator(i, 7, (offsets or {}).get(i, 0)) for i in range(gpus)] or \
+            [FakeGenerator(-1, 7, 0)]
+        monkeypatch.setattr(paddle, "get_rng_state", lambda: list(self.states))
+        monkeypatch.setattr(paddle, "set_rng_state", lambda states: setattr(self, "states", list(states)))
+        monkeypatch.setattr(paddle.device, "get_device", lambda: own)
+        monkeypatch.setattr(paddle.base.core, "GeneratorState", FakeGenerator)
+        monkeypatch.setattr(compat, "engine_saved", lambda: True)
+
+    def offsets(self):
+        return [s.parts[2] for s in self.states]
+
+
+def test_each_rank_resumes_its_own_gpus_generator_whatever_the_gpus_it_sees(monkeypatch):
+    # rank 0 ran on gpu:0, whose generator dropout advanced; rank 0's copy of gpu:1's never moved
+    FakeGpuProcess(monkeypatch, 2, "gpu:0", offsets={0: 40})
+    arrays, info = ck.capture_rng()
+    assert info["paddle"] == [[0, 7, 40]]          # its own generator only
+    rank1 = FakeGpuProcess(monkeypatch, 2, "gpu:1")
+    ck.apply_rng(arrays, info)
+    assert rank1.offsets() == [0, 40]               # gpu:1's generator goes on from 40
+    elsewhere = FakeGpuProcess(monkeypatch, 4, "gpu:3")   # a machine showing 4 GPUs
+    ck.apply_rng(arrays, info)
+    assert elsewhere.offsets() == [0, 0, 0, 40]
+    FakeGpuProcess(monkeypatch, 0, "cpu")             # no GPU: nowhere to put it, in one line
+    with pytest.raises(ck.CheckpointError, match=r"holds a GPU's generator.*\(on cpu\).*rng=False"):
+        ck.apply_rng(arrays, info)
+
+
+def test_a_checkpoint_with_a_state_per_visible_gpu_goes_back_position_by_position(monkeypatch):
+    FakeGpuProcess(monkeypatch, 2, "gpu:0", offsets={0: 40, 1: 3})
+    arrays = {"python": np.asarray(random.getstate()[1], dtype=np.int64),
+              "numpy": np.random.get_state()[1], "paddle_0": np.zeros(0, np.int64),
+              "paddle_1": np.zeros(0, np.int64)}
+    _, info = ck.capture_rng()
+    info["paddle"] = [[0, 7, 40], [1, 7, 3]]         # as written before: every generator
+    rank1 = FakeGpuProcess(monkeypatch, 2, "gpu:1")
+    ck.apply_rng(arrays, info)
+    assert rank1.offsets() == [40, 3]
+    FakeGpuProcess(monkeypatch, 4, "gpu:1")
+    with pytest.raises(ck.CheckpointError, match="holds 2 Paddle generator states, one per GPU"):
+        ck.apply_rng(arrays, info)
