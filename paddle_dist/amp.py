@@ -112,6 +112,29 @@ def scaler(p: AmpPlan, sync):
     return synced_scaler_class()(sync, p.loss_scale) if p.loss_scale > 0 else None
 
 
+def scaler_state(scaler) -> dict:
+    """The loss scaler's state for a checkpoint's meta.json: its scale and counters, JSON
+    numbers ({} for a scaler Paddle left disabled: CPU)."""
+    state = scaler.state_dict()
+    if not state:
+        return {}
+    return {"scale": float(state["scale"].reshape([-1])[0]), "incr_count": int(state["incr_count"]),
+            "decr_count": int(state["decr_count"])}
+
+
+def load_scaler_state(scaler, saved: dict) -> None:
+    """Put back `scaler_state`'s scale and counters; the rest (ratios, intervals) comes from
+    the config, as in the run that saved them."""
+    state = scaler.state_dict()
+    if not state or not saved:
+        return
+    import numpy as np
+
+    state.update(scale=np.array([saved["scale"]], dtype=np.float32), incr_count=int(saved["incr_count"]),
+                 decr_count=int(saved["decr_count"]))
+    scaler.load_state_dict(state)
+
+
 def synced_scaler_class():
     """SyncedScaler: paddle.amp.GradScaler whose inf/nan check sees the averaged
     gradients, because it has `sync` (a GradSync) average them first (see above)."""

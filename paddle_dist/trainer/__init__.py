@@ -169,7 +169,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
          prepared: Prepared) -> Result:
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
-    start, history, resumed, averaged = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    start, history, resumed, averaged, scaled = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
     _agree_on_metrics(parts, env, monitor.phase)
     firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
@@ -189,6 +189,11 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
                       limit, digest, lr_policy)
     session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
+    if session.scaler is not None and scaled:
+        amp.load_scaler_state(session.scaler, scaled)     # the scale and counters it had reached
+    elif session.scaler is not None and resumed:
+        log.warning(f"checkpoint {resumed} holds no loss scaler state: the scale starts again "
+                    f"from train.loss_scale={amp_plan.loss_scale:g}")
     if amp_plan.enabled:
         log.info(f"paddle_dist: mixed precision {amp_plan.level} in {amp_plan.dtype}"
                  + (f", dynamic loss scale from {amp_plan.loss_scale:g}" if amp_plan.loss_scale else ""))
@@ -284,8 +289,8 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
 
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
-    """(start position, history so far, checkpoint path, the moving averages or {}) from
-    `checkpoint.resume`. Evaluating only takes the averages as the weights, when there are.
+    """(start position, history so far, checkpoint path, the moving averages or {}, the
+    loss scaler's state or None) from `checkpoint.resume`. Evaluating only takes the averages as the weights, when there are.
 
     Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
     machines need neither a copy of the files nor the same run directory path."""
@@ -295,7 +300,7 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
 
     state = runtime.from_rank0(cfg, env, read)
     if state is None:
-        return Position(), [], None, {}
+        return Position(), [], None, {}, None
     path = state.path
     # Evaluating needs the weights only: any number of ranks may read them.
     world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
@@ -312,7 +317,7 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"])
     if configlib.evaluates_only(cfg) and state.averaged:      # what training evaluated
         checkpoint.restore(dataclasses.replace(state, model=state.averaged), parts.model, rng=False)
-    return start, list(meta.get("history", [])), str(path), state.averaged
+    return start, list(meta.get("history", [])), str(path), state.averaged, meta.get("loss_scaler")
 
 
 def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:

@@ -19,6 +19,7 @@ from paddle.optimizer.lr import LRScheduler
 
 from .. import checkpoint
 from ..amp import AmpPlan
+from ..amp import scaler_state as amp_scaler_state
 from ..faults import Preempted
 from . import agreement
 from .callbacks import Events, ModelView, hapi_logs
@@ -320,6 +321,8 @@ class Session:
                 "world_size": self.env.world_size, "model": self.parts.name,
                 "api": self.cfg.train.api, "config_hash": self.config_hash,
                 "history": self.result.history}
+        if self.scaler is not None:          # float16: resumed at the scale it had reached
+            meta["loss_scaler"] = amp_scaler_state(self.scaler)
         averaged = self.ema.weights() if self.ema is not None else None
         snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
         self.saver.submit(root or Path(self.run_dir) / "checkpoints", snap,

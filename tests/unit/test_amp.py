@@ -3,7 +3,10 @@ are checked through the plan and with Paddle's autocast recorded; the loss-scali
 itself runs on 2 real ranks in tests/integration/test_sync_options.py."""
 
 import contextlib
+import json
+import warnings
 
+import numpy as np
 import paddle
 import pytest
 
@@ -100,3 +103,35 @@ def test_synced_scaler_averages_before_unscaling():
     scaler = amp.scaler(amp.AmpPlan("O1", "float16", 8.0), Sync())
     scaler._unscale(paddle.optimizer.SGD(0.1, parameters=paddle.nn.Linear(2, 2).parameters()))
     assert order == ["average"]
+
+
+class GpuScaler:
+    """paddle.amp.GradScaler's state_dict()/load_state_dict() as it behaves on a GPU (on a
+    CPU place Paddle leaves the scaler disabled, and both do nothing)."""
+
+    def __init__(self, init: float):
+        self.state = {"scale": np.array([init], dtype=np.float32), "incr_ratio": 2.0, "decr_ratio": 0.5,
+                      "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "incr_count": 0,
+                      "decr_count": 0, "use_dynamic_loss_scaling": True}
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def test_the_loss_scalers_scale_and_counters_survive_a_checkpoint_as_json():
+    ran = GpuScaler(1024.0)
+    ran.state.update(scale=np.array([8192.0], dtype=np.float32), incr_count=7, decr_count=1)   # mid-run
+    saved = json.loads(json.dumps(amp.scaler_state(ran)))     # meta.json
+    assert saved == {"scale": 8192.0, "incr_count": 7, "decr_count": 1}
+    resumed = GpuScaler(1024.0)                               # built from train.loss_scale
+    amp.load_scaler_state(resumed, saved)
+    got, want = resumed.state_dict(), ran.state_dict()
+    assert np.array_equal(got.pop("scale"), want.pop("scale")) and got == want
+    # the scaler Paddle builds on a CPU is disabled: nothing to save or restore
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        off = paddle.amp.GradScaler(init_loss_scaling=1024.0)
+    assert amp.scaler_state(off) == {} and amp.load_scaler_state(off, saved) is None
