@@ -70,13 +70,16 @@ def _bf16_supported() -> bool:
 
 
 def decorate(net, optimizer, p: AmpPlan):
-    """O2: 16-bit weights with float32 master weights in the optimizer; otherwise unchanged."""
+    """O2: 16-bit weights with float32 master weights in the optimizer, saved as float32;
+    otherwise unchanged."""
     if p.level != "O2":
         return net, optimizer
     import paddle
 
+    # save_dtype: state_dict() gives float32, so checkpoints and exports load into a float32
+    # model (put_weights casts them back to 16 bits on resume, exactly).
     return paddle.amp.decorate(models=net, optimizers=optimizer, level="O2", dtype=p.dtype,
-                               master_weight=True)
+                               master_weight=True, save_dtype="float32")
 
 
 def autocast(p: AmpPlan):

@@ -351,9 +351,16 @@ def _write_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def _widened(tensor):
+    """float32 for a 16-bit float (a mixed-precision run's weights), which any float32
+    model loads; anything else as it is."""
+    return tensor.astype("float32") if tensor.dtype in (paddle.float16, paddle.bfloat16) else tensor
+
+
 def export_pdparams(path: Path, out: Path) -> Path:
     """Write a checkpoint's weights in Paddle's own format (`paddle.save` of the state dict):
-    its moving averages when it has them (train.ema_decay), else the trained weights.
+    its moving averages when it has them (train.ema_decay), else the trained weights, with
+    16-bit floats (a mixed-precision run's) as float32.
 
     Load them with `load_weights` (weights.py), which refuses a model whose parameter names
     or shapes differ; Paddle's `set_state_dict` only warns and skips what does not match.
@@ -363,7 +370,7 @@ def export_pdparams(path: Path, out: Path) -> Path:
         load_weights(net, "model.pdparams")
     """
     state = load(path)       # train.ema_decay: the averages, which the run evaluated and exports
-    weights = {k: paddle.to_tensor(v, place=paddle.CPUPlace())
+    weights = {k: _widened(paddle.to_tensor(v, place=paddle.CPUPlace()))
                for k, v in (state.averaged or state.model).items()}
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{_unique()}")

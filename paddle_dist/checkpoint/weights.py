@@ -78,7 +78,7 @@ def put_weights(saved: Mapping[str, np.ndarray], model, where: str, source: str,
     if not differences:
         # Compared as Paddle will see them (a uint16 array becomes bfloat16): Paddle itself
         # checks a dtype only while it sets, with an AssertionError after the others are set.
-        tensors = {k: paddle.to_tensor(v) for k, v in saved.items()}
+        tensors = _in_model_floats({k: paddle.to_tensor(v) for k, v in saved.items()}, model)
         differences = _dtype_differences(tensors, model, source)
     if differences:
         fix = _renamed(set(saved), set(model.state_dict()), source) or fix
@@ -111,6 +111,19 @@ def few(items, limit: int = 4) -> str:
     items = sorted(items)
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
+
+
+FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32)
+
+
+def _in_model_floats(tensors: Mapping[str, paddle.Tensor], model) -> Dict[str, paddle.Tensor]:
+    """Floating-point weights in the model's own floating dtype: a mixed-precision (O2)
+    run's 16-bit weights into a float32 model (exact: widening), and its weights saved as
+    float32 (amp.decorate's save_dtype) back into its 16-bit ones (exact: they were 16-bit
+    values). Any other dtype difference stays one (_dtype_differences)."""
+    own = model.state_dict()
+    return {k: t.astype(own[k].dtype) if t.dtype != own[k].dtype and t.dtype in FLOATS
+            and own[k].dtype in FLOATS else t for k, t in tensors.items()}
 
 
 def _dtype_differences(tensors: Mapping[str, paddle.Tensor], model, source: str) -> List[str]:

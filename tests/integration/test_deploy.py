@@ -115,6 +115,34 @@ def test_bad_input_is_one_line_and_exit_2_and_nothing_is_lost(demo_run, tmp_path
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
 
 
+def test_a_mixed_precision_runs_16_bit_weights_export_and_load_as_float32(demo_run, tmp_path):
+    """An O2 run keeps 16-bit weights; a checkpoint that holds them (as O2 runs wrote them
+    before amp.decorate's save_dtype) exports, and its .pdparams load into a float32 model."""
+    import shutil
+
+    run_dir = tmp_path / "o2run"
+    shutil.copytree(demo_run, run_dir, ignore=shutil.ignore_patterns("export"))
+    for folder in run_dir.glob("*/ckpt_*"):
+        with np.load(folder / "model.npz") as data:
+            half = {k: data[k].astype(np.float16) if data[k].dtype == np.float32 else data[k] for k in data.files}
+        checkpoint.io._save_npz(folder / "model.npz", half)
+    best = run_dir / "best" / (run_dir / "best" / "latest").read_text().strip()
+    check(run(["-m", "paddle_dist.export", str(run_dir)]))
+    check(run(["-m", "paddle_dist.checkpoint", "export", str(best), str(tmp_path / "w.pdparams")]))
+    saved = paddle.load(str(tmp_path / "w.pdparams"))
+    assert {str(t.dtype) for t in saved.values()} == {"paddle.float32"}
+    net = models.build("lenet", 0)
+    checkpoint.load_weights(net, tmp_path / "w.pdparams")
+    # the float32 model holds the 16-bit values exactly, and answers as the export does
+    assert all(np.array_equal(net.state_dict()[k].numpy(), half[k].astype(np.float32)) for k in half)
+    x = paddle.to_tensor(mnist_dataset("", "test").x[:8])
+    net.eval()
+    exported = paddle.jit.load(str(run_dir / "export" / "model"))
+    exported.eval()
+    with paddle.no_grad():
+        assert np.allclose(exported(x).numpy(), net(x).numpy(), atol=1e-5)
+
+
 def test_the_python_api_exports_a_users_own_model(tmp_path):
     net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(12, 3))
     spec = [paddle.static.InputSpec([None, 3, 2, 2], "float32", "x")]

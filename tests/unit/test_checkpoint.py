@@ -885,3 +885,31 @@ def test_a_checkpoint_with_a_state_per_visible_gpu_goes_back_position_by_positio
     FakeGpuProcess(monkeypatch, 4, "gpu:1")
     with pytest.raises(ck.CheckpointError, match="holds 2 Paddle generator states, one per GPU"):
         ck.apply_rng(arrays, info)
+
+
+def test_an_o2_models_16_bit_weights_resume_from_the_float32_they_were_saved_as(tmp_path):
+    """O2 keeps bfloat16 weights and saves them as float32 (amp.decorate's save_dtype):
+    resuming puts the very same 16-bit values back."""
+    from paddle_dist.checkpoint.weights import put_weights
+
+    trained = models.build("mlp")
+    trained.to(dtype="bfloat16")
+    as_saved = {k: v.astype("float32").numpy() for k, v in trained.state_dict().items()}
+    resumed = models.build("mlp")
+    resumed.to(dtype="bfloat16")
+    put_weights(as_saved, resumed, "checkpoint x", "checkpoint")
+    for k, v in resumed.state_dict().items():
+        assert v.dtype == paddle.bfloat16
+        assert np.array_equal(v.astype("float32").numpy(), as_saved[k])
+    # a dtype that is not a float width of the model's is still refused
+    with pytest.raises(ck.CheckpointError, match="dtype"):
+        put_weights({k: v.astype(np.int32) for k, v in as_saved.items()}, resumed, "checkpoint x", "checkpoint")
+
+
+def test_o2_decorates_with_float32_saving(monkeypatch):
+    from paddle_dist import amp
+
+    calls = []
+    monkeypatch.setattr(paddle.amp, "decorate", lambda **kwargs: calls.append(kwargs) or ("net", "opt"))
+    amp.decorate("net", "opt", amp.AmpPlan("O2", "bfloat16"))
+    assert calls[0]["save_dtype"] == "float32" and calls[0]["level"] == "O2"
