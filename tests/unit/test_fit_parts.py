@@ -219,3 +219,39 @@ def test_the_measured_clip_keeps_the_norm_it_clipped():
     (net(paddle.to_tensor([[1.0, 0.0]])) * 0 + net.weight.sum()).backward()
     opt.step()
     assert abs(float(clip.last) - np.sqrt(2.0)) < 1e-5
+
+
+def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
+    """O2 keeps 16-bit weights, which float32 inputs crash into (`operator < linear >
+    error`): evaluate() (the loop's, hapi's and --eval-only's) runs the forward in the
+    plan's autocast at O2; at O1 the weights are float32 and it evaluates in float32."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from paddle_dist import amp
+    from paddle_dist.trainer.evaluation import evaluate
+
+    inside = []
+
+    @contextlib.contextmanager
+    def recorded(plan):
+        inside.append(plan.level)
+        yield
+        inside.pop()
+
+    seen = []
+
+    class Net(paddle.nn.Linear):
+        def forward(self, x):
+            seen.append(list(inside))
+            return super().forward(x)
+
+    monkeypatch.setattr(amp, "autocast", recorded)
+    data = paddle.io.TensorDataset([paddle.ones([5, 3]), paddle.zeros([5, 1], dtype="int64")])
+    env = SimpleNamespace(global_rank=0, world_size=1, is_distributed=False, job_dir="")
+    net = Net(3, 2)
+    for level, want in (("O2", ["O2"]), ("O1", ["O0"])):
+        seen.clear()
+        found = evaluate(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(), [], env, 2,
+                         amp=amp.AmpPlan(level, "bfloat16"))
+        assert found["count"] == 5 and seen == [want] * 3
