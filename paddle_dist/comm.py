@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from typing import Callable
 
 # paddle.distributed's collectives, and the kinds their waits are reported as (hangs.py)
 KINDS = {"all_reduce": "all-reduce", "broadcast": "broadcast", "reduce": "reduce",
@@ -41,13 +42,17 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def collective(fn, *args, phase=None, what: str = "collective", **kwargs):
-    """Run a collective call, turning a peer's failure into PeerFailure."""
+def collective(fn, *args, phase=None, what: str = "collective", read: Callable = None, **kwargs):
+    """Run a collective call, turning a peer's failure into PeerFailure. `read`: what
+    reads its result back on the host (e.g. `tensor.numpy`), run inside the same phase and
+    returned: over NCCL the call returns at once and the host waits at the read, so a
+    hang there must count as one in this collective (hangs.py names the ranks by it)."""
     kind = KINDS.get(getattr(fn, "__name__", ""), "collective")
     guard = phase("comm", kind, nbytes(args)) if phase else contextlib.nullcontext()
     with guard:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return read() if read is not None else out
         except RuntimeError as exc:
             raise PeerFailure(f"{what} failed: {first_line(exc)}") from exc
 

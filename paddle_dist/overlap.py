@@ -243,18 +243,39 @@ class ThreadExchange:
         self.thread.join(timeout=0.5)
 
 
+class LateFlag:
+    """GPUs: the stop flag's sum, read on the host one step late and only every EVERY
+    steps. A read waits for all the work queued on the device before it (this step's
+    backward included), so reading at every step would keep the host from running ahead.
+    A stop request stays until the job stops, so every rank sees it at the same step,
+    at most EVERY + 1 steps after it was made; 0.0 at the other steps."""
+
+    EVERY = 16
+
+    def __init__(self):
+        self.previous: Optional[paddle.Tensor] = None
+        self.steps = 0
+
+    def read(self, flag: Optional[paddle.Tensor]) -> float:
+        self.steps += 1
+        previous, self.previous = self.previous, flag
+        if previous is None or self.steps % self.EVERY:
+            return 0.0
+        return float(previous.numpy()[0])
+
+
 class AsyncExchange:
     """GPUs: each bucket packed into one flat tensor and all-reduced with sync_op=False
     (NCCL runs it on its own stream while backward() goes on); `wait` waits for the
     tasks and writes the means back into the gradients.
 
-    The stop flag is read one step late: reading it at once would make the host wait for
-    the device; the previous step's flag finished long ago."""
+    The stop flag is read late and seldom (LateFlag): reading it at once would make the
+    host wait for the device."""
 
     def __init__(self, world: int, collective_fn: Callable = dist.all_reduce, wire=None):
         self.world, self.all_reduce, self.wire = world, collective_fn, wire   # wire: 16-bit dtype
         self.pending: list = []
-        self.flag: Optional[paddle.Tensor] = None    # the last step's flag sum, on the device
+        self.flag = LateFlag()
         self.calls = 0
 
     def reserve(self, sizes: List[int]) -> None:
@@ -273,17 +294,17 @@ class AsyncExchange:
         self.calls += 1
 
     def wait(self) -> float:
-        """Wait for this step's buckets; returns the PREVIOUS step's stop-flag sum."""
-        late = float(self.flag.numpy()[0]) if self.flag is not None else 0.0
+        """Wait for this step's buckets; returns an earlier step's stop-flag sum (LateFlag)."""
+        flag = None
         for task, flat, params, flagged in self.pending:
             task.wait()
             if flat.dtype != params[0].dtype:          # sent in 16 bits (sync.compress)
                 flat = flat.astype(params[0].dtype)
             if flagged:
-                self.flag, flat = flat[-1:], flat[:-1]
+                flag, flat = flat[-1:], flat[:-1]
             _write_back(flat / self.world, params)
         self.pending = []
-        return late
+        return self.flag.read(flag)
 
     def close(self) -> None:
         self.pending = []

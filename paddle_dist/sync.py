@@ -62,7 +62,7 @@ from . import reducers, shm
 from .comm import PeerFailure, collective, first_line
 from .config import check_compress
 from .errors import ConfigError
-from .overlap import AsyncExchange, Overlap, ThreadExchange, give_missing, grad_views, set_grad
+from .overlap import AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad
 
 __all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
            "disable_reducer", "layout_mismatch", "resolve_mode", "stop_check_interval"]
@@ -110,7 +110,7 @@ class GradSync:
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time the step waited for the exchanges
         self.averaged_early = False
-        self._late_flag = None   # GPUs: last step's stop flag, read one step late
+        self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
     @classmethod
@@ -249,8 +249,7 @@ class GradSync:
             step, at = self._checked
             every = float(stop_check_interval((now - at) / max(self.steps - step, 1)))
         flag = paddle.to_tensor([stop, every], dtype="float32")
-        self._all_reduce(flag, "stop-flag all-reduce")
-        stops, every = flag.numpy().tolist()
+        stops, every = self._all_reduce(flag, "stop-flag all-reduce", read=flag.numpy).tolist()
         self.stop_requested = stops > 0
         self._next_check, self._checked = self.steps + max(int(every), 1), (self.steps, now)
 
@@ -266,12 +265,12 @@ class GradSync:
         return self._read_flag(flag)
 
     def _read_flag(self, flag) -> float:
-        """The stop flag's sum; on GPUs the previous step's, so that the host never waits
-        for the device here (every rank reads the same step's flag at the same step)."""
+        """The stop flag's sum; on GPUs an earlier step's, every LateFlag.EVERY steps, so
+        that the host seldom waits for the device here (every rank reads the same step's
+        flag at the same step)."""
         if self.env.device == "cpu":
             return float(flag.numpy()[0])
-        previous, self._late_flag = self._late_flag, flag
-        return float(previous.numpy()[0]) if previous is not None else 0.0
+        return self._late_flag.read(flag)
 
     def buckets(self, params) -> List[list]:
         """Group the parameters by dtype, in order, each group at most bucket_bytes
@@ -363,9 +362,9 @@ class GradSync:
         give_missing(params, views, head[1:])
         return float(head[0])
 
-    def _all_reduce(self, tensor, what: str) -> None:
+    def _all_reduce(self, tensor, what: str, read=None):
         self.calls += 1
-        collective(dist.all_reduce, tensor, phase=self.phase, what=what)
+        return collective(dist.all_reduce, tensor, phase=self.phase, what=what, read=read)
 
 
 def trainable(optimizer) -> list:

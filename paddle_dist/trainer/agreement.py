@@ -118,8 +118,9 @@ def check(model, env, step: int, phase=None) -> None:
         return
     digested = time.perf_counter()
     gathered: list = []
-    collective(dist.all_gather, gathered, paddle.to_tensor(mine), phase=phase, what="weights check")
-    where = disagreement(names, [g.numpy() for g in gathered])
+    theirs = collective(dist.all_gather, gathered, paddle.to_tensor(mine), phase=phase, what="weights check",
+                        read=lambda: [g.numpy() for g in gathered])
+    where = disagreement(names, theirs)
     log = logging.getLogger("paddle_dist")
     if log.isEnabledFor(logging.DEBUG):
         log.debug(f"weights check at step {step}: {len(names)} tensors digested in "

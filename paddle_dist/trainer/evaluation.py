@@ -52,9 +52,9 @@ def exchange_rounds(num_samples: int, batch_size: int, world_size: int) -> int:
 def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
     """Sum a few numbers over all ranks (float64; every rank gets the same result)."""
     tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
-    if env.is_distributed:
-        collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics")
-    return tensor.numpy()
+    if not env.is_distributed:
+        return tensor.numpy()
+    return collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics", read=tensor.numpy)
 
 
 def gather(obj: Any, env, phase=None) -> List[Any]:

@@ -109,3 +109,42 @@ def test_a_users_model_names_its_run_and_its_metrics_are_plain_numbers(tmp_path,
     assert type(result.metrics["eval_count"]) is int and result.metrics["eval_count"] == 10
     assert all(type(v) is float for k, v in result.metrics.items() if k not in ("epoch", "eval_count"))
     assert json.loads((result.run_dir / "metrics.json").read_text())["test_samples"] == 10
+
+
+def test_results_of_collectives_are_read_inside_the_collectives_phase(monkeypatch):
+    """Over NCCL a collective returns at once and the host waits where it reads the result:
+    that read must be inside the phase the hang watchdog sees, or every rank of a hung
+    job looks 'silent outside a collective'. Checked for the metrics' all-reduce, the
+    weights check's all-gather and the stop flag's all-reduce (sync.mode=dataparallel)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+
+    from paddle_dist import sync
+    from paddle_dist.trainer import agreement, evaluation
+
+    phases, reads = [], []
+
+    @contextlib.contextmanager
+    def phase(kind, name, nbytes):
+        phases.append(name)
+        yield
+        phases.pop()
+
+    def all_reduce(tensor, *args, **kwargs):
+        return None
+
+    def all_gather(out, tensor, *args, **kwargs):
+        out.extend([tensor, tensor])
+
+    numpy = paddle.Tensor.numpy
+    monkeypatch.setattr(paddle.Tensor, "numpy", lambda self: reads.append(list(phases)) or numpy(self))
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    env = SimpleNamespace(is_distributed=True, global_rank=0, world_size=2, backend="nccl", device="gpu:0")
+    evaluation.all_reduce_sum([1.0, 2.0], env, phase)
+    agreement.check(paddle.nn.Linear(2, 2), env, 1, phase)
+    grad_sync = sync.GradSync(env, phase, mode="dataparallel")
+    grad_sync.average()
+    assert reads == [["all-reduce"], ["all-gather"], ["all-gather"], ["all-reduce"]], reads

@@ -47,10 +47,11 @@ def _dataparallel(rank, proposal=None):
     env = SimpleNamespace(is_distributed=True, global_rank=rank, backend="gloo", device="cpu")
     grad_sync = sync.GradSync(env, mode="dataparallel")
 
-    def all_reduce(tensor, what):
+    def all_reduce(tensor, what, read=None):
         grad_sync.calls += 1
         if proposal is not None:
             tensor[1] = tensor[1] + proposal(grad_sync.steps)
+        return read() if read is not None else None
     grad_sync._all_reduce = all_reduce
     return grad_sync
 
@@ -82,9 +83,12 @@ def test_stop_check_interval_bounds():
     assert sync.stop_check_interval(1e-9) == sync.STOP_CHECK_MAX
 
 
-def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once():
+def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatch):
     import paddle
 
+    from paddle_dist.overlap import LateFlag
+
+    monkeypatch.setattr(LateFlag, "EVERY", 1)
     for device, expected in (("gpu:0", [0.0, 2.0, 0.0]), ("cpu", [2.0, 0.0, 1.0])):
         env = SimpleNamespace(is_distributed=True, global_rank=0, backend="nccl", device=device)
         grad_sync = sync.GradSync(env, mode="fused")
@@ -193,3 +197,18 @@ def test_auto_on_gpus_is_paddles_reducer_and_the_start_line_says_so():
     _, dp = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"), mode="dataparallel",
                       find_unused_parameters=False)
     assert dp.describe() == "sync dataparallel: paddle.DataParallel's reducer"
+
+
+def test_gpus_read_the_stop_flag_on_the_host_every_16_steps_and_every_rank_at_the_same_ones(monkeypatch):
+    """Each read waits for the device's queued work: 32 steps read it twice (at 16 and 32),
+    and a request made at step 3 and kept (a preemption's) is seen at step 16."""
+    import paddle
+
+    reads = []
+    numpy = paddle.Tensor.numpy
+    monkeypatch.setattr(paddle.Tensor, "numpy", lambda self: reads.append(1) or numpy(self))
+    env = SimpleNamespace(is_distributed=True, global_rank=0, backend="nccl", device="gpu:0")
+    grad_sync = sync.GradSync(env, mode="fused")
+    seen = [grad_sync._read_flag(paddle.to_tensor([2.0 if step >= 3 else 0.0])) for step in range(1, 33)]
+    assert len(reads) == 2
+    assert [step for step, value in enumerate(seen, 1) if value] == [16, 32] and seen[15] == 2.0
