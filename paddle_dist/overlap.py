@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -243,6 +243,18 @@ class ThreadExchange:
         self.thread.join(timeout=0.5)
 
 
+def sixteen_bit_mean_first(flat: paddle.Tensor, world: int, wire=None) -> Tuple[paddle.Tensor, bool]:
+    """A buffer about to be summed over `world` ranks in 16 bits (16-bit gradients, or
+    float32 sent as `wire`, sync.compress), divided by `world` first, as Paddle's reducer
+    does: loss-scaled float16 gradients sum past 65504 to inf where their mean would not.
+    Returns (the buffer, whether it was divided); float32 sums are divided after, exactly.
+    The stop flag and the presence numbers in it are only compared with 0."""
+    half = (paddle.float16, paddle.bfloat16)
+    if flat.dtype in half or (wire is not None and wire in half and flat.dtype == paddle.float32):
+        return flat / world, True
+    return flat, False
+
+
 class LateFlag:
     """GPUs: the stop flag's sum, read on the host one step late and only every EVERY
     steps. A read waits for all the work queued on the device before it (this step's
@@ -287,22 +299,22 @@ class AsyncExchange:
         parts = [paddle.to_tensor(presence(params), dtype=dtype)] + [g.reshape([-1]) for g in grads]
         if stop is not None:
             parts.append(paddle.full([1], stop, dtype=dtype))
-        flat = paddle.concat(parts)
+        flat, early = sixteen_bit_mean_first(paddle.concat(parts), self.world, self.wire)
         if self.wire is not None and flat.dtype == paddle.float32:
             flat = flat.astype(self.wire)                  # sync.compress: half the bytes
-        self.pending.append((self.all_reduce(flat, sync_op=False), flat, params, stop is not None))
+        self.pending.append((self.all_reduce(flat, sync_op=False), flat, params, stop is not None, early))
         self.calls += 1
 
     def wait(self) -> float:
         """Wait for this step's buckets; returns an earlier step's stop-flag sum (LateFlag)."""
         flag = None
-        for task, flat, params, flagged in self.pending:
+        for task, flat, params, flagged, early in self.pending:
             task.wait()
             if flat.dtype != params[0].dtype:          # sent in 16 bits (sync.compress)
                 flat = flat.astype(params[0].dtype)
             if flagged:
                 flag, flat = flat[-1:], flat[:-1]
-            _write_back(flat / self.world, params)
+            _write_back(flat if early else flat / self.world, params)
         self.pending = []
         return self.flag.read(flag)
 

@@ -62,7 +62,8 @@ from . import reducers, shm
 from .comm import PeerFailure, collective, first_line
 from .config import check_compress
 from .errors import ConfigError
-from .overlap import AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad
+from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad,
+                      sixteen_bit_mean_first)
 
 __all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
            "disable_reducer", "layout_mismatch", "resolve_mode", "stop_check_interval"]
@@ -303,7 +304,7 @@ class GradSync:
                   for p, g in zip(bucket, grads)]
         if flag is not None:
             parts.append(flag.astype(dtype))
-        flat = paddle.concat(parts)
+        flat, early = sixteen_bit_mean_first(paddle.concat(parts), self.env.world_size, HALF.get(self.compress))
         wire = HALF.get(self.compress)
         if wire is not None and dtype == paddle.float32:
             sent = flat.astype(wire)
@@ -314,7 +315,8 @@ class GradSync:
         if flag is not None:
             flag.set_value(flat[-1:].astype("float32"))
             flat = flat[:-1]
-        flat = flat / self.env.world_size
+        if not early:
+            flat = flat / self.env.world_size
         sizes = [len(bucket)] + [int(p.size) for p in bucket]
         counts, *pieces = paddle.split(flat, sizes)
         if missing:      # (read on the host only when this rank lacks a gradient)

@@ -212,3 +212,45 @@ def test_gpus_read_the_stop_flag_on_the_host_every_16_steps_and_every_rank_at_th
     seen = [grad_sync._read_flag(paddle.to_tensor([2.0 if step >= 3 else 0.0])) for step in range(1, 33)]
     assert len(reads) == 2
     assert [step for step, value in enumerate(seen, 1) if value] == [16, 32] and seen[15] == 2.0
+
+
+def _half_params(dtype, values):
+    import paddle
+
+    from paddle_dist.overlap import set_grad
+
+    zero = paddle.nn.initializer.Constant(0.0)
+    params = [paddle.create_parameter([len(values)], dtype, default_initializer=zero) for _ in range(2)]
+    for p in params:
+        set_grad(p, paddle.to_tensor(values, dtype=dtype))
+    return params
+
+
+@pytest.mark.parametrize("dtype, compress", [("float16", "none"), ("bfloat16", "none"), ("float32", "fp16")])
+def test_16_bit_gradients_are_divided_before_the_sum_as_paddles_reducer_does(dtype, compress):
+    """Two ranks with loss-scaled gradients of 32768: their float16 sum (65536) is inf, their
+    mean is not. Fused and overlap (NCCL's async path) both send the mean's parts."""
+    import paddle
+
+    from paddle_dist.overlap import AsyncExchange
+
+    def two_ranks(tensor, *args, **kwargs):
+        tensor.set_value(tensor * 2)                 # a sum over 2 identical ranks
+
+    env = SimpleNamespace(is_distributed=True, global_rank=0, world_size=2, backend="nccl", device="gpu:0")
+    fused = sync.GradSync(env, mode="fused", compress=compress)
+    fused._all_reduce = lambda tensor, what, read=None: two_ranks(tensor)
+    params = _half_params(dtype, [32768.0, 1.0])
+    fused._reduce(params, paddle.to_tensor([1.0]))
+    assert all(p.grad.astype("float32").numpy().tolist() == [32768.0, 1.0] for p in params)
+
+    class Done:
+        def wait(self):
+            pass
+
+    wire = sync.HALF.get(compress)
+    exchange = AsyncExchange(2, collective_fn=lambda t, sync_op: two_ranks(t) or Done(), wire=wire)
+    params = _half_params(dtype, [32768.0, 1.0])
+    exchange.submit(params, 1.0)
+    exchange.wait()
+    assert all(p.grad.astype("float32").numpy().tolist() == [32768.0, 1.0] for p in params)
