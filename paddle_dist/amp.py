@@ -46,9 +46,11 @@ class AmpPlan:
         return self.level != "O0"
 
 
-def plan(train, device: str, bf16_supported: Callable[[], bool] = None) -> AmpPlan:
+def plan(train, device: str, bf16_supported: Callable[[], bool] = None,
+         fp16_supported: Callable[[], bool] = None) -> AmpPlan:
     """What `train.amp*` means on `device` ("cpu", "gpu:0", ...); DeviceError where it
-    cannot run."""
+    cannot run. `bf16_supported` / `fp16_supported`: whether this GPU has the dtype
+    (default: ask Paddle / CUDA, in the rank that uses the GPU)."""
     if train.amp == "off":
         return AmpPlan()
     if not device.startswith(("gpu", "xpu")):
@@ -60,7 +62,19 @@ def plan(train, device: str, bf16_supported: Callable[[], bool] = None) -> AmpPl
     if dtype == "bfloat16" and not supported():
         raise DeviceError("train.amp_dtype=bfloat16 needs a GPU with bfloat16 support (CUDA "
                           "compute capability 8.0+, e.g. A100); use train.amp_dtype=float16")
+    if dtype == "float16" and device.startswith("gpu") and not (fp16_supported or _fp16_supported)():
+        raise DeviceError("train.amp_dtype=float16 needs a GPU of CUDA compute capability 7.0 or more: "
+                          "on older ones Paddle's autocast turns itself off and would train in float32 "
+                          "with a loss scaler on; use train.amp=off")
     return AmpPlan(train.amp, dtype, train.loss_scale if dtype == "float16" else 0.0)
+
+
+def _fp16_supported() -> bool:
+    """Paddle's own rule for its float16 autocast on CUDA (amp/auto_cast.py): compute
+    capability 7.0+, or a ROCm build."""
+    import paddle
+
+    return paddle.device.cuda.get_device_capability()[0] >= 7 or paddle.is_compiled_with_rocm()
 
 
 def _bf16_supported() -> bool:

@@ -15,9 +15,9 @@ from paddle_dist.errors import DeviceError
 from paddle_dist.trainer import loop
 
 
-def plan(device, *overrides, bf16=True):
+def plan(device, *overrides, bf16=True, fp16=True):
     return amp.plan(config.load(overrides=list(overrides)).train, device,
-                    bf16_supported=lambda: bf16)
+                    bf16_supported=lambda: bf16, fp16_supported=lambda: fp16)
 
 
 def test_off_is_plain_float32_everywhere():
@@ -33,6 +33,12 @@ def test_cpu_is_refused_with_the_fix(level):
 def test_gpu_defaults_to_float16_with_dynamic_loss_scaling():
     assert plan("gpu:0", "train.amp=O1") == amp.AmpPlan("O1", "float16", 32768.0)
     assert plan("gpu:1", "train.amp=O2", "train.loss_scale=1024").loss_scale == 1024.0
+
+
+def test_float16_below_compute_capability_7_is_refused_not_silently_float32():
+    with pytest.raises(DeviceError, match="compute capability 7.0 .*use train.amp=off"):
+        plan("gpu:0", "train.amp=O1", fp16=False)
+    assert plan("gpu:0", "train.amp=O1", "train.amp_dtype=bfloat16", fp16=False).dtype == "bfloat16"
 
 
 def test_bfloat16_runs_unscaled_where_supported():
