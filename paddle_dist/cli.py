@@ -73,11 +73,14 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     hand.add_argument("--master", help="rank 0's host:port, the same for every rank")
     hand.add_argument("--world-size", type=int, help="number of ranks in the job")
     hand.add_argument("--rank", type=int, help="this process's rank, 0 .. world size - 1")
+    hand.add_argument("--local-rank", type=int,
+                      help="the rank's index among this machine's ranks, which picks its GPU "
+                           "(default: an inherited LOCAL_RANK, else 0)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     cfg = _load(args)
-    if args.master or args.world_size is not None or args.rank is not None:
-        envlib.export(envlib.hand_started(args.master, args.world_size, args.rank))
+    if args.master or any(v is not None for v in (args.world_size, args.rank, args.local_rank)):
+        envlib.export(envlib.hand_started(args.master, args.world_size, args.rank, args.local_rank))
     return _run_job(cfg, script=script, script_args=argv, module=module)
 
 
@@ -143,7 +146,8 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     _isolate(cfg, module)
     compat.warn_unsupported(_warn)      # the ranks, supervised, leave it to this process
     configlib.check_pairing(cfg)
-    amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True)  # CPU: refused
+    amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
+             fp16_supported=lambda: True)
     configlib.check_compress(cfg.sync.compress, envlib.select_backend(
         cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
     preflight.check(cfg, environ, gpu_info, warn=_warn)

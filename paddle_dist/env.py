@@ -16,6 +16,9 @@ Otherwise, from the GPUs the process may use (`--gpus`, else the visible ones):
   CUDA_VISIBLE_DEVICES);
 - several: the local rank picks (`srun --gpus-per-node=8` with 8 tasks, every task sees 8);
 - fewer than the ranks on this node: a DeviceError saying how to give each rank its own.
+Under srun, mpirun or torchrun a FLAGS_selected_gpus can only be inherited, and Paddle
+builds its device contexts at import for the GPUs it lists alone: one that leaves out the
+rank's GPU is a DeviceError saying to unset it (`check_inherited_flag`).
 
 Example:
     env = detect()
@@ -49,6 +52,13 @@ RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
 JOB, TOKEN_FILE = "PADDLE_DIST_JOB", "PADDLE_DIST_TOKEN_FILE"
 # The job's private directory in /dev/shm, made by its launcher (private.py).
 JOB_DIR = "PADDLE_DIST_JOB_DIR"
+
+# The GPUs `import paddle` builds device contexts for (positions among the visible GPUs);
+# Paddle's launchers set it per rank.
+DEVICE_FLAG = "FLAGS_selected_gpus"
+# Where an inherited FLAGS_selected_gpus must go for each external engine's ranks.
+UNSET_FLAG_WHERE = {"openmpi": "before mpirun", "slurm": "in the job script, before srun",
+                    "torchrun": "before torchrun, or before each command that starts a rank by hand"}
 
 # `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so whether the USER chose a
 # value is only known before that: paddle_dist imports this module first.
@@ -198,18 +208,23 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
     visible = visible_gpus(info, environ)
     if not visible:
         return CPU
-    selected = environ.get("FLAGS_selected_gpus", "").split(",")[0].strip()
-    if launcher in EXTERNAL_ENGINES:
-        # Only Paddle's launchers set FLAGS_selected_gpus; under another engine it can only
-        # be inherited (srun passes the submitting shell's environment to every task), and
-        # would put every rank on one GPU. The local rank decides, as below.
-        selected = ""
-    if selected:
+    flag = environ.get(DEVICE_FLAG, "")
+    selected = flag.split(",")[0].strip()
+    if selected and launcher not in EXTERNAL_ENGINES:
         # paddle.distributed.launch passes a position in the visible list, spawn the
         # physical id itself (spawn.py, "use absolute gpu card id").
         if launcher == "spawn" and selected in visible:
             return f"gpu:{visible.index(selected)}"
         return f"gpu:{int(selected)}"
+    device = _by_local_rank(launcher, local_rank, requested, visible, local_world_size)
+    if launcher in EXTERNAL_ENGINES:
+        check_inherited_flag(launcher, local_rank, device, flag)
+    return device
+
+
+def _by_local_rank(launcher: str, local_rank: int, requested: List[str], visible: List[str],
+                   local_world_size: int) -> str:
+    """The GPU a rank takes when no Paddle launcher named one (module docstring)."""
     if not requested and len(visible) == 1:
         # The engine gave this task its own GPU. (One GPU that several tasks share looks
         # the same from here; NCCL then refuses: "Duplicate GPU detected".)
@@ -219,6 +234,28 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
     if ranks_here > len(pool):
         raise DeviceError(gpu_shortage(launcher, ranks_here, pool, bool(requested)))
     return f"gpu:{visible.index(pool[local_rank])}"
+
+
+def check_inherited_flag(launcher: str, local_rank: int, device: str, flag: str) -> None:
+    """Refuse a FLAGS_selected_gpus that leaves out the GPU a rank of srun, mpirun or
+    torchrun takes. Only Paddle's launchers set it; under another engine it is inherited
+    (srun passes the submitting shell's environment to every task), and `import paddle`
+    has already built its device contexts for the GPUs it lists alone, so the rank's first
+    operation on its own GPU would fail ("Place(gpu:1) is not supported"). A flag that
+    lists the rank's GPU (all of them, say) is harmless.
+
+    Example:
+        check_inherited_flag("slurm", 1, "gpu:1", "0")   # DeviceError: unset FLAGS_selected_gpus ...
+    """
+    listed = [part.strip() for part in flag.split(",") if part.strip()]
+    index = device.split(":")[1]
+    if not listed or any(part.isdigit() and int(part) == int(index) for part in listed):
+        return
+    where = UNSET_FLAG_WHERE.get(launcher, "before the ranks start")
+    raise DeviceError(f"{DEVICE_FLAG}={flag.strip()} was inherited by this {launcher} rank (only "
+                      f"Paddle's launchers set it), so Paddle can use only gpu:{','.join(listed)} "
+                      f"here, but local rank {local_rank} takes {device}; unset {DEVICE_FLAG} "
+                      f"{where} (`unset {DEVICE_FLAG}`)")
 
 
 def gpu_shortage(launcher: str, ranks_here: int, pool: List[str], requested: bool) -> str:
@@ -302,8 +339,13 @@ def loopback_variables(nccl, environ: Optional[Mapping[str, str]] = None) -> Dic
 
 
 def child_environ(extra: Mapping[str, str]) -> Dict[str, str]:
-    """A full environment for a child process: ours plus `extra`."""
-    env = dict(os.environ)
+    """A full environment for a child process: ours plus `extra`, without an inherited
+    FLAGS_selected_gpus. The children are ranks the launcher places: it names each GPU
+    rank's device in `extra` (rank_variables), Paddle's launcher names its ranks' own, and
+    mpirun's ranks take theirs by local rank, where an inherited flag that leaves that
+    GPU out stops them (check_inherited_flag); mpirun hands its whole environment to the
+    ranks on its own machine."""
+    env = {name: value for name, value in os.environ.items() if name != DEVICE_FLAG}
     env.update(extra)
     return env
 
@@ -328,14 +370,20 @@ def export(variables: Mapping[str, str], keep_existing: bool = False) -> Dict[st
     return old
 
 
-def hand_started(master: Optional[str], world_size: Optional[int], rank: Optional[int]) -> Dict[str, str]:
+def hand_started(master: Optional[str], world_size: Optional[int], rank: Optional[int],
+                 local_rank: Optional[int] = None,
+                 environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The torchrun-style variables for a rank started by hand (`train.py --master H:P
-    --world-size N --rank R`, the `tcp://` recipe): one process per command.
+    --world-size N --rank R [--local-rank L]`, the `tcp://` recipe): one process per
+    command. `local_rank` (the rank's index among this machine's ranks, which picks its
+    GPU) defaults to an inherited LOCAL_RANK, else 0.
 
     Example:
-        hand_started("10.0.0.1:6170", 2, 1)
-        # {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.1', 'MASTER_PORT': '6170', ...}
+        hand_started("10.0.0.1:6170", 2, 1, local_rank=1)
+        # {'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '10.0.0.1', 'MASTER_PORT': '6170',
+        #  'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '2'}
     """
+    environ = os.environ if environ is None else environ
     if master is None or world_size is None or rank is None:
         raise UserError("a rank started by hand needs all of --master HOST:PORT, --world-size N "
                         "and --rank R")
@@ -344,8 +392,29 @@ def hand_started(master: Optional[str], world_size: Optional[int], rank: Optiona
         raise UserError(f"--master {master!r} must be host:port, e.g. 10.0.0.1:6170")
     if world_size < 1 or not 0 <= rank < world_size:
         raise UserError(f"--rank {rank} must be in 0 .. {world_size - 1} for --world-size {world_size}")
+    local_rank = _hand_local_rank(local_rank, world_size, environ)
+    # How many ranks share this machine is not known here, only that local ranks
+    # 0 .. local_rank do: never fewer (an inherited LOCAL_WORLD_SIZE may say more).
+    inherited = environ.get("LOCAL_WORLD_SIZE", "").strip()
+    local_world_size = max(int(inherited) if inherited.isdigit() else 0, local_rank + 1)
     return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": host,
-            "MASTER_PORT": port, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+            "MASTER_PORT": port, "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world_size)}
+
+
+def _hand_local_rank(given: Optional[int], world_size: int, environ: Mapping[str, str]) -> int:
+    """--local-rank, else an inherited LOCAL_RANK, else 0; checked against the world size."""
+    what = f"--local-rank {given}"
+    if given is None:
+        inherited = environ.get("LOCAL_RANK", "").strip()
+        if inherited and not inherited.isdigit():
+            raise UserError(f"LOCAL_RANK={inherited!r} (inherited) is not a local rank; "
+                            "pass --local-rank L or unset LOCAL_RANK")
+        given, what = int(inherited or 0), f"LOCAL_RANK={inherited} (inherited)"
+    if not 0 <= given < world_size:
+        raise UserError(f"{what} must be in 0 .. {world_size - 1} for --world-size {world_size} "
+                        "(the rank's index among this machine's ranks, which picks its GPU)")
+    return given
 
 
 def restore(old: Mapping[str, Optional[str]]) -> None:

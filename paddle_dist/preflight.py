@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from . import env as envlib
 from . import auth, netcheck, tls
+from .clusters import CLUSTER_ENVIRONMENTS
 from .errors import UserError
 
 ERROR, WARNING = "error", "warning"
@@ -139,6 +140,23 @@ def _uses_gpus(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> boo
         d.backend == "auto" and bool(envlib.visible_gpus(gpu_info, environ)))
 
 
+def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
+    """Whether the job has one rank in all, counted as launcher.plan counts them: one per
+    dist.gpus id, else dist.nprocs (default 1), on each of dist.nnodes machines; and this
+    process is not one of several an engine started (doctor --check in each srun task).
+    An mpirun job sized by its hostfile, or a config or environment that cannot be read,
+    counts as several."""
+    d = cfg.dist
+    try:
+        per_node = len(envlib.parse_gpus(d.gpus)) or d.nprocs or 1
+        cluster = next(c for c in CLUSTER_ENVIRONMENTS if c.detect(environ))(environ)
+        engine_world = int(cluster.ranks().get("world_size", 1))
+    except (UserError, ValueError):
+        return False
+    sized_by_hostfile = d.launcher == "mpirun" and bool(d.hostfile) and d.nprocs is None
+    return per_node * d.nnodes == 1 and not sized_by_hostfile and engine_world <= 1
+
+
 # ------------------------------------------------ the master's port
 def port_problems(cfg, interfaces: Mapping[str, List[str]]) -> List[Problem]:
     """On node 0, a dist.master on this machine whose port something else holds: Paddle's
@@ -247,9 +265,10 @@ def _cmdline(pid_dir: Path, limit: int = 200) -> str:
 def shm_problems(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str],
                  statvfs: StatVfs = os.statvfs, path: str = SHM_PATH,
                  minimum: int = SHM_MIN) -> List[Problem]:
-    """A /dev/shm missing or with less than `minimum` bytes free: an error for GPU jobs
-    (NCCL), a warning on CPU (only DataLoader workers use it there)."""
-    if _uses_gpus(cfg, gpu_info, environ):
+    """A /dev/shm missing or with less than `minimum` bytes free: an error for GPU jobs of
+    several ranks (NCCL), a warning on CPU or for one rank (no process group, so no NCCL:
+    only DataLoader workers use it there)."""
+    if _uses_gpus(cfg, gpu_info, environ) and not _one_rank(cfg, environ):
         severity, why = ERROR, "NCCL's shared-memory transport between local GPUs crashes or hangs"
     else:
         severity, why = WARNING, "DataLoader workers (num_workers > 0) die with a bus error"

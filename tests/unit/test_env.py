@@ -6,6 +6,7 @@ Most tests pass `environ=` and `gpu_info=` explicitly, so no GPU and no launcher
 
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -436,6 +437,13 @@ def test_child_environ_adds_to_ours(monkeypatch):
     assert "PADDLE_DIST_TEST_NEW" not in os.environ
 
 
+def test_child_environ_leaves_out_an_inherited_flags_selected_gpus(monkeypatch):
+    # The launcher places its ranks itself; under mpirun they pick their GPU by local rank.
+    monkeypatch.setenv("FLAGS_selected_gpus", "0")
+    assert "FLAGS_selected_gpus" not in envlib.child_environ({"PADDLE_DIST_TEST_NEW": "1"})
+    assert envlib.child_environ({"FLAGS_selected_gpus": "1"})["FLAGS_selected_gpus"] == "1"
+
+
 def test_export_and_restore_round_trip(monkeypatch):
     monkeypatch.delenv("PADDLE_DIST_TEST_NEW", raising=False)
     monkeypatch.setenv("PADDLE_DIST_TEST_OLD", "before")
@@ -640,6 +648,48 @@ def test_ranks_by_hand_with_local_sizes():
     assert ranks_of(detect(gpu_info=CPU_BUILD, environ=environ)) == (3, 1, 4, 2, 1, 2)
 
 
+def test_two_ranks_started_by_hand_on_one_machine_take_their_own_gpus():
+    devices = []
+    for rank in (0, 1):
+        variables = envlib.hand_started("10.0.0.1:6170", 2, rank, local_rank=rank, environ={})
+        env = detect(gpu_info=FOUR_GPUS, environ=variables)
+        assert (env.global_rank, env.local_rank) == (rank, rank)
+        devices.append(env.device)
+    assert devices == ["gpu:0", "gpu:1"]
+
+
+@pytest.mark.parametrize("local_rank, environ, expected", [
+    (None, {}, ("0", "1")),
+    (1, {}, ("1", "2")),                                        # never "1 rank here" for local rank 1
+    (None, {"LOCAL_RANK": "1"}, ("1", "2")),                    # an inherited LOCAL_RANK is the default
+    (0, {"LOCAL_RANK": "1"}, ("0", "1")),                       # --local-rank wins
+    (1, {"LOCAL_WORLD_SIZE": "4"}, ("1", "4")),                 # an inherited size above the minimum stays
+    (2, {"LOCAL_WORLD_SIZE": "1"}, ("2", "3")),
+])
+def test_hand_started_local_rank_and_size(local_rank, environ, expected):
+    variables = envlib.hand_started("10.0.0.1:6170", 4, 3, local_rank=local_rank, environ=environ)
+    assert (variables["LOCAL_RANK"], variables["LOCAL_WORLD_SIZE"]) == expected
+
+
+def test_hand_started_shortage_check_counts_the_local_rank():
+    # Local rank 2 on a machine with 2 GPUs: the third rank there has none of its own.
+    variables = envlib.hand_started("10.0.0.1:6170", 4, 3, local_rank=2, environ={})
+    with pytest.raises(DeviceError, match="3 ranks on this node but only 2 GPUs"):
+        detect(gpu_info=GpuInfo(True, 2), environ=variables)
+
+
+@pytest.mark.parametrize("local_rank, environ, message", [
+    (-1, {}, "--local-rank -1 must be in 0 .. 1 for --world-size 2"),
+    (2, {}, "--local-rank 2 must be in 0 .. 1 for --world-size 2"),
+    (None, {"LOCAL_RANK": "2"}, "LOCAL_RANK=2 (inherited) must be in 0 .. 1"),
+    (None, {"LOCAL_RANK": "one"}, "LOCAL_RANK='one' (inherited) is not a local rank; pass --local-rank L"),
+])
+def test_hand_started_rejects_a_bad_local_rank_in_one_line(local_rank, environ, message):
+    with pytest.raises(UserError, match=re.escape(message)) as refused:
+        envlib.hand_started("10.0.0.1:6170", 2, 1, local_rank=local_rank, environ=environ)
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("missing", ["RANK", "WORLD_SIZE", "MASTER_ADDR"])
 def test_torch_variables_need_rank_world_size_and_master(missing):
     environ = {k: v for k, v in BY_HAND_RANK1.items() if k != missing}
@@ -767,11 +817,47 @@ def test_requested_gpus_are_shared_out_by_local_rank_under_mpirun():
     assert detect(gpus="3,4", gpu_info=FOUR_GPUS, environ=environ).device == "gpu:2"
 
 
-def test_inherited_flags_selected_gpus_is_ignored_under_other_engines():
-    # srun hands the submitting shell's FLAGS_selected_gpus to every task alike.
+@pytest.mark.parametrize("environ, where", [
+    (MPIRUN_2x2_RANK3, "before mpirun"),
+    (SRUN_2x2_RANK3, "in the job script, before srun"),
+    (TORCHRUN_2x2_RANK3, "before torchrun"),
+    (dict(BY_HAND_RANK1, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2"), "a rank by hand"),
+])
+def test_an_inherited_flags_selected_gpus_without_the_ranks_gpu_is_refused(environ, where):
+    # srun hands the submitting shell's FLAGS_selected_gpus to every task alike; `import
+    # paddle` then makes only gpu:0 usable, and local rank 1's gpu:1 would fail.
+    with pytest.raises(DeviceError) as refused:
+        detect(gpu_info=FOUR_GPUS, environ=dict(environ, FLAGS_selected_gpus="0"))
+    message = str(refused.value)
+    assert "FLAGS_selected_gpus=0 was inherited" in message and "local rank 1 takes gpu:1" in message
+    assert "unset FLAGS_selected_gpus" in message and where in message and "\n" not in message
+
+
+@pytest.mark.parametrize("flag", ["1", "0,1,2,3", " 1 ", "3,1"])
+def test_an_inherited_flags_selected_gpus_listing_the_ranks_gpu_changes_nothing(flag):
     for environ in (MPIRUN_2x2_RANK3, SRUN_2x2_RANK3, TORCHRUN_2x2_RANK3):
-        env = detect(gpu_info=FOUR_GPUS, environ=dict(environ, FLAGS_selected_gpus="0"))
+        env = detect(gpu_info=FOUR_GPUS, environ=dict(environ, FLAGS_selected_gpus=flag))
         assert env.device == "gpu:1"
+
+
+def test_an_inherited_flags_selected_gpus_holds_positions_among_the_visible_gpus():
+    # Paddle's flag counts the visible GPUs from 0, as CUDA does: physical GPU 5 of
+    # CUDA_VISIBLE_DEVICES=4,5 is position 1.
+    environ = dict(MPIRUN_2x2_RANK3, CUDA_VISIBLE_DEVICES="4,5")
+    assert detect(gpu_info=GpuInfo(True, 2), environ=dict(environ, FLAGS_selected_gpus="1")).device == "gpu:1"
+    with pytest.raises(DeviceError, match="only gpu:5 here, but local rank 1 takes gpu:1"):
+        detect(gpu_info=GpuInfo(True, 2), environ=dict(environ, FLAGS_selected_gpus="5"))
+
+
+def test_an_inherited_flags_selected_gpus_naming_a_tasks_only_gpu_is_harmless():
+    # `srun --gpus-per-task=1`: the task's one visible GPU is gpu:0, whatever its local rank.
+    environ = dict(SRUN_2x2_RANK3, CUDA_VISIBLE_DEVICES="1", FLAGS_selected_gpus="0")
+    assert detect(gpu_info=GpuInfo(True, 1), environ=environ).device == "gpu:0"
+
+
+def test_an_inherited_flags_selected_gpus_is_no_concern_on_cpu():
+    environ = dict(SRUN_2x2_RANK3, FLAGS_selected_gpus="0")
+    assert detect(gpu_info=CPU_BUILD, environ=environ).device == "cpu"
 
 
 def test_srun_gpus_per_task_sees_one_gpu():

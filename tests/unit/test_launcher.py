@@ -11,7 +11,7 @@ import pytest
 
 from paddle_dist import launcher, rankgate
 from paddle_dist.config import load
-from paddle_dist.env import DistEnv, GpuInfo
+from paddle_dist.env import DistEnv, GpuInfo, detect
 from paddle_dist.errors import ConfigError, DeviceError
 from paddle_dist.launcher import LaunchPlan, plan, resolve_devices
 
@@ -264,6 +264,24 @@ def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch
     assert child_env["OMP_NUM_THREADS"] == "4"
     assert child_env["PADDLE_DIST_SUPERVISED"] == "1"
     assert "NCCL_DEBUG" not in os.environ or os.environ["NCCL_DEBUG"] != "INFO"
+
+
+def test_mpirun_ranks_do_not_inherit_the_launchers_flags_selected_gpus(monkeypatch, tmp_path):
+    # mpirun hands its whole environment to the ranks on its machine, which pick their GPU
+    # by local rank: an inherited FLAGS_selected_gpus=0 would leave local rank 1 without gpu:1.
+    seen = []
+    monkeypatch.setattr(launcher.supervisor, "supervise_launch",
+                        lambda argv, env, *args, **kwargs: seen.append(env) or 0)
+    monkeypatch.setenv("FLAGS_selected_gpus", "0")
+    p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"],
+                  info=FOUR_GPUS, log_dir=str(tmp_path))
+    assert launcher.launch(p, run_dir=tmp_path) == 0
+    [child_env] = seen
+    assert "FLAGS_selected_gpus" not in child_env
+    rank1 = dict(child_env, OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
+                 OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    rank1.pop("CUDA_VISIBLE_DEVICES", None)
+    assert detect(gpu_info=FOUR_GPUS, environ=rank1).device == "gpu:1"
 
 
 class _Context:
