@@ -1,8 +1,10 @@
 """Classify images with an exported model: `python -m paddle_dist.predict EXPORTED_DIR IMAGE...`.
 
-Runs the model that `python -m paddle_dist.export` wrote through Paddle Inference (on a
-GPU when Paddle has CUDA and one is visible, else on the CPU), after the preprocessing
-its deploy.json describes (decoded by Pillow: PNG, JPEG and whatever else Pillow reads).
+Runs the model that `python -m paddle_dist.export` wrote through Paddle Inference, after
+the preprocessing its deploy.json describes (decoded by Pillow: PNG, JPEG and whatever else
+Pillow reads), on this process's GPU as env.detect() picks it (the one FLAGS_selected_gpus
+or the local rank names, else the first visible one), or on the CPU when Paddle has no CUDA
+or no GPU is visible.
 Prints each image's top-k classes with their probabilities, or JSON (`--json`).
 
 Example:
@@ -20,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from . import env as envlib
 from .errors import UserError
 from .export import DEPLOY_FILE
 from .imagefolder import fit_image
@@ -65,22 +68,27 @@ def load_images(paths: Sequence[str], pre: Dict[str, Any]) -> np.ndarray:
 class Predictor:
     """An exported model in Paddle Inference.
 
+    `device`: "gpu:<n>" (n counts among the visible GPUs, as in `DistEnv.device`), "cpu",
+    or None for this process's device as `env.detect()` picks it (a rank's own GPU).
+
     Example:
         probabilities = Predictor("runs/x/export").probabilities(["a.png", "b.png"])
+        Predictor("runs/x/export", device=env.device)     # inside a job: the rank's GPU
     """
 
-    def __init__(self, folder):
+    def __init__(self, folder, device: Optional[str] = None):
         from paddle import inference
 
         self.folder = Path(folder)
         self.deploy = read_deploy(self.folder)
+        gpu = gpu_index(device if device is not None else envlib.detect().device)
         config = inference.Config(str(self.folder / self.deploy["model_file"]),
                                   str(self.folder / self.deploy["params_file"]))
         config.disable_glog_info()
-        if _gpu_available():
-            config.enable_use_gpu(256, 0)
-        else:
+        if gpu is None:
             config.disable_gpu()
+        else:
+            config.enable_use_gpu(256, gpu)
         self.predictor = inference.create_predictor(config)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -100,10 +108,19 @@ class Predictor:
         return exp / exp.sum(axis=1, keepdims=True)
 
 
-def _gpu_available() -> bool:
-    import paddle
+def gpu_index(device: str) -> Optional[int]:
+    """The GPU of a device string for Paddle Inference's enable_use_gpu, None for the CPU.
 
-    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    Example:
+        gpu_index("gpu:1")   # 1
+    """
+    kind, _, index = str(device).partition(":")
+    if kind == envlib.CPU and not index:
+        return None
+    if kind != "gpu" or not index.isdigit():
+        raise UserError(f"device {device!r} is not 'cpu' or 'gpu:N' (N counting the visible GPUs "
+                        "from 0); pass e.g. device='gpu:0', or env.device of the job")
+    return int(index)
 
 
 def top_k(probabilities: np.ndarray, classes: Optional[List[str]], k: int) -> List[List[Dict[str, Any]]]:
