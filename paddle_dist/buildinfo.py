@@ -5,8 +5,8 @@ A GPU build of Paddle links CUDA's runtime (PyPI's paddlepaddle-gpu 2.6.2 static
 opens cuDNN, cuBLAS, cuRAND, cuSOLVER and NCCL with dlopen at first use
 (paddle/phi/backends/dynload/dynamic_loader.cc): `import paddle` works on a machine that
 lacks them, and the first convolution or all-reduce fails. The names follow the build's
-CUDA and cuDNN major versions (CUDA 12.0 + cuDNN 8.9: libcudnn.so.8, libcublas.so.12,
-libcurand.so.10, libcusolver.so.11, libnccl.so.2).
+CUDA and cuDNN major versions (PyPI's 2.6.2, CUDA 11.8 + cuDNN 8.6: libcudnn.so.8,
+libcublas.so.11, libcurand.so.10, libcusolver.so.11, libnccl.so.2; CUDA 12: libcublas.so.12).
 
 Where Paddle looks: a build with `paddle.version.with_pip_cuda_libraries == 'ON'` (3.x
 from Paddle's own index) first in <site-packages>/nvidia/<lib>/lib, where the
@@ -14,7 +14,7 @@ nvidia-*-cuXX pip packages put them (paddle/__init__.py points FLAGS_cudnn_dir a
 others there), then on the system's search path (LD_LIBRARY_PATH, ldconfig); PyPI's
 2.6.2 only on the system's search path. cuDNN is also looked for in /usr/local/cuda/lib64.
 
-Every function takes the facts as arguments, so a test can be a CUDA 12.0 build without
+Every function takes the facts as arguments, so a test can be a CUDA 11.8 build without
 cuDNN on a machine that has no GPU.
 
 Example:
@@ -138,8 +138,8 @@ def probe(libs: List[Library], site: Optional[Path],
     tries in its order. `loader(name)` returns what it loaded or raises OSError.
 
     Example:
-        probe(libraries(Build("2.6.2", "12.0", "8.9.1")), None)
-        # {'libcudnn.so.8': None, 'libcublas.so.12': '/usr/local/cuda/lib64/libcublas.so.12', ...}
+        probe(libraries(Build("2.6.2", "11.8", "8.6.0")), None)
+        # {'libcudnn.so.8': None, 'libcublas.so.11': '/usr/local/cuda/lib64/libcublas.so.11', ...}
     """
     found = {}
     for lib in libs:
@@ -165,8 +165,8 @@ def fix(build: Build, found: Dict[str, Optional[str]], site: Optional[Path]) -> 
     every one did).
 
     Example:
-        fix(Build("2.6.2", "12.0", "8.9.1"), {"libcudnn.so.8": None}, Path("/venv/site"))
-        # 'pip install "nvidia-cudnn-cu12==8.9.*" and export LD_LIBRARY_PATH=/venv/site/nvidia/cudnn/lib:...'
+        fix(Build("2.6.2", "11.8", "8.6.0"), {"libcudnn.so.8": None}, Path("/venv/site"))
+        # 'pip install "nvidia-cudnn-cu11==8.6.*" and export LD_LIBRARY_PATH=/venv/site/nvidia/cudnn/lib:...'
     """
     missing = [lib for lib in libraries(build) if found.get(lib.soname) is None]
     if not missing:

@@ -97,8 +97,8 @@ def paddle_facts(build: buildinfo.Build, site: Optional[Path],
     cannot), so a test can be a CUDA build on a machine without CUDA.
 
     Example:
-        paddle_facts(buildinfo.Build("2.6.2", "12.0", "8.9.1"), None)["cuda_fix"]
-        # 'pip install "nvidia-cudnn-cu12==8.9.*" nvidia-cublas-cu12 ... and export LD_LIBRARY_PATH=...'
+        paddle_facts(buildinfo.Build("2.6.2", "11.8", "8.6.0"), None)["cuda_fix"]
+        # 'pip install "nvidia-cudnn-cu11==8.6.*" nvidia-cublas-cu11 ... and export LD_LIBRARY_PATH=...'
     """
     found = buildinfo.probe(buildinfo.libraries(build), site, loader)
     return {

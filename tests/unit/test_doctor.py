@@ -116,7 +116,7 @@ def test_port_is_not_checked_off_this_machine_or_off_node_0(taken_port):
 
 
 # ---------------------------------------------------------------- /dev/shm
-@pytest.mark.parametrize("overrides", [["dist.backend=nccl"], ["dist.gpus=0"]])
+@pytest.mark.parametrize("overrides", [["dist.backend=nccl", "dist.nprocs=2"], ["dist.gpus=0,1"]])
 def test_small_shm_is_an_error_for_gpu_jobs(overrides):
     cfg = load(None, overrides)
     [problem] = shm_problems(cfg, TWO_GPUS, {}, statvfs=shm_of(64 * MiB, 64 * MiB))
@@ -126,7 +126,7 @@ def test_small_shm_is_an_error_for_gpu_jobs(overrides):
 
 
 def test_small_shm_with_visible_gpus_and_auto_backend_is_an_error():
-    [problem] = shm_problems(load(), TWO_GPUS, {}, statvfs=shm_of(64 * MiB, 64 * MiB))
+    [problem] = shm_problems(load(None, ["dist.nprocs=2"]), TWO_GPUS, {}, statvfs=shm_of(64 * MiB, 64 * MiB))
     assert problem.severity == "error"
 
 
@@ -137,7 +137,7 @@ def test_small_shm_on_cpu_is_a_warning():
 
 def test_missing_shm(tmp_path):
     missing = str(tmp_path / "no-shm-here")
-    [gpu] = shm_problems(load(None, ["dist.backend=nccl"]), TWO_GPUS, {}, path=missing)
+    [gpu] = shm_problems(load(None, ["dist.backend=nccl", "dist.nprocs=2"]), TWO_GPUS, {}, path=missing)
     [cpu] = shm_problems(load(), CPU_BUILD, {}, statvfs=no_shm)
     assert gpu.severity == "error" and gpu.message.startswith(f"{missing} does not exist: NCCL")
     assert cpu.severity == "warning" and "mount -t tmpfs" in cpu.message
@@ -147,6 +147,38 @@ def test_large_shm_is_fine_and_a_full_one_says_to_clean_it():
     assert shm_problems(load(None, ["dist.backend=nccl"]), TWO_GPUS, {}, statvfs=BIG_SHM) == []
     [full] = shm_problems(load(), CPU_BUILD, {}, statvfs=shm_of(8 * GiB, 100 * MiB))
     assert "remove stale files there" in full.message
+
+
+@pytest.mark.parametrize("overrides", [[], ["dist.gpus=1"], ["dist.backend=nccl"], ["dist.nprocs=1"],
+                                       ["dist.launcher=mpirun", "dist.nprocs=1", "dist.hostfile={hosts}"]])
+def test_small_shm_is_only_a_warning_for_one_gpu_rank_in_all(overrides, tmp_path):
+    # One rank has no process group, so no NCCL: a container's 64 MiB /dev/shm matters only
+    # to DataLoader workers, as on CPU.
+    cfg = load(None, [o.format(hosts=_hostfile(tmp_path)) for o in overrides])
+    [problem] = shm_problems(cfg, TWO_GPUS, {}, statvfs=shm_of(64 * MiB, 64 * MiB))
+    assert problem.severity == "warning" and "bus error" in problem.message
+    assert "NCCL" not in problem.message
+    assert errors(preflight(cfg, {}, TWO_GPUS, interfaces={}, statvfs=shm_of(64 * MiB, 64 * MiB))) == []
+
+
+def _hostfile(folder):
+    (folder / "hosts").write_text("node1 slots=2\nnode2 slots=2\n")
+    return folder / "hosts"
+
+
+SRUN_TASK_OF_4 = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+                  "SLURM_NODEID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "1"}
+
+
+@pytest.mark.parametrize("overrides, environ", [
+    (["dist.gpus=0", "dist.nnodes=2", "dist.master=10.0.0.1:6170"], {}),   # one GPU on each of 2 machines
+    (["dist.launcher=mpirun", "dist.hostfile={hosts}"], {}),               # as many ranks as the hostfile's slots
+    ([], SRUN_TASK_OF_4),                                                  # doctor --check in each of 4 srun tasks
+])
+def test_small_shm_stays_an_error_for_one_gpu_per_rank_but_several_ranks(overrides, environ, tmp_path):
+    cfg = load(None, [o.format(hosts=_hostfile(tmp_path)) for o in overrides])
+    [problem] = shm_problems(cfg, TWO_GPUS, environ, statvfs=shm_of(64 * MiB, 64 * MiB))
+    assert problem.severity == "error" and "NCCL" in problem.message
 
 
 def test_shm_threshold_is_a_parameter(tmp_path):
@@ -268,7 +300,7 @@ def test_gpus_hidden_by_cuda_visible_devices():
 
 
 def test_errors_come_before_warnings():
-    cfg = load(None, ["dist.gpus=0"])
+    cfg = load(None, ["dist.gpus=0,1"])
     problems = preflight(cfg, {}, NO_GPUS, statvfs=no_shm)
     cpu = preflight(load(), {}, CPU_BUILD, statvfs=no_shm)
     assert [p.severity for p in problems] == ["error", "error"]
@@ -393,7 +425,7 @@ def test_main_refuses_self_test_options_without_test_and_test_with_check():
 
 # ---------------------------------------------------------------- Paddle's build
 SITE = Path("/venv/lib/python3.11/site-packages")
-PYPI_GPU = buildinfo.Build("2.6.2", cuda="12.0", cudnn="8.9.1")              # PyPI's paddlepaddle-gpu
+PYPI_GPU = buildinfo.Build("2.6.2", cuda="11.8", cudnn="8.6.0")              # PyPI's paddlepaddle-gpu
 PIP_LIBS = buildinfo.Build("3.2.2", cuda="12.6", cudnn="9.5.1", pip_libraries=True)
 
 
@@ -411,20 +443,20 @@ class Loader:
         return "/usr/local/cuda/lib64/" + Path(name).name
 
 
-def test_a_cuda_12_0_build_without_cudnn_says_what_to_install():
+def test_pypis_cuda_11_8_build_without_cudnn_says_what_to_install():
     facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn"))
-    assert facts["paddle_build"] == "CUDA 12.0, cuDNN 8.9.1" and facts["paddle_supported"] is True
+    assert facts["paddle_build"] == "CUDA 11.8, cuDNN 8.6.0" and facts["paddle_supported"] is True
     assert facts["cuda_libraries"] == {
         "libcudnn.so.8": None,
-        "libcublas.so.12": "/usr/local/cuda/lib64/libcublas.so.12",
+        "libcublas.so.11": "/usr/local/cuda/lib64/libcublas.so.11",
         "libcurand.so.10": "/usr/local/cuda/lib64/libcurand.so.10",
         "libcusolver.so.11": "/usr/local/cuda/lib64/libcusolver.so.11",
         "libnccl.so.2": "/usr/local/cuda/lib64/libnccl.so.2"}      # 2.6 links cudart statically
     fix = facts["cuda_fix"]
-    assert fix.startswith('pip install "nvidia-cudnn-cu12==8.9.*" and export LD_LIBRARY_PATH='
+    assert fix.startswith('pip install "nvidia-cudnn-cu11==8.6.*" and export LD_LIBRARY_PATH='
                           f'{SITE}/nvidia/cudnn/lib:$LD_LIBRARY_PATH (Paddle 2.6.2 searches '
                           "LD_LIBRARY_PATH only)")
-    assert fix.endswith("or install CUDA 12.0 and cuDNN 8.9 from NVIDIA and add their lib64 folder "
+    assert fix.endswith("or install CUDA 11.8 and cuDNN 8.6 from NVIDIA and add their lib64 folder "
                         "to LD_LIBRARY_PATH")
     assert "\n" not in fix and "cublas" not in fix
 
@@ -433,8 +465,17 @@ def test_the_report_text_lists_each_library_and_the_fix():
     facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
     text = doctor._section("versions", doctor._rows("versions", facts))
     assert "  cuda_libraries             libcudnn.so.8      missing\n" in text
-    assert "\n                             libcublas.so.12    /usr/local/cuda/lib64/libcublas.so.12\n" in text
-    assert '  cuda_fix                   pip install "nvidia-cudnn-cu12==8.9.*" nvidia-nccl-cu12 and ' in text
+    assert "\n                             libcublas.so.11    /usr/local/cuda/lib64/libcublas.so.11\n" in text
+    assert '  cuda_fix                   pip install "nvidia-cudnn-cu11==8.6.*" nvidia-nccl-cu11 and ' in text
+
+
+def test_the_docs_show_what_doctor_prints_for_pypis_build():
+    # docs/environment.md quotes the report of PyPI's 2.6.2 without cuDNN and NCCL.
+    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
+    text = doctor._section("versions", doctor._rows("versions", facts))
+    doc = (REPO_ROOT / "docs" / "environment.md").read_text()
+    quoted = doc.split("tests/unit/test_doctor.py):\n\n```\n", 1)[1].split("\n```", 1)[0]
+    assert quoted.splitlines() == text.splitlines()[1:]
 
 
 def test_a_build_with_pip_cuda_libraries_is_looked_for_in_site_packages_first():
