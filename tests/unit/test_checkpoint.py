@@ -601,11 +601,13 @@ def test_restore_refuses_a_wrapped_models_checkpoint_naming_the_wrapper(tmp_path
 
 
 def test_restore_refuses_another_dtype_in_one_line(tmp_path):
-    half = Net()
-    half.to(dtype="float16")
-    path = ck.save(tmp_path, half, sgd(half), meta(1))
-    with pytest.raises(ck.CheckpointError, match=r"dtype \(checkpoint vs model\) of fc.bias float16 "
-                                                 r"vs float32, fc.weight float16 vs float32") as err:
+    """(16-bit and float32 weights load into each other: a mixed-precision run's, exactly;
+    test_an_o2_models_16_bit_weights_resume_from_the_float32_they_were_saved_as.)"""
+    double = Net()
+    double.to(dtype="float64")
+    path = ck.save(tmp_path, double, sgd(double), meta(1))
+    with pytest.raises(ck.CheckpointError, match=r"dtype \(checkpoint vs model\) of fc.bias float64 "
+                                                 r"vs float32, fc.weight float64 vs float32") as err:
         ck.restore(ck.load(path), Net(), rng=False)     # Paddle's own: an AssertionError, midway
     one_line(err)
 
@@ -670,11 +672,21 @@ def test_load_weights_refuses_another_shape(tmp_path, saved):
 
 
 def test_load_weights_refuses_another_dtype(tmp_path):
+    double = Net()
+    double.to(dtype="float64")
+    file = saved_pdparams(double, tmp_path / "model.pdparams")
+    with pytest.raises(ck.CheckpointError, match=r"dtype \(file vs model\) of fc.bias float64 vs float32"):
+        ck.load_weights(Net(), file)
+
+
+def test_load_weights_takes_a_mixed_precision_runs_16_bit_weights_exactly(tmp_path):
     half = Net()
     half.to(dtype="float16")
     file = saved_pdparams(half, tmp_path / "model.pdparams")
-    with pytest.raises(ck.CheckpointError, match=r"dtype \(file vs model\) of fc.bias float16 vs float32"):
-        ck.load_weights(Net(), file)
+    net = Net()
+    ck.load_weights(net, file)
+    assert all(np.array_equal(net.state_dict()[k].numpy(), v.astype("float32").numpy())
+               for k, v in half.state_dict().items())
 
 
 def test_load_weights_of_an_exact_match_are_bitwise_equal(tmp_path, one_step):
