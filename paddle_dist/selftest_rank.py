@@ -31,7 +31,7 @@ from . import env as envlib
 from . import faults, runtime
 from .comm import first_line
 from .selftest_checks import (DTYPES, FAIL, PASS, Job, Row, all_reduce, amp_step,
-                              checkpoint_round_trip, export_predict, grad_sync)
+                              checkpoint_round_trip, export_predict, grad_sync, side_stream_overlap)
 
 SETUP = "process group"       # the first row: runtime.setup, under its own (rendezvous) deadline
 CONFIG_FILE = "config.json"   # in the job's folder: the config, as selftest.py wrote it
@@ -48,10 +48,11 @@ class Check:
 CHECKS = ([Check(f"all-reduce {d}", 30, partial(all_reduce, d)) for d in DTYPES]
           + [Check("grad sync fused", 60, partial(grad_sync, "fused")),
              Check("grad sync overlap", 60, partial(grad_sync, "overlap")),
-             Check("checkpoint + RNG", 60, checkpoint_round_trip),
-             Check("AMP float16 + GradScaler", 120, partial(amp_step, "float16")),
-             Check("AMP bfloat16", 120, partial(amp_step, "bfloat16")),
-             Check("export + predict", 120, export_predict, first_only=True)])
+             Check("checkpoint + RNG", 60, checkpoint_round_trip)]
+          + [Check(f"AMP {d} {level}" + (" + GradScaler" if d == "float16" else ""), 120,
+                   partial(amp_step, d, level)) for level in ("O1", "O2") for d in ("float16", "bfloat16")]
+          + [Check("export + predict", 120, export_predict, first_only=True),
+             Check("overlap on a CUDA side stream", 60, side_stream_overlap, first_only=True)])
 
 
 # ---------------------------------------------------------------- the rank

@@ -72,8 +72,11 @@ def test_one_rank_and_cpu_skip_what_they_cannot_test(job):
     for row in (selftest_checks.all_reduce("float32", job), selftest_checks.grad_sync("fused", job)):
         assert row.status == "SKIP" and row.detail.startswith("one rank: nothing to exchange")
     for dtype in ("float16", "bfloat16"):
-        row = selftest_checks.amp_step(dtype, job)
-        assert row.status == "SKIP" and row.detail.startswith("GPUs only")
+        for level in ("O1", "O2"):
+            row = selftest_checks.amp_step(dtype, level, job)
+            assert row.status == "SKIP" and row.detail.startswith("GPUs only")
+    row = selftest_checks.side_stream_overlap(job)
+    assert row.status == "SKIP" and row.detail.startswith("GPUs only")
 
 
 def test_checkpoint_round_trip_passes_and_a_broken_restore_fails(job, monkeypatch):
@@ -150,9 +153,9 @@ def test_ranks_that_end_with_different_weights_fail():
 
 
 def test_skips_do_not_fail():
-    skip = {"AMP bfloat16": {"status": "SKIP", "detail": "GPUs only"}}
+    skip = {"AMP bfloat16 O2": {"status": "SKIP", "detail": "GPUs only"}}
     lines = assemble({0: rank_file(0, **skip), 1: rank_file(1, **skip)}, 2)
-    assert (line(lines, "AMP bfloat16").status, line(lines, "AMP bfloat16").ranks) == ("SKIP", "-")
+    assert (line(lines, "AMP bfloat16 O2").status, line(lines, "AMP bfloat16 O2").ranks) == ("SKIP", "-")
     assert exit_code(lines) == 0
 
 
@@ -247,3 +250,26 @@ def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     one = selftest.prepare(selftest.job_config(1, None, []), DistEnv(), tmp_path, environ={},
                            gpu_info=GpuInfo(False, 0), cpu_count=2)
     assert one.mode == "launch" and selftest.describe(one) == "1 rank on CPU"
+
+
+def test_tf32_is_switched_off_with_paddles_own_switches(monkeypatch):
+    """FLAGS_allow_tf32_* exist in no Paddle build (setting them raised, and was swallowed);
+    core.set_cublas_switch / set_cudnn_switch are what GPU builds have."""
+    from paddle.base import core
+
+    turned = {}
+    for switch in ("set_cublas_switch", "set_cudnn_switch"):
+        monkeypatch.setattr(core, switch, lambda on, _name=switch: turned.__setitem__(_name, on), raising=False)
+    selftest_checks._exact_float32()
+    assert turned == {"set_cublas_switch": False, "set_cudnn_switch": False}
+
+
+def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
+    """What the O2 rows do after training (GPUs only), run here on a float32 network:
+    the trainer's evaluate(), a checkpoint of float32 weights, export and Paddle Inference."""
+    from paddle_dist import amp
+
+    net, ref, how, exchange, opt = selftest_checks.train_against_replay(job, "fused")
+    problem, said = selftest_checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
+    assert problem is None, problem
+    assert said.startswith("evaluation loss") and "float32 checkpoint exported" in said
