@@ -118,13 +118,16 @@ def apply_rng(arrays: Dict[str, np.ndarray], info: Dict[str, Any]) -> None:
     if len(saved) > 1 and len(saved) != len(paddle.get_rng_state()):
         raise CheckpointError(f"the checkpoint holds {len(saved)} Paddle generator states, one per "
                               f"GPU its process saw, but this process has {len(paddle.get_rng_state())}; "
-                              "resume where as many GPUs are visible, or restore with rng=False")
+                              "resume where as many GPUs are visible, or evaluate it (--eval-only "
+                              "restores no random state), or take its weights alone "
+                              "(checkpoint.restore(..., rng=False))")
     try:
         compat.set_generator_states(saved)
     except ValueError as exc:
         raise CheckpointError(f"the checkpoint's random state does not fit this process: {exc}; "
-                              "resume on the kind of device it was written on, or restore with "
-                              "rng=False") from None
+                              "resume where it was written (a GPU's on a GPU), or evaluate it "
+                              "(--eval-only restores no random state), or take its weights alone "
+                              "(checkpoint.restore(..., rng=False))") from None
 
 
 def _check_rng(arrays: Dict[str, np.ndarray], info: Any, where: Path) -> None:

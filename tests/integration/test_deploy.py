@@ -170,6 +170,32 @@ def test_evaluate_only_scores_a_checkpoint_and_changes_nothing(demo_run, tmp_pat
     assert _snapshot(demo_run) == before
 
 
+def test_a_checkpoint_written_on_a_gpu_is_evaluated_on_a_cpu_and_its_resume_refused_in_one_line(demo_run, tmp_path):
+    """A checkpoint holds the random state of the GPU it was written on. Evaluating needs
+    no random numbers, so --eval-only on a CPU (or another count of GPUs) scores it; going
+    on training there cannot continue that GPU's generator: one line, exit 2."""
+    import shutil
+
+    run_dir = tmp_path / "gpurun"
+    shutil.copytree(demo_run, run_dir, ignore=shutil.ignore_patterns("export"))
+    for meta_file in run_dir.glob("checkpoints/ckpt_*/meta.json"):
+        meta = json.loads(meta_file.read_text())
+        meta["rng"]["paddle"] = [[0, *meta["rng"]["paddle"][0][1:]]]      # gpu:0's generator
+        meta_file.write_text(json.dumps(meta))
+    trained = json.loads((run_dir / "metrics.json").read_text())
+    evaluated = check(run(["train.py", "--eval-only", "-o", f"checkpoint.resume={run_dir / 'checkpoints'}",
+                           "-o", f"output.root={tmp_path / 'eval'}"]))
+    [eval_dir] = _runs(tmp_path / "eval")
+    assert json.loads((eval_dir / "metrics.json").read_text())["test_accuracy"] == trained["test_accuracy"]
+    assert "nothing is trained" in evaluated.stdout + evaluated.stderr
+    resumed = run(["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=3", "-o",
+                   f"checkpoint.resume={run_dir / 'checkpoints'}", "-o", f"output.root={tmp_path / 'more'}"],
+                  timeout=300)
+    said = [line for line in resumed.stderr.splitlines() if "holds a GPU's generator" in line]
+    assert resumed.returncode == 2 and len(said) == 1 and "--eval-only" in said[0], resumed.stderr[-2000:]
+    assert "Traceback" not in resumed.stderr
+
+
 def _image_tree(root, sizes=((20, 24), (24, 20))):
     """3 colour classes of small noisy PNG and JPEG images: 12 per class to train on, 4 to
     evaluate."""

@@ -880,7 +880,7 @@ def test_each_rank_resumes_its_own_gpus_generator_whatever_the_gpus_it_sees(monk
     ck.apply_rng(arrays, info)
     assert elsewhere.offsets() == [0, 0, 0, 40]
     FakeGpuProcess(monkeypatch, 0, "cpu")             # no GPU: nowhere to put it, in one line
-    with pytest.raises(ck.CheckpointError, match=r"holds a GPU's generator.*\(on cpu\).*rng=False"):
+    with pytest.raises(ck.CheckpointError, match=r"holds a GPU's generator.*\(on cpu\).*--eval-only.*rng=False"):
         ck.apply_rng(arrays, info)
 
 
