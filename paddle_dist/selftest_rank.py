@@ -48,6 +48,7 @@ class Check:
 CHECKS = ([Check(f"all-reduce {d}", 30, partial(all_reduce, d)) for d in DTYPES]
           + [Check("grad sync fused", 60, partial(grad_sync, "fused")),
              Check("grad sync overlap", 60, partial(grad_sync, "overlap")),
+             Check("grad sync dataparallel", 60, partial(grad_sync, "dataparallel")),
              Check("checkpoint + RNG", 60, checkpoint_round_trip)]
           + [Check(f"AMP {d} {level}" + (" + GradScaler" if d == "float16" else ""), 120,
                    partial(amp_step, d, level)) for level in ("O1", "O2") for d in ("float16", "bfloat16")]

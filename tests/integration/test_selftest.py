@@ -22,7 +22,8 @@ EXPECTED = {
     "process group": "PASS",
     "all-reduce float32": "PASS", "all-reduce float64": "PASS", "all-reduce int32": "PASS",
     "all-reduce int64": "PASS", "all-reduce bfloat16": "PASS",
-    "grad sync fused": "PASS", "grad sync overlap": "PASS", "checkpoint + RNG": "PASS",
+    "grad sync fused": "PASS", "grad sync overlap": "PASS", "grad sync dataparallel": "PASS",
+    "checkpoint + RNG": "PASS",
     "AMP float16 O1 + GradScaler": "SKIP", "AMP bfloat16 O1": "SKIP",    # GPUs only
     "AMP float16 O2 + GradScaler": "SKIP", "AMP bfloat16 O2": "SKIP",
     "export + predict": "PASS", "overlap on a CUDA side stream": "SKIP",
@@ -51,10 +52,10 @@ def test_self_test_on_two_cpu_ranks_passes():
     # float16 over Paddle's gloo: right (2.6) or a known wrong sum that paddle_dist avoids (3.x).
     assert rows["all-reduce float16"][1] in ("PASS", "SKIP")
     assert rows["grad sync fused"][0] == "2/2" and rows["export + predict"][0] == "1/1"
-    for mode in ("fused", "overlap"):
+    for mode in ("fused", "overlap", "dataparallel"):
         assert rows[f"grad sync {mode}"][2].endswith("ranks bit-identical")
     skipped = 5 + (rows["all-reduce float16"][1] == "SKIP")
-    assert re.fullmatch(rf"self-test: {16 - skipped} passed, 0 failed, {skipped} skipped in \d+\.\d s",
+    assert re.fullmatch(rf"self-test: {17 - skipped} passed, 0 failed, {skipped} skipped in \d+\.\d s",
                         lines[-1]), lines[-1]
     assert "Traceback" not in done.stderr
 
