@@ -304,8 +304,8 @@ class GradSync:
                   for p, g in zip(bucket, grads)]
         if flag is not None:
             parts.append(flag.astype(dtype))
-        flat, early = sixteen_bit_mean_first(paddle.concat(parts), self.env.world_size, HALF.get(self.compress))
         wire = HALF.get(self.compress)
+        flat, early = sixteen_bit_mean_first(paddle.concat(parts), self.env.world_size, wire)
         if wire is not None and dtype == paddle.float32:
             sent = flat.astype(wire)
             self._all_reduce(sent, "gradient all-reduce")

@@ -290,7 +290,8 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     """(start position, history so far, checkpoint path, the moving averages or {}, the
-    loss scaler's state or None) from `checkpoint.resume`. Evaluating only takes the averages as the weights, when there are.
+    loss scaler's state or None) from `checkpoint.resume`. Evaluating only takes the
+    averages as the weights, when there are.
 
     Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
     machines need neither a copy of the files nor the same run directory path."""
