@@ -117,10 +117,12 @@ def _max_difference(net, ref) -> float:
                for a, b in zip(net.parameters(), ref.parameters()))
 
 
-def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan()):
+def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str = "loop"):
     """STEPS optimizer steps of a small MLP, data-parallel through GradSync(`mode`) and the
-    trainer's own step, beside one process taking the same steps on the whole batch in
-    float32. Returns (net, replay, the sync's description, its exchange's class name)."""
+    trainer's own step at `api` level (loop: `trainer.loop.step`; hapi: the prepared
+    paddle.Model's train_batch, as `trainer.hapi` builds it), beside one process taking the
+    same steps on the whole batch in float32. Returns (net, replay, the sync's
+    description, its exchange's class name, the optimizer)."""
     env, seed = job.env, job.cfg.train.seed
     net, ref = _twins(seed)
     opt = paddle.optimizer.SGD(LR, parameters=net.parameters())
@@ -129,12 +131,24 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan()):
     sync = GradSync.from_config(env, dataclasses.replace(job.cfg.sync, mode=mode, compress="none"))
     sync.attach(opt)
     scaler = amp.scaler(precision, sync)
+    loss = paddle.nn.CrossEntropyLoss()
+    if api == "hapi":
+        from .trainer.hapi import prepared_model
+
+        model = prepared_model(net, opt, loss, env, sync, precision, scaler)
+
+        def step(x, y):
+            model.train_batch([paddle.to_tensor(x)], [paddle.to_tensor(y)])
+    else:
+        wrapped = wrap(net, env, sync)
+
+        def step(x, y):
+            loop.step(wrapped, loss, [_tensors(x, y)], opt, precision, scaler, sync.arm)
     try:
-        model, loss = wrap(net, env, sync), paddle.nn.CrossEntropyLoss()
-        for step in range(STEPS):
-            x, y = _global_batch(step, env.world_size, seed)
+        for n in range(STEPS):
+            x, y = _global_batch(n, env.world_size, seed)
             mine = slice(env.global_rank * BATCH, (env.global_rank + 1) * BATCH)
-            loop.step(model, loss, [_tensors(x[mine], y[mine])], opt, precision, scaler, sync.arm)
+            step(x[mine], y[mine])
             loop.step(ref, loss, [_tensors(x, y)], ref_opt)
         exchange = type(sync.overlap.exchange).__name__ if sync.overlap is not None else "step"
         return net, ref, sync.describe(), exchange, opt
@@ -156,10 +170,10 @@ def grad_sync(mode: str, job: Job) -> Row:
 
 def amp_step(dtype: str, level: str, job: Job) -> Row:
     """GPUs: mixed precision (float16 with the synced GradScaler, or bfloat16; O1, or O2's
-    16-bit weights) through sync.mode=overlap, which on GPUs all-reduces through NCCL
-    asynchronously (AsyncExchange), against a float32 replay. O2 then evaluates as the
-    trainer does (evaluate(), under the plan's autocast) and saves a checkpoint whose
-    float32 weights export (amp_o2_after)."""
+    16-bit weights) at both API levels through sync.mode=overlap, which on GPUs
+    all-reduces through NCCL asynchronously (AsyncExchange), against a float32 replay.
+    O2 then evaluates as the trainer does (evaluate(), under the plan's autocast) and
+    saves a checkpoint whose float32 weights export (amp_o2_after)."""
     name = f"AMP {dtype} {level}" + (" + GradScaler" if dtype == "float16" else "")
     if not job.env.device.startswith("gpu"):
         return Row(name, SKIP, detail="GPUs only: Paddle runs mixed precision on CUDA/XPU devices")
@@ -169,15 +183,18 @@ def amp_step(dtype: str, level: str, job: Job) -> Row:
     except DeviceError as exc:
         return Row(name, SKIP, detail=str(exc).split(";")[0])
     net, ref, how, exchange, opt = train_against_replay(job, "overlap", precision)
-    diff = _max_difference(net, ref)
-    ok = np.isfinite(diff) and diff <= AMP_TOLERANCE
+    hapi_net, hapi_ref, *_ = train_against_replay(job, "overlap", precision, api="hapi")
+    diff, hapi_diff = _max_difference(net, ref), _max_difference(hapi_net, hapi_ref)
+    ok = all(np.isfinite(d) and d <= AMP_TOLERANCE for d in (diff, hapi_diff))
     if job.env.is_distributed and exchange != "AsyncExchange":
         ok, how = False, f"{how}: expected NCCL's AsyncExchange, got {exchange}"
-    detail = f"max |w - float32 replay| {diff:.1e} after {STEPS} steps; {how} ({exchange})"
+    detail = (f"max |w - float32 replay| {diff:.1e} (loop), {hapi_diff:.1e} (hapi) after {STEPS} steps; "
+              f"{how} ({exchange})")
     if ok and level == "O2":
         problem, said = amp_o2_after(job, net, ref, opt, precision)
         ok, detail = problem is None, problem or f"{detail}; {said}"
-    return Row(name, PASS if ok else FAIL, digest=checkpoint.weights_digest(net), detail=detail)
+    digest = checkpoint.weights_digest(net) + checkpoint.weights_digest(hapi_net)
+    return Row(name, PASS if ok else FAIL, digest=digest, detail=detail)
 
 
 def amp_o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):

@@ -109,26 +109,37 @@ def run(session: Session) -> None:
         _fit(session)
 
 
-def _fit(session: Session) -> None:
-    cfg, env = session.cfg, session.env
-    reducer_on = env.is_distributed and session.sync.mode == "dataparallel"
-    feed = session.parts.feed
-    # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
-    # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
-    inputs = [InputSpec([None], name=f"input{i}") for i in range(feed.hapi_inputs())]
-    with finding_unused_parameters(session.sync.find_unused) if reducer_on else contextlib.nullcontext():
-        model = paddle.Model(session.parts.model, inputs=inputs)
+def prepared_model(net, optimizer, loss, env, sync, precision, scaler, inputs: int = 1) -> paddle.Model:
+    """`net` in a prepared paddle.Model as the hapi trainer runs it (the self-test's hapi
+    rows run it too): paddle.Model's DataParallel with its reducer on only for
+    sync.mode=dataparallel (then with find_unused_parameters), `optimizer` already
+    averaging (GradSync attached), the plan's autocast in `net`'s forward hooks, and
+    `scaler` (amp.SyncedScaler) as hapi's loss scaler. `inputs`: the count of the
+    network's inputs, by which paddle.Model splits a batch."""
+    reducer_on = env.is_distributed and sync.mode == "dataparallel"
+    specs = [InputSpec([None], name=f"input{i}") for i in range(inputs)]
+    with finding_unused_parameters(sync.find_unused) if reducer_on else contextlib.nullcontext():
+        model = paddle.Model(net, inputs=specs)
     if env.is_distributed and not reducer_on:
         disable_reducer(model._adapter.ddp_model)
-    loss = _GroupMean(session.parts.loss, feed)
-    precision = session.amp
     # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
     # forward hooks, and hapi's AMP level is used just for its loss-scaling path (float16).
-    scaling = {"level": "O1", "init_loss_scaling": precision.loss_scale} if session.scaler else None
-    model.prepare(optimizer=session.optimizer, loss=loss, amp_configs=scaling)
-    if session.scaler is not None:
-        model._scaler = session.scaler          # checks the averaged gradients (amp.SyncedScaler)
-    install_autocast(session.parts.model, precision)
+    scaling = {"level": "O1", "init_loss_scaling": precision.loss_scale} if scaler else None
+    model.prepare(optimizer=optimizer, loss=loss, amp_configs=scaling)
+    if scaler is not None:
+        model._scaler = scaler          # checks the averaged gradients (amp.SyncedScaler)
+    install_autocast(net, precision)
+    return model
+
+
+def _fit(session: Session) -> None:
+    cfg, env = session.cfg, session.env
+    feed = session.parts.feed
+    loss = _GroupMean(session.parts.loss, feed)
+    # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
+    # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
+    model = prepared_model(session.parts.model, session.optimizer, loss, env, session.sync, session.amp,
+                           session.scaler, feed.hapi_inputs())
     loader, sampler = train_loader(session.parts, cfg, env)
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,

@@ -273,3 +273,14 @@ def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
     problem, said = selftest_checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
     assert problem is None, problem
     assert said.startswith("evaluation loss") and "float32 checkpoint exported" in said
+
+
+def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
+    """The AMP rows (GPUs only) train at both API levels; here the same path in float32:
+    the prepared paddle.Model (trainer.hapi.prepared_model) ends where the replay does."""
+    from paddle_dist.selftest_checks import TOLERANCE, _max_difference, train_against_replay
+
+    loop_net, loop_ref, *_ = train_against_replay(job, "fused")
+    hapi_net, hapi_ref, *_ = train_against_replay(job, "fused", api="hapi")
+    assert _max_difference(hapi_net, hapi_ref) <= TOLERANCE
+    assert checkpoint.weights_digest(hapi_net) == checkpoint.weights_digest(loop_net)
