@@ -63,6 +63,8 @@ def test_a_write_into_paddles_store_before_the_ranks_attest_ends_the_job(tmp_pat
     proc, killer, host, port = _held_job(tmp_path)
     conn = _until(lambda: _connected(host, port), what="store")
     try:
+        # The store listens before rank 0 has counted itself in: ADD 0 reads the counter.
+        _until(lambda: conn.add(storewire.JOIN_KEY, 0) >= 1, what="rank 0's join")
         if attack == "add":
             assert conn.add(storewire.JOIN_KEY, 1) == 2       # rank 0 and the outsider
         else:
