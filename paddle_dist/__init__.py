@@ -17,17 +17,17 @@ warnings.filterwarnings("ignore", message="When training, we now always track gl
 # Before Paddle: Paddle 2.6 with numpy 2 crashes when numpy.random comes after it (compat.py).
 import numpy.random  # noqa: E402,F401
 
-from .env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
+from .runtime.env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
 from .config import Config, load as _load, with_overrides as _with_overrides  # noqa: E402
-from .refusal import for_scripts  # noqa: E402
+from .errors import for_scripts  # noqa: E402
 
 # A script's own mistake (a config typo, bad data) is one line and exit 2, as it is on
-# a launcher's command line, and still a ConfigError/DataError to catch (refusal.py).
+# a launcher's command line, and still a ConfigError/DataError to catch (errors.for_scripts).
 detect = for_scripts(detect)
 
 __all__ = ["Config", "DistEnv", "checkpoint", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
-_LAZY = {"fit": "trainer", "setup": "runtime", "seed_everything": "runtime"}
+_LAZY = {"fit": "trainer", "setup": "runtime.process", "seed_everything": "runtime.process"}
 
 
 def __getattr__(name):

@@ -170,7 +170,7 @@ class Bench:
         self.dtype = DTYPES[args.datatype][0]
         self.shm = None
         if args.transport == "shm" and env.is_distributed:
-            from .reducers import open_shm
+            from .sync.reducers import open_shm
 
             self.shm = open_shm(env, max(args.maxbytes // 4, 1))
             if self.shm is None:
@@ -299,7 +299,8 @@ def footer(wrong_total: int, checked: bool, avg_busbw: float) -> List[str]:
 # ---------------------------------------------------------------- entry point
 def _start(args):
     """Detect this process, select its device and start the process group (paddle_dist)."""
-    from . import config, runtime
+    from . import config
+    from .runtime import process as runtime
 
     with runtime.quiet_paddle():
         return runtime.setup(config.load())

@@ -99,7 +99,8 @@ def preprocessing(cfg: configlib.Config, classes: Optional[List[str]] = None) ->
     Example:
         preprocessing(configlib.load("mnist_lenet"))["preprocess"]["mean"]   # [0.1307]
     """
-    from . import cifar, data, imagefolder, models
+    from . import cifar, models
+    from .data import datasets as data, imagefolder
 
     name = cfg.data.name
     if name == "mnist":
@@ -196,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                "(default: the run's config.yaml)")
     args = parser.parse_args(argv)
     try:
-        from .runtime import quiet_paddle
+        from .runtime.process import quiet_paddle
 
         with quiet_paddle():
             out = export_run(Path(args.target), Path(args.out) if args.out else None, args.config)

@@ -4,7 +4,7 @@ and how a command's end becomes its exit code. Entry points import this, never c
 Example:
     parser = ArgParser(prog="python -m paddle_dist.doctor")
     add_config_options(parser)
-    run(main)                 # exits with main's code, or the failure's (faults.EXIT_*)
+    run(main)                 # exits with main's code, or the failure's (monitor.EXIT_*)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import List, Optional
 
-from . import faults
+from . import errors
 from .errors import UserError
 
 
@@ -35,13 +35,13 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 def rank_exit_code(exc: BaseException) -> int:
     """Say how a command or rank ended, in one place: a user error is one line; a peer's
     failure and a stop request were logged by the trainer already; anything else gets its
-    traceback. Returns the exit code (faults.EXIT_*)."""
+    traceback. Returns the exit code (monitor.EXIT_*)."""
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else 1
-    code = faults.exit_code_of(exc)
+    code = errors.exit_code_of(exc)
     if isinstance(exc, UserError):
         print(f"error: {exc}", file=sys.stderr, flush=True)
-    elif code not in (faults.EXIT_PEER, faults.EXIT_PREEMPTED, faults.EXIT_INTERRUPTED):
+    elif code not in (errors.EXIT_PEER, errors.EXIT_PREEMPTED, errors.EXIT_INTERRUPTED):
         traceback.print_exception(exc)
         sys.stderr.flush()
     return code

@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import env as envlib
+from .runtime import env as envlib
 from .errors import UserError
 from .export import DEPLOY_FILE
-from .imagefolder import fit_image
+from .data.imagefolder import fit_image
 
 PROG = "python -m paddle_dist.predict"
 

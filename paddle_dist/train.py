@@ -9,7 +9,7 @@ Example:
     $ python -m paddle_dist.train -o dist.nprocs=2 -o train.epochs=1
 """
 
-from .cli import train_main
+from .launch.job import train_main
 from .options import run
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from __future__ import annotations
 import sys
 
 from . import config as configlib
-from . import data, models, runtime, trainer
+from .data import datasets as data
+from . import models, trainer
+from .runtime import process as runtime
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 

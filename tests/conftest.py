@@ -1,6 +1,6 @@
 """Shared test setup: the repo root on sys.path, and a guard against leaked environment variables.
 
-paddle_dist.env is the only module allowed to touch `os.environ`, and a test that leaves a
+paddle_dist.runtime.env is the only module allowed to touch `os.environ`, and a test that leaves a
 variable behind silently changes every test after it (device selection, ranks, OMP threads).
 The autouse `no_environ_leak` fixture fails any test that adds, changes or removes a variable
 without undoing it; `monkeypatch.setenv` / `delenv` are fine, because they are undone first.

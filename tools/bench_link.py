@@ -6,7 +6,7 @@ Usage (root; iproute2's `ip`, and `tc` unless --link none):
     python tools/bench_link.py --link none --variants dataparallel,fused
     python tools/bench_link.py --variant default= --ranks-per-host 2
 
-The two hosts are 198.18.0.1 and 198.18.0.2 (paddle_dist/netns.py), built for this run
+The two hosts are 198.18.0.1 and 198.18.0.2 (tools/netns.py), built for this run
 and deleted afterwards, whatever happens. `--link RATE` shapes both ends of the veth
 pair with `tc qdisc add dev VETH root tbf rate RATE burst 32kb latency 400ms` (a token
 bucket: bandwidth, no added delay; a larger burst would let each step's gradients through
@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import bench_train  # noqa: E402  (one-line errors, threads per rank, running commands together)
 from paddle_dist import config as configlib  # noqa: E402  (paddle-free)
-from paddle_dist import netns  # noqa: E402
+import netns  # noqa: E402  (tools/netns.py)
 from paddle_dist.errors import UserError  # noqa: E402
 
 PROG = "bench_link"

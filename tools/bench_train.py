@@ -55,9 +55,9 @@ from typing import Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
+from paddle_dist.launch.launcher import free_port  # noqa: E402  (paddle-free)
 from paddle_dist.procfs import process_table  # noqa: E402  (paddle-free)
-from paddle_dist.supervisor import die_with_parent  # noqa: E402  (paddle-free)
+from paddle_dist.launch.supervisor import die_with_parent  # noqa: E402  (paddle-free)
 
 PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {
@@ -343,7 +343,7 @@ def worker_main(args) -> int:
 def _ranks():
     """(global rank, world size) of this worker, however it was started (paddle_dist's
     environment layer reads the launcher's variables: Paddle's, torchrun's)."""
-    from paddle_dist.env import GpuInfo, detect
+    from paddle_dist.runtime.env import GpuInfo, detect
 
     env = detect(gpu_info=GpuInfo())
     return env.global_rank, env.world_size
@@ -378,7 +378,8 @@ class RawRecipe:
         import paddle
         import paddle.distributed as dist
 
-        from paddle_dist import data, models
+        from paddle_dist.data import datasets as data
+        from paddle_dist import models
 
         world = _world()
         if world > 1:
@@ -411,7 +412,7 @@ def _torch_worker(args, total: int) -> List[float]:
     import torch.distributed as tdist
     from torch import nn
 
-    from paddle_dist import data
+    from paddle_dist.data import datasets as data
 
     torch.set_num_threads(1)
     world = _world()

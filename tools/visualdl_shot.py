@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Iterator, List, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from paddle_dist.launcher import free_port  # noqa: E402  (paddle-free)
+from paddle_dist.launch.launcher import free_port  # noqa: E402  (paddle-free)
 
 PROG = "visualdl_shot"
 HOST = "127.0.0.1"

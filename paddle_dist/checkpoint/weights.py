@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Set
 import numpy as np
 import paddle
 
-from ..safepickle import ArraysOnly
+from ..security.safepickle import ArraysOnly
 from .format import AVERAGED, CheckpointError
 from .io import _brief, _load_npz, _locate, _read_meta
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..safepickle import ArraysOnly
+from ..security.safepickle import ArraysOnly
 from .download import download_cifar10
 from .layout import (_EXPECTED, _FIX_MISSING, _MARKERS, _PIXELS, _RECORD, ARCHIVE, BATCHES, BIN_DIR, MD5,
                      NUM_CLASSES, PY_DIR, URL, _error, default_root)

@@ -5,7 +5,7 @@ Data parallelism keeps every rank's weights bitwise equal: the same start, the s
 averaged gradients, the same optimizer. When they differ, something broke it (an update
 that draws its own random numbers, a parameter the gradient sync never sees, a buffer
 changed on one rank alone, a faulty device), and a checkpoint would keep rank 0's
-weights as if they were everyone's. The job then ends with exit 7 (faults.Diverged) and
+weights as if they were everyone's. The job then ends with exit 7 (errors.Diverged) and
 one line naming the first parameter that differs and which ranks hold which value,
 before the checkpoint is written.
 
@@ -15,7 +15,7 @@ catches every change of up to 32 consecutive bits; any other with odds 1 - 2**-3
 ranks exchange one int64 per tensor, in state_dict order.
 
 Example:
-    check(net, env, step=12, phase=monitor.phase)     # returns, or raises faults.Diverged
+    check(net, env, step=12, phase=monitor.phase)     # returns, or raises errors.Diverged
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from ..comm import collective
+from ..sync.collectives import collective
 from ..compat import numpy_view
-from ..faults import Diverged
+from ..errors import Diverged
 
 # How the line counts the different values of one tensor; beyond these, how many more.
 ORDINALS = ("one", "a second", "a third")
@@ -108,7 +108,7 @@ def rank_words(ranks: Sequence[int]) -> str:
 
 def check(model, env, step: int, phase=None) -> None:
     """Compare this rank's weights with every other rank's (one all-gather: every rank
-    must call it at the same point); raise faults.Diverged when they differ. Nothing to
+    must call it at the same point); raise errors.Diverged when they differ. Nothing to
     compare in a job of one process."""
     if not env.is_distributed:
         return

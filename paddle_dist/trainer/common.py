@@ -18,9 +18,9 @@ import paddle
 from paddle.optimizer.lr import LRScheduler
 
 from .. import checkpoint
-from ..amp import AmpPlan
-from ..amp import scaler_state as amp_scaler_state
-from ..faults import Preempted
+from .amp import AmpPlan
+from .amp import scaler_state as amp_scaler_state
+from ..errors import Preempted
 from . import agreement
 from .callbacks import Events, ModelView, hapi_logs
 from .ema import Ema, MeasuredClip
@@ -334,7 +334,7 @@ class Session:
     def check_weights(self, step: int) -> None:
         """The ranks compare their weights (agreement.check: one collective), once a step:
         an epoch's end may save twice (its checkpoint and the best one). Raises
-        faults.Diverged when they differ."""
+        errors.Diverged when they differ."""
         if self.checked_at != step:
             self.checked_at = step
             agreement.check(self.parts.model, self.env, step, self.monitor.phase)

@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from ..sync import collective
+from ..sync.grad_sync import collective
 from .feed import Feed, batch_size_of
 
 
@@ -116,7 +116,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
     the whole of `source`, identical on all ranks. `events`: the callbacks' eval batch
     begin/end (callbacks.Events); `amp`: the job's precision plan, whose autocast the
     forward runs under at O2 (16-bit weights need 16-bit inputs; O1 evaluates in float32)."""
-    from ..amp import AmpPlan, autocast
+    from .amp import AmpPlan, autocast
 
     was_training = net.training
     net.eval()

@@ -23,7 +23,7 @@ from typing import Callable, List
 import numpy as np
 import paddle
 
-from ..amp import AmpPlan, autocast
+from .amp import AmpPlan, autocast
 from ..errors import DataError, UserError
 from .evaluation import buffers, computed
 from .feed import describe

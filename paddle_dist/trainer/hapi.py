@@ -17,9 +17,9 @@ import contextlib
 import paddle
 from paddle.static import InputSpec
 
-from ..amp import install_autocast
-from ..runtime import quiet_paddle
-from ..sync import disable_reducer
+from .amp import install_autocast
+from ..runtime.process import quiet_paddle
+from ..sync.grad_sync import disable_reducer
 from .common import Session, to_float, train_loader
 from .feed import Feed
 

@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 from paddle.io.dataloader.collate import default_collate_fn
 
-from .. import private
+from ..security import private
 from ..errors import ConfigError
 from .feed import Feed
 

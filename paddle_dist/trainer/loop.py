@@ -15,8 +15,8 @@ from typing import Callable
 
 import paddle
 
-from ..amp import AmpPlan, autocast
-from ..sync import wrap
+from .amp import AmpPlan, autocast
+from ..sync.grad_sync import wrap
 from .common import Session, train_loader
 from .feed import Feed
 

@@ -15,11 +15,12 @@ import numpy as np
 import paddle
 from paddle.optimizer.lr import LRScheduler
 
+from .. import errors
 from .. import config as configlib
-from .. import env as envlib
-from .. import faults, runtime
+from ..runtime import env as envlib
+from ..runtime import process as runtime
 from ..errors import ConfigError
-from ..sync import PeerFailure
+from ..sync.grad_sync import PeerFailure
 from . import callbacks as callbacklib
 from .common import Parts, Result, default_loss, optimizer_factory
 from .evaluation import metric_names
@@ -59,7 +60,7 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
 
     A requested stop (SIGTERM, SIGUSR1) saves a checkpoint and ends the process with 75,
     Ctrl+C with 130, another rank's failure with 5, each without a traceback
-    (faults.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
+    (errors.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
     """
     if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
         given_path, given = envlib.launch_options()
@@ -104,9 +105,9 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
     try:
         return train(parts, cfg, env)
     except KeyboardInterrupt:
-        raise faults.Interrupted() from None
+        raise errors.Interrupted() from None
     except PeerFailure as exc:
-        raise faults.StoppedByPeer(str(exc)) from None
+        raise errors.StoppedByPeer(str(exc)) from None
 
 
 def _metric_list(metrics) -> list:
@@ -121,7 +122,7 @@ def _metric_list(metrics) -> list:
 def _monitor_for(cfg, metrics: list, evaluates: bool):
     """The config with checkpoint.monitor resolved against the metrics: the default
     (eval_accuracy) becomes the first metric's when the metrics log no accuracy. (A
-    monitor the job never logs is refused when it starts: trainer._check_monitor.)"""
+    monitor the job never logs is refused when it starts: trainer.job._check_monitor.)"""
     if not metrics or not evaluates:
         return cfg
     names = [f"eval_{name}" for name in metric_names(metrics)]

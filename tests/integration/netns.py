@@ -1,5 +1,5 @@
 """The `two_hosts` fixture: two network namespaces joined by a veth pair, for multi-node
-tests (the namespaces themselves are built by paddle_dist/netns.py, which
+tests (the namespaces themselves are built by tools/netns.py, which
 tools/bench_link.py shares).
 
 Host A is 198.18.0.1/24 and host B 198.18.0.2/24, each with its own `lo`. Both
@@ -21,13 +21,13 @@ from typing import Iterator
 
 import pytest
 
-from paddle_dist.netns import IP_A, IP_B, PREFIX, TwoHosts, Unavailable, netns_names  # noqa: F401
-from paddle_dist import netns as _hosts
+from tools.netns import IP_A, IP_B, PREFIX, TwoHosts, Unavailable, netns_names  # noqa: F401
+from tools import netns as _hosts
 
 
 @contextlib.contextmanager
 def make_two_hosts() -> Iterator[TwoHosts]:
-    """paddle_dist.netns.make_two_hosts, skipping the test where it cannot run.
+    """tools/netns.py: make_two_hosts, skipping the test where it cannot run.
 
     Example:
         with make_two_hosts() as hosts:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from paddle_dist import netns
+from tools import netns
 
 from .procs import check, run
 

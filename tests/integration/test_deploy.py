@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from paddle_dist import checkpoint, compat, export as export_module, models
-from paddle_dist.data import mnist_dataset
-from paddle_dist.idx import load_mnist
+from paddle_dist.data.datasets import mnist_dataset
+from paddle_dist.data.mnist import load_mnist
 
 from .procs import check, run
 
@@ -244,7 +244,8 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
                                       "--json"])).stdout)
     # The dygraph model on the training pipeline's own val batches (its decoding, resizing
     # and normalisation; the same order: class, then file) gives the same answers.
-    from paddle_dist import config, data
+    from paddle_dist import config
+    from paddle_dist.data import datasets as data
 
     cfg = config.load(str(run_dir / "config.yaml"))
     _, val, classes = data.imagefolder_datasets(cfg.data, cfg.train.seed)

@@ -64,7 +64,7 @@ def _wait_for_step(proc, run_dir: Path, ranks: int, step: int) -> dict:
 
 
 def _watchdogs_of(pids) -> list:
-    """Hang watchdogs (paddle_dist/_deadline.py --heartbeat PID ...) of these ranks still
+    """Hang watchdogs (paddle_dist/runtime/_deadline.py --heartbeat PID ...) of these ranks still
     alive after a short grace: each must end when its rank does."""
     def alive():
         found = []

@@ -35,7 +35,7 @@ from typing import List, Optional
 import pytest
 from PIL import Image
 
-from paddle_dist.idx import load_mnist
+from paddle_dist.data.mnist import load_mnist
 
 from .procs import ROOT, check, run
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from paddle_dist import rankgate
+from paddle_dist.security import rankgate
 from paddle_dist.procfs import process_table
 
-from paddle_dist import storewire
+from paddle_dist.security import storewire
 from .procs import PY, check, finish, run, start
 from .test_job_token import _token_file
 from .test_missing_node import _port

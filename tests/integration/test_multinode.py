@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from paddle_dist import faults
+from paddle_dist import errors
 
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, needs_mpirun, run
@@ -176,7 +176,7 @@ def test_a_rank_killed_on_node_1_is_named_by_its_global_rank_and_host_on_both(tw
     unseen = "Root cause: rank 3 (host nodeB) died without reporting an error" in node1.stderr
     assert (seen and node1.returncode == 137) or (unseen and node1.returncode == 1), node1.stderr
     assert "stopped as a consequence: rank 2 (host nodeB)" in node1.stderr
-    assert node0.returncode == faults.EXIT_PEER, node0.stderr
+    assert node0.returncode == errors.EXIT_PEER, node0.stderr
     assert ("Root cause: a rank on another machine, node 1 (host nodeB at 198.18.0.2, ranks 2-3)"
             in node0.stderr), node0.stderr
     assert "that machine's report names the rank and why" in node0.stderr

@@ -135,7 +135,7 @@ def test_skips_without_ip(monkeypatch):
 # argv: master ifname master ifname ...; prints one JSON list of interface names / errors.
 NETCHECK = """
 import json, sys
-from paddle_dist.netcheck import NetworkError, check
+from paddle_dist.runtime.netcheck import NetworkError, check
 out = []
 for master, ifname in zip(sys.argv[1::2], sys.argv[2::2]):
     try:

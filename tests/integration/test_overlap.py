@@ -25,7 +25,7 @@ def main(out: Path, transport: str) -> None:
     import paddle.distributed as dist
 
     import paddle_dist
-    from paddle_dist.data import mnist_dataset
+    from paddle_dist.data.datasets import mnist_dataset
 
     cfg = paddle_dist.load_config(overrides=[
         "sync.mode=overlap", f"sync.transport={transport}", "train.batch_size=32", "train.epochs=1",

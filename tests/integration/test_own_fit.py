@@ -94,7 +94,7 @@ def test_four_ranks_of_a_users_sgd_match_a_one_process_replay(tmp_path):
 def test_a_refusal_comes_before_anything_is_on_disk(tmp_path):
     """An optimizer with its own LRScheduler meets a config that asks for a schedule: fit()
     raises ConfigError (the script's to catch) before any run directory exists; uncaught,
-    it ends the script with one line and exit 2 (refusal.py)."""
+    it ends the script with one line and exit 2 (errors.for_scripts)."""
     result = run([SCRIPT, "--out", str(tmp_path), "--root", str(tmp_path / "runs"), "--scheduler",
                   "--override", "train.lr_schedule=cosine"], timeout=120)
     assert result.returncode == 2, result.stderr

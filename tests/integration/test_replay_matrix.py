@@ -289,7 +289,7 @@ def test_ranks_whose_models_differ_are_stopped_before_anything_starts(tmp_path):
     result = run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"),
                   str(script)], timeout=120, cwd=tmp_path)
     # The script does not catch fit()'s ConfigError: every rank ends with its one line and
-    # exit 2 (refusal.py), and the launcher's report is that line.
+    # exit 2 (errors.for_scripts), and the launcher's report is that line.
     assert result.returncode == 2, result.stderr
     line = ("paddle_dist: error: the ranks' models differ: parameter '0.weight' is "
             "[4, 8] float32 on rank 0 but [4, 9] float32 on rank 1")

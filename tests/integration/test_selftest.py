@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paddle_dist import selftest_rank
+from paddle_dist.doctor import selftest_rank
 
 from .procs import ROOT, run
 
@@ -62,7 +62,7 @@ def test_self_test_on_two_cpu_ranks_passes():
 
 HANGING_RANK = """import sys, time, dataclasses
 sys.path.insert(0, {root!r})
-from paddle_dist import selftest_checks, selftest_rank as st
+from paddle_dist.doctor import selftest_checks, selftest_rank as st
 
 def hang(job):
     if job.env.global_rank == 1:
@@ -80,7 +80,7 @@ def test_a_check_that_hangs_is_stopped_and_named(tmp_path):
     once rank 1 is stopped): the deadline (3 s here) stops the job, the row names the
     hang, the later checks are not run, exit 1, the logs are kept."""
     script = tmp_path / "parent.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist import selftest\n"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist.doctor import selftest\n"
                       f"selftest.RANK_SCRIPT = {HANGING_RANK!r}\nsys.exit(selftest.run(2))\n")
     done = run([str(script)], timeout=TIMEOUT)
     kept = re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)

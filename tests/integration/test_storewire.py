@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from paddle_dist import storewire
+from paddle_dist.security import storewire
 from .procs import PY, ROOT, settled_session
 
 pytestmark = pytest.mark.compat   # the protocol is the same in Paddle 2.6 and 3.x

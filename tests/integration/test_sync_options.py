@@ -105,8 +105,8 @@ def train_all(out: Path, names, batch: int) -> None:
     import paddle
 
     import paddle_dist
-    from paddle_dist import amp
-    from paddle_dist.data import mnist_dataset
+    from paddle_dist.trainer import amp
+    from paddle_dist.data.datasets import mnist_dataset
 
     train_data = mnist_dataset("", "train", flatten=True)
     train_data.x, train_data.y = train_data.x[:SAMPLES], train_data.y[:SAMPLES]

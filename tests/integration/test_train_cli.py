@@ -190,11 +190,11 @@ def test_a_paddle_outside_the_range_is_said_once_at_start_up(how, tmp_path):
 
     script = tmp_path / "job.py"
     body = PRETEND_UNSUPPORTED.format(root=str(ROOT)) + {
-        "launcher": ("from paddle_dist.cli import train_main\n"
+        "launcher": ("from paddle_dist.launch.job import train_main\n"
                      f"sys.exit(train_main(['-o', 'dist.nprocs=2', '-o', 'train.max_steps=2', "
                      f"'-o', 'output.root={tmp_path / 'runs'}']))\n"),
         "fit": ("import paddle, paddle_dist\n"
-                "from paddle_dist.data import mnist_dataset\n"
+                "from paddle_dist.data.datasets import mnist_dataset\n"
                 f"cfg = paddle_dist.load_config(overrides=['train.max_steps=2', 'output.root={tmp_path / 'runs'}'])\n"
                 "paddle_dist.setup(cfg)\n"
                 "net = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(784, 10))\n"

@@ -23,7 +23,7 @@ EVAL_SAMPLES = 999   # odd on purpose: 2 ranks get 500 and 499, nothing may be p
 def build_parts():
     import paddle
 
-    from paddle_dist.data import load_mnist
+    from paddle_dist.data.datasets import load_mnist
 
     class Digits(paddle.io.Dataset):
         def __init__(self, split, limit=None):

@@ -1,6 +1,6 @@
 """A user error in a script of one's own (a typo in its config, a refusal of fit()) is one
 line and exit 2 under every launcher, as the same typo given to the launcher is: no
-traceback, no command to run it again (refusal.py, report._refused).
+traceback, no command to run it again (errors.for_scripts, report._refused).
 
 scripts/config_typo.py imports paddle_dist first, as the README's example does; a typo
 fails before any training, so each job here takes a few seconds.
@@ -8,7 +8,7 @@ fails before any training, so each job here takes a few seconds.
 
 import pytest
 
-from paddle_dist.report import is_noise
+from paddle_dist.runs.report import is_noise
 
 from .procs import ROOT, run
 

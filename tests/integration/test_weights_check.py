@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from paddle_dist import rundir, runs
+from paddle_dist.runs import rundir, listing as runs
 
 from .procs import check, run
 

@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist import amp, config
+from paddle_dist.trainer import amp
+from paddle_dist import config
 from paddle_dist.errors import DeviceError
 from paddle_dist.trainer import loop
 

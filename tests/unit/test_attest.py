@@ -1,4 +1,4 @@
-"""The ranks' attestation in Paddle's store (paddle_dist/attest.py) where the store
+"""The ranks' attestation in Paddle's store (paddle_dist/security/attest.py) where the store
 misbehaves, over real sockets: a store that never answers, or hangs up, ends the rank in
 one line (exit 4) within the limit; and procfs.peers_of names who is connected to a port.
 (A real store with outsiders writing into it: tests/integration/test_job_gate.py.)"""
@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from paddle_dist import attest, faults, procfs
+from paddle_dist import errors
+from paddle_dist.security import attest
+from paddle_dist import procfs
 
 
 @pytest.fixture
@@ -23,7 +25,7 @@ def test_a_store_that_never_answers_ends_the_rank_in_one_line(server, capsys):
     where = f"127.0.0.1:{server.getsockname()[1]}"
     with pytest.raises(attest.StoreSilent) as caught:
         attest.check(where, os.urandom(32), "job", 1, 2, limit=0.5)
-    assert caught.value.code == faults.EXIT_HANG == 4
+    assert caught.value.code == errors.EXIT_HANG == 4
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"paddle_dist: rank 1: Paddle's store at {where} did not answer within 0.5 s")
     assert "dist.hang_timeout sets this limit" in line

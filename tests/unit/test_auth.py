@@ -1,4 +1,4 @@
-"""The job token (paddle_dist/auth.py) and the node gate's proofs of it, over real loopback
+"""The job token (paddle_dist/security/auth.py) and the node gate's proofs of it, over real loopback
 sockets: the right token meets; another token, none, a replayed exchange, a reflected
 proof and a node 0 that cannot prove the token are all refused in one line, and node 0
 goes on waiting for the right machine."""
@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from paddle_dist import auth, launcher, nodes
+from paddle_dist.security import auth
+from paddle_dist.launch import launcher, rendezvous as nodes
 from paddle_dist.errors import UserError
 
 from .test_nodes import _listening, _Node

@@ -919,7 +919,7 @@ def test_an_o2_models_16_bit_weights_resume_from_the_float32_they_were_saved_as(
 
 
 def test_o2_decorates_with_float32_saving(monkeypatch):
-    from paddle_dist import amp
+    from paddle_dist.trainer import amp
 
     calls = []
     monkeypatch.setattr(paddle.amp, "decorate", lambda **kwargs: calls.append(kwargs) or ("net", "opt"))

@@ -3,8 +3,8 @@ what the command line hands the environment layer, without starting a job."""
 
 import pytest
 
-from paddle_dist import cli
-from paddle_dist import env as envlib
+from paddle_dist.launch import job as cli
+from paddle_dist.runtime import env as envlib
 from paddle_dist.errors import UserError
 
 HAND = ["--master", "10.0.0.1:6170", "--world-size", "2", "--rank", "1"]

@@ -1,4 +1,4 @@
-"""Unit tests for paddle_dist.data and tools/make_mnist_subset.py (fast, single process)."""
+"""Unit tests for paddle_dist.data.datasets and tools/make_mnist_subset.py (fast, single process)."""
 
 import gzip
 import hashlib
@@ -10,17 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paddle_dist.data import (
-    BUNDLED_MNIST,
-    MNIST_FILES,
-    ArrayDataset,
-    find_mnist_file,
-    linear_regression,
-    load_mnist,
-    mnist_dataset,
-    read_idx,
-    synthetic_classification,
-)
+from paddle_dist.data.datasets import (BUNDLED_MNIST, MNIST_FILES, ArrayDataset, find_mnist_file, linear_regression, load_mnist, mnist_dataset, read_idx, synthetic_classification)
 from paddle_dist.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]

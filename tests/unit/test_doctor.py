@@ -18,13 +18,14 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist import buildinfo, compat, doctor, netcheck
-from paddle_dist import preflight as pf
+from paddle_dist.doctor import buildinfo, facts as doctor
+from paddle_dist import compat
+from paddle_dist.runtime import netcheck
+from paddle_dist.launch import preflight as pf
 from paddle_dist.config import load
-from paddle_dist.doctor import format_report, mask_credentials, report
-from paddle_dist.preflight import (Problem, bypasses_proxy, interface_problems, port_holder,
-                                   preflight, proxy_problems, shm_problems)
-from paddle_dist.env import GpuInfo
+from paddle_dist.doctor.facts import format_report, mask_credentials, report
+from paddle_dist.launch.preflight import (Problem, bypasses_proxy, interface_problems, port_holder, preflight, proxy_problems, shm_problems)
+from paddle_dist.runtime.env import GpuInfo
 from paddle_dist.errors import UserError
 
 from tests.conftest import REPO_ROOT

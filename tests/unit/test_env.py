@@ -1,4 +1,4 @@
-"""Unit tests for paddle_dist.env: launcher detection, device/backend selection, variables
+"""Unit tests for paddle_dist.runtime.env: launcher detection, device/backend selection, variables
 for child processes, and the conftest guard that keeps tests from leaking os.environ.
 
 Most tests pass `environ=` and `gpu_info=` explicitly, so no GPU and no launcher is needed.
@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from paddle_dist import env as envlib
+from paddle_dist.runtime import env as envlib
 from paddle_dist.config import load
 from paddle_dist.schema import NcclConfig
-from paddle_dist.clusters import first_host, tasks_per_node
-from paddle_dist.env import DistEnv, GpuInfo, check_gpus, detect, paddle_variables, parse_gpus
+from paddle_dist.runtime.engines import first_host, tasks_per_node
+from paddle_dist.runtime.env import (DistEnv, GpuInfo, check_gpus, detect, paddle_variables, parse_gpus)
 from paddle_dist.errors import DeviceError, UserError
 
 from tests.conftest import environ_diff

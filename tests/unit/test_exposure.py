@@ -1,7 +1,7 @@
-"""What a job says it exposes (paddle_dist/exposure.py): every listener, where, and what
+"""What a job says it exposes (paddle_dist/security/exposure.py): every listener, where, and what
 guards it, for each way a job runs; the start line and doctor's rows say the same."""
 
-from paddle_dist import exposure
+from paddle_dist.security import exposure
 from paddle_dist.config import load
 
 

@@ -13,12 +13,13 @@ import paddle
 import pytest
 import yaml
 
+from paddle_dist import errors
 import paddle_dist
 from paddle_dist import config as configlib
-from paddle_dist import faults
-from paddle_dist.env import DistEnv
+from paddle_dist.runtime import monitor
+from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import ConfigError
-from paddle_dist.trainer import _lr_policy
+from paddle_dist.trainer.job import _lr_policy
 
 RECORD = {"model": "SmallCNN", "parameters": 10, "parameters_digest": "0" * 16, "optimizer": "SGD",
           "lr": 0.05, "lr_scheduler": "", "optimizer_from": "script", "train_samples": 8,
@@ -103,15 +104,15 @@ def test_a_built_in_jobs_config_yaml_has_no_record(tmp_path):
     assert configlib.fit_record(path) is None and configlib.load(str(path)).model.name == "lenet"
 
 
-@pytest.mark.parametrize("ending, code", [("faults.Preempted('stopped on request at step 3')", 75),
-                                          ("faults.Interrupted()", 130),
-                                          ("faults.StoppedByPeer('rank 1 failed')", 5)])
+@pytest.mark.parametrize("ending, code", [("errors.Preempted('stopped on request at step 3')", 75),
+                                          ("errors.Interrupted()", 130),
+                                          ("errors.StoppedByPeer('rank 1 failed')", 5)])
 def test_a_stop_left_uncaught_in_a_script_is_its_exit_code_without_a_traceback(ending, code):
-    script = f"from paddle_dist import faults\nraise {ending}\n"
+    script = f"from paddle_dist import errors\nraise {ending}\n"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == code and done.stderr == ""
-    exc = eval(ending, {"faults": faults})          # noqa: S307 - a literal of this test
-    assert faults.exit_code_of(exc) == code and faults.outcome_of(exc) in ("preempted", "stopped")
+    exc = eval(ending, {"errors": errors})          # noqa: S307 - a literal of this test
+    assert errors.exit_code_of(exc) == code and errors.outcome_of(exc) in ("preempted", "stopped")
     assert not isinstance(exc, Exception)          # `except Exception` in a script lets it through
 
 
@@ -124,7 +125,7 @@ def _ignores_sigint(pid: int) -> bool:
 
 def test_the_watchdog_ignores_ctrl_c_and_ends_quietly_with_its_rank():
     """Ctrl+C reaches the rank's whole process group; the watchdog leaves it to the rank."""
-    script = Path(faults.__file__).with_name("_deadline.py")
+    script = Path(monitor.__file__).with_name("_deadline.py")
     watchdog = subprocess.Popen([sys.executable, str(script), "1", "600", "never said"],
                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -142,13 +143,13 @@ def test_the_watchdog_ignores_ctrl_c_and_ends_quietly_with_its_rank():
 def test_the_watchdog_ends_with_its_rank_while_a_forked_child_holds_its_pipe():
     """A DataLoader worker forked by the rank holds a copy of the watchdog's stdin: the
     rank's line still ends it (the end of the pipe alone would not come)."""
-    script = Path(faults.__file__).with_name("_deadline.py")
+    script = Path(monitor.__file__).with_name("_deadline.py")
     watchdog = subprocess.Popen([sys.executable, str(script), "1", "600", "never said"],
                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                               stdin=subprocess.PIPE, pass_fds=(watchdog.stdin.fileno(),))
     try:
-        ended = threading.Thread(target=faults.stop_watchdog, args=(watchdog,), daemon=True)
+        ended = threading.Thread(target=monitor.stop_watchdog, args=(watchdog,), daemon=True)
         ended.start()
         ended.join(timeout=30)
         assert not ended.is_alive() and watchdog.returncode == 0
@@ -174,10 +175,11 @@ class _Points(paddle.io.Dataset):
     (["train.lr_schedule=cosine"], True, "own LRScheduler"),
     (["train.eval_only=true", "checkpoint.resume=nowhere"], False, "needs a test set")])
 def test_fits_refusals_come_before_anything_is_on_disk(overrides, scheduler, words, tmp_path, monkeypatch):
-    from paddle_dist import logger, runtime
+    from paddle_dist.trainer import progress
+    from paddle_dist.runtime import process as runtime
 
     monkeypatch.setattr(runtime, "_ENV", None)
-    monkeypatch.setattr(logger.get(), "handlers", list(logger.get().handlers))
+    monkeypatch.setattr(progress.get(), "handlers", list(progress.get().handlers))
     cfg = paddle_dist.load_config(overrides=[f"output.root={tmp_path / 'runs'}", *overrides])
     net = paddle.nn.Linear(4, 1)
     lr = paddle.optimizer.lr.StepDecay(0.1, step_size=2) if scheduler else 0.1

@@ -228,7 +228,7 @@ def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    from paddle_dist import amp
+    from paddle_dist.trainer import amp
     from paddle_dist.trainer.evaluation import evaluate
 
     inside = []

@@ -1,4 +1,4 @@
-"""paddle_dist/gloocheck.py with real sockets and processes: a connection to a rank's
+"""paddle_dist/runtime/gloocheck.py with real sockets and processes: a connection to a rank's
 socket from a process that is not a rank is named, with its pid and command; a rank's
 own connections are not; an address in gloo's keys that another process holds is named
 as rewritten; gloo's address records decode."""
@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from paddle_dist import gloocheck, procfs
+from paddle_dist.runtime import gloocheck
+from paddle_dist import procfs
 
 UNUSED_STORE = ("127.0.0.1", 1)
 

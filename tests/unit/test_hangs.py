@@ -1,11 +1,11 @@
-"""hangs.judge: when a job is hung and whom to blame, from every rank's heartbeat; and the
-heartbeat files themselves, written by faults.Heartbeat and read by hangs.read_beats."""
+"""watchdog.judge: when a job is hung and whom to blame, from every rank's heartbeat; and the
+heartbeat files themselves, written by faults.Heartbeat and read by watchdog.read_beats."""
 
 import os
 import time
 
-from paddle_dist import faults, hangs
-from paddle_dist.hangs import Beat, judge
+from paddle_dist.runtime import monitor as faults, watchdog
+from paddle_dist.runtime.watchdog import Beat, judge
 
 NOW, T = 1000.0, 30.0
 
@@ -79,7 +79,7 @@ class _Env:
 
 def test_heartbeats_are_found_by_job_and_carry_the_collective(tmp_path):
     """Written through faults.Monitor (a collective entered and left), read through
-    hangs.read_beats from the job's folder; another job's heartbeat is not read."""
+    watchdog.read_beats from the job's folder; another job's heartbeat is not read."""
     monitor = faults.Monitor(_Env(), tmp_path)
     mine, theirs = tmp_path / "job", tmp_path / "other"
     mine.mkdir(), theirs.mkdir()
@@ -89,14 +89,14 @@ def test_heartbeats_are_found_by_job_and_carry_the_collective(tmp_path):
     try:
         with monitor.phase("comm", "all-reduce", 4096):
             with monitor.phase("comm", "all-reduce", 8):        # nested: the same wait
-                [beat] = hangs.read_beats(str(mine))
+                [beat] = watchdog.read_beats(str(mine))
         assert (beat.rank, beat.pid, beat.kind, beat.count, beat.size) == (3, os.getpid(), "all-reduce", 1, 4096)
-        [beat] = hangs.read_beats(str(mine))
+        [beat] = watchdog.read_beats(str(mine))
         assert not beat.in_collective and monitor.collectives == 1
     finally:
         monitor._heartbeat.close()
         other.close()
-    assert hangs.read_beats(str(mine)) == []
+    assert watchdog.read_beats(str(mine)) == []
 
 
 def test_a_beat_of_another_user_or_through_a_link_is_not_read(tmp_path):
@@ -108,9 +108,9 @@ def test_a_beat_of_another_user_or_through_a_link_is_not_read(tmp_path):
     beat = faults.Heartbeat(str(folder), 0, time.monotonic())
     try:
         os.symlink(beat.path, folder / f"beat-{os.getpid()}-rank1")
-        assert [b.rank for b in hangs.read_beats(str(folder))] == [0]
+        assert [b.rank for b in watchdog.read_beats(str(folder))] == [0]
         if os.geteuid() == 0:
             os.chown(beat.path, 65534, 65534)
-            assert hangs.read_beats(str(folder), {}) == []
+            assert watchdog.read_beats(str(folder), {}) == []
     finally:
         beat.close()

@@ -13,8 +13,9 @@ import paddle
 import pytest
 
 import paddle_dist
-from paddle_dist import logger, runtime
-from paddle_dist.logger import Progress, read_values
+from paddle_dist.trainer import progress
+from paddle_dist.runtime import process as runtime
+from paddle_dist.trainer.progress import Progress, read_values
 from paddle_dist.trainer import common, loop
 
 STEPS, LOG_EVERY, BATCH = 100, 10, 4
@@ -73,8 +74,8 @@ def reads(monkeypatch):
 
 def test_the_loop_reads_losses_once_per_log_point(reads, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_ENV", None)        # this process's env, detected afresh
-    handlers = list(logger.get().handlers)
-    monkeypatch.setattr(logger.get(), "handlers", handlers)   # fit() replaces them
+    handlers = list(progress.get().handlers)
+    monkeypatch.setattr(progress.get(), "handlers", handlers)   # fit() replaces them
     cfg = paddle_dist.load_config(overrides=[
         "train.api=loop", f"train.batch_size={BATCH}", "train.epochs=1",
         f"train.log_every={LOG_EVERY}", "checkpoint.every_epochs=0",
@@ -99,7 +100,7 @@ def test_read_values_reads_every_tensor_in_one_go(monkeypatch):
 
 def test_a_users_model_names_its_run_and_its_metrics_are_plain_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_ENV", None)
-    monkeypatch.setattr(logger.get(), "handlers", list(logger.get().handlers))
+    monkeypatch.setattr(progress.get(), "handlers", list(progress.get().handlers))
     cfg = paddle_dist.load_config(overrides=["train.epochs=1", f"train.batch_size={BATCH}",
                                              "checkpoint.every_epochs=0", f"output.root={tmp_path}"])
     paddle_dist.setup(cfg)
@@ -121,7 +122,7 @@ def test_results_of_collectives_are_read_inside_the_collectives_phase(monkeypatc
 
     import paddle.distributed as dist
 
-    from paddle_dist import sync
+    from paddle_dist.sync import grad_sync as sync
     from paddle_dist.trainer import agreement, evaluation
 
     phases, reads = [], []

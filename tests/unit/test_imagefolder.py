@@ -1,4 +1,4 @@
-"""data.name=imagefolder: real PNG and JPEG files in class folders (paddle_dist/imagefolder.py),
+"""data.name=imagefolder: real PNG and JPEG files in class folders (paddle_dist/data/imagefolder.py),
 and the config checks that go with it."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from paddle_dist import config as configlib
-from paddle_dist import imagefolder
+from paddle_dist.data import imagefolder
 from paddle_dist.errors import ConfigError, DataError
 
 

@@ -1,4 +1,4 @@
-"""paddle_dist/isolate.py for real: a process (and what it starts) moved into a network
+"""paddle_dist/launch/isolate.py for real: a process (and what it starts) moved into a network
 namespace of its own has a loopback of its own, up, and nothing of the machine's; as a
 user other than root it keeps its uid (a user namespace mapping it to itself). The
 non-root case runs as uid 65534 through isolate.py as a script, as a launcher that is not
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ISOLATE = str(Path(__file__).resolve().parents[2] / "paddle_dist" / "isolate.py")
+ISOLATE = str(Path(__file__).resolve().parents[2] / "paddle_dist" / "launch" / "isolate.py")
 TOKEN = b"outside"
 REPORT = ("import json, os, socket, sys; s = socket.create_server(('127.0.0.1', 0)); port = sys.argv[1:] and int(sys.argv[1])\n"
           "def reached():\n"
@@ -77,7 +77,8 @@ def test_another_user_keeps_its_uid_inside(outside):
 
 
 def test_a_job_on_several_machines_is_refused_in_one_line():
-    from paddle_dist import cli, config
+    from paddle_dist.launch import job as cli
+    from paddle_dist import config
     from paddle_dist.errors import UserError
 
     cfg = config.load(None, ["dist.isolate=true", "dist.nnodes=2", "dist.master=10.0.0.1:6170"])

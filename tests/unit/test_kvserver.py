@@ -1,4 +1,4 @@
-"""paddle_dist/kvserver.py over real sockets, as Paddle's launchers use it: the machines'
+"""paddle_dist/security/kvserver.py over real sockets, as Paddle's launchers use it: the machines'
 entries are stored and listed by prefix and /healthy answers; a connection from an
 address of no machine is closed and named; an idle connection holds up no other; junk, a
 machine's entry from another address, a second different entry and node 0's entry from a
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from paddle_dist import kvserver
-from paddle_dist.nodes import Node
+from paddle_dist.security import kvserver
+from paddle_dist.launch.rendezvous import Node
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests for paddle_dist.launcher: `plan()` decides how a job starts, without starting it.
+"""Unit tests for paddle_dist.launch.launcher: `plan()` decides how a job starts, without starting it.
 
 No process is started here: `launch()` is only exercised with Popen / spawn replaced by fakes.
 """
@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from paddle_dist import launcher, rankgate
+from paddle_dist.launch import launcher
+from paddle_dist.security import rankgate
 from paddle_dist.config import load
-from paddle_dist.env import DistEnv, GpuInfo, detect
+from paddle_dist.runtime.env import DistEnv, GpuInfo, detect
 from paddle_dist.errors import ConfigError, DeviceError
-from paddle_dist.launcher import LaunchPlan, plan, resolve_devices
+from paddle_dist.launch.launcher import LaunchPlan, plan, resolve_devices
 
 from tests.conftest import environ_diff
 
@@ -84,7 +85,7 @@ def test_rank_variables_are_what_paddles_launcher_sets():
 
 
 def test_ranks_as_detected_from_the_variables_they_get():
-    from paddle_dist.env import detect
+    from paddle_dist.runtime.env import detect
 
     variables = launcher.rank_variables(2, (), 6170)[1]
     env = detect(gpu_info=CPU_BUILD, environ=variables)
@@ -409,7 +410,7 @@ def test_a_script_job_is_unchanged_by_the_module_option():
     ("openmpi", "2 rank(s) in all", "mpirun -n 8")])      # mpirun's -n counts the whole job
 def test_a_rank_started_outside_refuses_a_dist_nprocs_it_would_ignore(launcher, started, fix):
     from paddle_dist.errors import UserError
-    from paddle_dist.launcher import check_started_outside
+    from paddle_dist.launch.launcher import check_started_outside
 
     with pytest.raises(UserError, match=re.escape(f"dist.nprocs=8, but {launcher} started this job "
                                                   f"with {started}")) as refused:

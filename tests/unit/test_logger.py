@@ -2,7 +2,7 @@
 
 from visualdl import LogReader
 
-from paddle_dist.logger import _visualdl_writer
+from paddle_dist.trainer.progress import _visualdl_writer
 
 
 def test_a_resumed_run_appends_to_its_visualdl_file(tmp_path, capsys):

@@ -9,7 +9,8 @@ process is (rundir.main_module, own_command, invoking_command) and what cli prin
 import subprocess
 import sys
 
-from paddle_dist import cli, rundir
+from paddle_dist.launch import job as cli
+from paddle_dist.runs import rundir
 from paddle_dist.config import load
 
 from tests.conftest import REPO_ROOT
@@ -26,14 +27,14 @@ def _run(args, cwd):
 
 def test_main_module_and_own_command_of_a_process_started_with_dash_m(tmp_path):
     (tmp_path / "probe_mod.py").write_text(
-        "from paddle_dist import rundir\nprint(rundir.main_module())\nprint(rundir.own_command()[1:])\n")
+        "from paddle_dist.runs import rundir\nprint(rundir.main_module())\nprint(rundir.own_command()[1:])\n")
     out = _run(["-m", "probe_mod", "-o", "a=1"], tmp_path)
     assert out.stdout.splitlines() == ["probe_mod", "['-m', 'probe_mod', '-o', 'a=1']"], out.stderr
 
 
 def test_a_script_has_no_main_module(tmp_path):
     (tmp_path / "probe.py").write_text(
-        "from paddle_dist import rundir\nprint(repr(rundir.main_module()))\nprint(rundir.own_command()[1:])\n")
+        "from paddle_dist.runs import rundir\nprint(repr(rundir.main_module()))\nprint(rundir.own_command()[1:])\n")
     out = _run(["probe.py", "-o", "a=1"], tmp_path)
     assert out.stdout.splitlines() == ["''", "['probe.py', '-o', 'a=1']"], out.stderr
 
@@ -47,7 +48,7 @@ def test_own_command_of_a_module_names_the_module_not_its_file():
 def test_invoking_command_of_a_module_rank_is_the_outermost_command_running_the_module():
     """A rank of `mpirun -n 2 python -m paddle_dist.train` (a parent whose words name the
     module): that parent's command is the one to run again."""
-    child = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); from paddle_dist import rundir; " \
+    child = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); from paddle_dist.runs import rundir; " \
             f"print(rundir.invoking_command([{TRAIN_FILE!r}, '-o', 'a=1'], 'paddle_dist.train'))"
     outer = [PY, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)",
              "-n", "2", "python", "-m", "paddle_dist.train", "-o", "a=1"]

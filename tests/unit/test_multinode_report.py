@@ -11,11 +11,13 @@ import threading
 
 import pytest
 
-from paddle_dist import faults, launcher, logger, nodes, supervisor
-from paddle_dist.env import DistEnv
-from paddle_dist.jobprocs import place_of
-from paddle_dist.nodes import Meeting, Node
-from paddle_dist.report import Exit, Machines, root_cause
+from paddle_dist import errors
+from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
+from paddle_dist.trainer import progress
+from paddle_dist.runtime.env import DistEnv
+from paddle_dist.launch.jobprocs import place_of
+from paddle_dist.launch.rendezvous import Meeting, Node
+from paddle_dist.runs.report import Exit, Machines, root_cause
 
 KILL = -9
 TWO_BY_TWO = Meeting("job-1", {0: Node(2, "198.18.0.1", "nodeA"), 1: Node(2, "198.18.0.2", "nodeB")}, 0)
@@ -24,7 +26,7 @@ RESET = ("gradient all-reduce failed: [/paddle/third_party/gloo/gloo/transport/t
 
 
 def _stopped(rank, host, error=RESET):
-    return {"rank": rank, "host": host, "state": "stopped", "exit_code": faults.EXIT_PEER,
+    return {"rank": rank, "host": host, "state": "stopped", "exit_code": errors.EXIT_PEER,
             "error_type": "PeerFailure", "error": error, "pid": 1}
 
 
@@ -128,7 +130,7 @@ def test_a_rank_that_died_here_is_named_even_when_its_peer_was_seen_ending_first
     status = {2: _stopped(2, "nodeB", f"gradient all-reduce failed: rank 3 (pid {gone}) died during the "
                                       "shared-memory all-reduce"),
               3: {"rank": 3, "host": "nodeB", "state": "running", "pid": gone}}
-    report = root_cause(status, {2: faults.EXIT_PEER}, machines=here)
+    report = root_cause(status, {2: errors.EXIT_PEER}, machines=here)
     assert "Root cause: rank 3 (host nodeB) died without reporting an error" in report.lines[0], report.text
     # On the other machine a rank that stopped on the peer failure ends the exchange too:
     # its record says so, and the cause is still elsewhere.
@@ -142,8 +144,8 @@ def test_a_machine_whose_ranks_stopped_on_a_peer_names_that_peers_machine():
     here = Machines("nodeA", (0, 1), 2, TWO_BY_TWO)
     # Paddle's launcher saw rank 0 end first (5); it stopped rank 1 itself, unrecorded.
     status = {0: _stopped(0, "nodeA"), 1: {"rank": 1, "host": "nodeA", "state": "running", "pid": 1}}
-    report = root_cause(status, {0: faults.EXIT_PEER}, machines=here)
-    assert report.code == faults.EXIT_PEER
+    report = root_cause(status, {0: errors.EXIT_PEER}, machines=here)
+    assert report.code == errors.EXIT_PEER
     assert report.lines[0] == (
         "paddle_dist: job failed (exit 5). Root cause: a rank on another machine, node 1 (host nodeB "
         "at 198.18.0.2, ranks 2-3): this machine's ranks lost their connection to it; that machine's "
@@ -180,10 +182,10 @@ def test_the_first_rank_of_every_machine_prints_labelled_and_one_machine_is_unch
     one = DistEnv(global_rank=1, local_rank=0, world_size=2, nnodes=1)
     node1 = DistEnv(global_rank=2, local_rank=0, world_size=4, local_world_size=2, node_rank=1, nnodes=2)
     second = DistEnv(global_rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2)
-    assert logger.prints(DistEnv()) and not logger.prints(one)
-    assert logger.prints(node1) and not logger.prints(second)
-    assert logger.console_label(DistEnv()) == ""
-    assert logger.console_label(node1, "nodeB") == "[node 1 nodeB] "
+    assert progress.prints(DistEnv()) and not progress.prints(one)
+    assert progress.prints(node1) and not progress.prints(second)
+    assert progress.console_label(DistEnv()) == ""
+    assert progress.console_label(node1, "nodeB") == "[node 1 nodeB] "
 
 
 def test_exits_seen_by_the_launcher_keep_their_meaning():

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from paddle_dist import netcheck
+from paddle_dist.runtime import netcheck
 from paddle_dist.errors import UserError
-from paddle_dist.netcheck import NetworkError, check, matches, parse_ifname, route_to
+from paddle_dist.runtime.netcheck import NetworkError, check, matches, parse_ifname, route_to
 
 FAKE = {"lo": ["127.0.0.1"], "eth0": ["198.18.0.1"], "eth1": ["198.18.1.1"], "docker0": []}
 

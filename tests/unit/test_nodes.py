@@ -1,4 +1,4 @@
-"""The machines' own rendezvous before Paddle's multi-node launcher (paddle_dist/nodes.py),
+"""The machines' own rendezvous before Paddle's multi-node launcher (paddle_dist/launch/rendezvous.py),
 its place in the launch plan, and the launcher's start deadline. Nodes are threads of this
 process on loopback."""
 
@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from paddle_dist import faults, launcher, nodes, supervisor
+from paddle_dist import errors
+from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
 from paddle_dist.config import load
-from paddle_dist.env import DistEnv, GpuInfo
+from paddle_dist.runtime.env import DistEnv, GpuInfo
 from paddle_dist.errors import UserError
 
 
@@ -198,7 +199,7 @@ def test_meet_turns_sigterm_into_143_at_once(capsys):
 
 
 def test_meet_returns_3_with_the_line(capsys):
-    assert launcher.meet(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3)) == faults.EXIT_RENDEZVOUS
+    assert launcher.meet(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3)) == errors.EXIT_RENDEZVOUS
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "node_rank 0 missing" in err[0]
 
@@ -222,5 +223,5 @@ def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     started = time.monotonic()
     code = supervisor.supervise_launch(argv, {}, None, 60, tmp_path, start_timeout=0.5)
-    assert code == faults.EXIT_RENDEZVOUS and time.monotonic() - started < 10
+    assert code == errors.EXIT_RENDEZVOUS and time.monotonic() - started < 10
     assert "started no rank within 0.5 s" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""paddle_dist.overlap on one process: bucket plans, launches from inside backward(), arming
+"""paddle_dist.sync.overlap on one process: bucket plans, launches from inside backward(), arming
 with accumulation, failures on the communication thread, and the GPU path's late flag
 (its collective stood in for, so the NCCL logic runs on CPU)."""
 
@@ -8,8 +8,9 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist import compat, overlap, reducers
-from paddle_dist.comm import CommThreadError, PeerFailure
+from paddle_dist import compat
+from paddle_dist.sync import overlap, reducers
+from paddle_dist.errors import CommThreadError, PeerFailure
 
 
 def _net():

@@ -10,9 +10,9 @@ import paddle
 import pytest
 from paddle import inference
 
-from paddle_dist import env as envlib
+from paddle_dist.runtime import env as envlib
 from paddle_dist import predict
-from paddle_dist.env import GpuInfo
+from paddle_dist.runtime.env import GpuInfo
 from paddle_dist.errors import UserError
 
 # Everything env.detect() reads, cleared so that the test's own variables alone decide.

@@ -1,4 +1,4 @@
-"""paddle_dist/private.py on real files: a job's directory in /dev/shm is a real
+"""paddle_dist/security/private.py on real files: a job's directory in /dev/shm is a real
 directory of this user closed to others, never one reached through a link or made by
 another user; what killed jobs left is removed, and nothing of a live job."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from paddle_dist import private
+from paddle_dist.security import private
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The gate of a one-machine job (paddle_dist/rankgate.py), over real loopback sockets: a
+"""The gate of a one-machine job (paddle_dist/security/rankgate.py), over real loopback sockets: a
 rank holding the job's token is admitted once and told where the store is; another
 token, another job, a replayed or reflected exchange, a second claim of an admitted rank,
 a flood of silent connections and random bytes are refused or dropped, and the gate goes
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from paddle_dist import auth, rankgate
+from paddle_dist.security import auth, rankgate
 
 JOB = "job-" + "a" * 16
 

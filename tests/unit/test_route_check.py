@@ -1,9 +1,10 @@
 """`python -m paddle_dist.doctor --check` makes the route and interface check a multi-node
 job makes before it starts (netcheck.check through preflight.route_problems)."""
 
-from paddle_dist import doctor, netcheck
+from paddle_dist.doctor import facts
+from paddle_dist.runtime import netcheck
 from paddle_dist.config import load
-from paddle_dist.preflight import ERROR, route_problems
+from paddle_dist.launch.preflight import ERROR, route_problems
 
 
 # ---------------------------------------------------------------- doctor --check's route check
@@ -25,7 +26,7 @@ def test_doctor_check_reports_a_master_without_route(monkeypatch, capsys):
         raise netcheck.NetworkError(f"no route from this machine to master {host}: unreachable; "
                                     "check dist.master and this node's network configuration")
     monkeypatch.setattr(netcheck, "route_to", route_to)
-    assert doctor.main(["--check", "-o", "dist.master=198.19.5.5:6170", "-o", "dist.nnodes=2"]) == 1
+    assert facts.main(["--check", "-o", "dist.master=198.19.5.5:6170", "-o", "dist.nnodes=2"]) == 1
     out = capsys.readouterr().out
     assert "error: no route from this machine to master 198.19.5.5" in out
     assert "pre-flight: ok" not in out

@@ -1,4 +1,4 @@
-"""Which run a command continues (paddle_dist/rundir.py): the rule, the locks that keep
+"""Which run a command continues (paddle_dist/runs/rundir.py): the rule, the locks that keep
 two jobs apart, and the command a report prints to continue a run.
 
 Other processes here are real ones (they hold locks or show their command line); each is
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from paddle_dist import config as configlib
-from paddle_dist import rundir
+from paddle_dist.runs import rundir
 from paddle_dist.errors import UserError
 
 PY = sys.executable
@@ -72,7 +72,7 @@ def test_a_finished_run_is_never_continued(tmp_path):
 
 
 def test_a_diverged_run_is_never_continued_nor_offered(tmp_path):
-    """A run whose ranks' weights differed (exit 7: faults.Diverged) has no metrics.json, yet
+    """A run whose ranks' weights differed (exit 7: errors.Diverged) has no metrics.json, yet
     the same command starts a new run, names it, and no command continues it."""
     first = choose(cfg_for(tmp_path)).path
     (first / "status").mkdir()
@@ -120,7 +120,8 @@ def test_the_newest_run_of_the_experiment_decides(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from paddle_dist import config, rundir
+    from paddle_dist import config
+    from paddle_dist.runs import rundir
     cfg = config.load(None, ["output.name=job", "output.root={runs}"])
     print(rundir.choose(cfg, 2, ["python", "train.py"]).path, flush=True)
     sys.stdin.read()          # holds the run until the test closes its stdin
@@ -229,7 +230,7 @@ def test_invoking_command_is_the_outermost_launcher_that_runs_the_script(tmp_pat
     """A rank under launchers that name the script (paddle_dist.launch starting
     paddle.distributed.launch starting the rank): the outermost command is the one to run
     again."""
-    child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist import rundir; " \
+    child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist.runs import rundir; " \
             "print(rundir.invoking_command(['probe.py', '-o', 'a=1']))"
     inner = [PY, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)",
              "--nproc_per_node", "2", "probe.py", "-o", "a=1"]

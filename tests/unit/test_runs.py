@@ -6,7 +6,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from paddle_dist import faults, runs
+from paddle_dist.runtime import monitor as faults
+from paddle_dist.runs import listing as runs
 
 
 def _record(run_dir, rank, state, pid=None, step=0, error=None, when=None):

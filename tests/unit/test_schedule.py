@@ -6,7 +6,7 @@ import pytest
 
 from paddle_dist import config
 from paddle_dist.errors import ConfigError
-from paddle_dist.schedule import LrPolicy, scaled_lr
+from paddle_dist.trainer.schedule import LrPolicy, scaled_lr
 
 
 def train_cfg(*overrides):

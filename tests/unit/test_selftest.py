@@ -10,12 +10,13 @@ import json
 import paddle
 import pytest
 
-from paddle_dist import checkpoint, config, selftest, selftest_checks, selftest_rank
-from paddle_dist.env import DistEnv
+from paddle_dist import checkpoint, config
+from paddle_dist.doctor import selftest, selftest_checks, selftest_rank
+from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
-from paddle_dist.selftest import NOT_RUN, Line, assemble, exit_code, format_table
-from paddle_dist.selftest_checks import Job, Row
-from paddle_dist.selftest_rank import CHECKS, SETUP, Check, run_check
+from paddle_dist.doctor.selftest import NOT_RUN, Line, assemble, exit_code, format_table
+from paddle_dist.doctor.selftest_checks import Job, Row
+from paddle_dist.doctor.selftest_rank import CHECKS, SETUP, Check, run_check
 
 NAMES = [SETUP] + [c.name for c in CHECKS]
 
@@ -237,7 +238,7 @@ def test_every_check_has_a_deadline_and_a_unique_name():
 def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     """The ranks are run by launcher.launch as train.py's are: python rank.py FOLDER once
     per rank, with the variables Paddle's launcher would give them, on CPU with gloo."""
-    from paddle_dist.env import GpuInfo
+    from paddle_dist.runtime.env import GpuInfo
 
     cfg = selftest.job_config(2, None, [])
     p = selftest.prepare(cfg, DistEnv(), tmp_path, environ={}, gpu_info=GpuInfo(False, 0), cpu_count=2)
@@ -267,7 +268,7 @@ def test_tf32_is_switched_off_with_paddles_own_switches(monkeypatch):
 def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
     """What the O2 rows do after training (GPUs only), run here on a float32 network:
     the trainer's evaluate(), a checkpoint of float32 weights, export and Paddle Inference."""
-    from paddle_dist import amp
+    from paddle_dist.trainer import amp
 
     net, ref, how, exchange, opt = selftest_checks.train_against_replay(job, "fused")
     problem, said = selftest_checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
@@ -278,7 +279,7 @@ def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
 def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
     """The AMP rows (GPUs only) train at both API levels; here the same path in float32:
     the prepared paddle.Model (trainer.hapi.prepared_model) ends where the replay does."""
-    from paddle_dist.selftest_checks import TOLERANCE, _max_difference, train_against_replay
+    from paddle_dist.doctor.selftest_checks import TOLERANCE, _max_difference, train_against_replay
 
     loop_net, loop_ref, *_ = train_against_replay(job, "fused")
     hapi_net, hapi_ref, *_ = train_against_replay(job, "fused", api="hapi")

@@ -1,4 +1,4 @@
-"""paddle_dist.shm: the shared-memory all-reduce, between real processes (no paddle).
+"""paddle_dist.sync.shm: the shared-memory all-reduce, between real processes (no paddle).
 
 Every rank runs in a child process, so a protocol that hangs fails the test at a join's
 timeout instead of hanging it. The parent makes the segment, waits until every rank has
@@ -12,7 +12,7 @@ import signal
 import numpy as np
 import pytest
 
-from paddle_dist import shm
+from paddle_dist.sync import shm
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs x86-64 and /dev/shm")
 CTX = mp.get_context("spawn")     # fresh interpreters: nothing inherited but the arguments

@@ -5,8 +5,10 @@ import signal
 
 import pytest
 
-from paddle_dist import faults, jobprocs, report, supervisor
-from paddle_dist.report import Exit, first_failure, root_cause, with_resume
+from paddle_dist import errors
+from paddle_dist.launch import jobprocs, supervisor
+from paddle_dist.runs import report
+from paddle_dist.runs.report import Exit, first_failure, root_cause, with_resume
 
 KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
 
@@ -66,7 +68,7 @@ def test_status_records_still_win_over_the_exit_order():
     assert "Root cause: rank 0 raised ValueError: bad" in report.lines[0]
     # a rank that recorded it stopped because of a peer is no candidate either
     status = {0: {"rank": 0, "state": "running"}, 1: {"rank": 1, "state": "stopped"}}
-    exits = [Exit(0, KILL, 10.5), Exit(1, faults.EXIT_PEER, 10.0)]
+    exits = [Exit(0, KILL, 10.5), Exit(1, errors.EXIT_PEER, 10.0)]
     assert "Root cause: rank 0 killed by SIGKILL" in root_cause(status, exits=exits).lines[0]
 
 
@@ -78,9 +80,9 @@ def test_a_breach_is_the_root_cause_ahead_of_the_gloo_failure_that_follows_it(tm
                    "does not prove the job's token: something outside the job wrote it; the job was stopped\n")
     status = {0: {"rank": 0, "state": "failed", "time": 5.0, "error_type": "RuntimeError",
                   "error": "[gloo] TIMEOUT", "exit_code": 1}}
-    exits = [Exit(0, 1, 10.0), Exit(1, faults.EXIT_SECURITY, 10.5)]
+    exits = [Exit(0, 1, 10.0), Exit(1, errors.EXIT_SECURITY, 10.5)]
     report = root_cause(status, exits=exits, logs={1: str(log)})
-    assert report.code == faults.EXIT_SECURITY == 6
+    assert report.code == errors.EXIT_SECURITY == 6
     assert report.lines[0].startswith("paddle_dist: job failed (exit 6). Root cause: rank 1 found a breach: "
                                       "rank 1 read a verdict in Paddle's store at 127.0.0.1:4 that does not")
     assert report.lines[-1] == "  stopped as a consequence: rank 0 (exited with code 1)"
@@ -88,9 +90,9 @@ def test_a_breach_is_the_root_cause_ahead_of_the_gloo_failure_that_follows_it(tm
 
 
 def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
-    exits = [Exit(0, faults.EXIT_PREEMPTED, 1.0), Exit(1, faults.EXIT_PREEMPTED, 1.1)]
+    exits = [Exit(0, errors.EXIT_PREEMPTED, 1.0), Exit(1, errors.EXIT_PREEMPTED, 1.1)]
     report = root_cause({}, exits=exits)
-    assert report.code == faults.EXIT_PREEMPTED and "stopped on request" in report.text
+    assert report.code == errors.EXIT_PREEMPTED and "stopped on request" in report.text
 
 
 def test_a_report_without_a_run_ends_with_the_command_that_runs_it_again():

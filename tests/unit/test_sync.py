@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddle_dist import sync
+from paddle_dist.sync import grad_sync as sync
 
 
 class Clock:
@@ -86,7 +86,7 @@ def test_stop_check_interval_bounds():
 def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatch):
     import paddle
 
-    from paddle_dist.overlap import LateFlag
+    from paddle_dist.sync.overlap import LateFlag
 
     monkeypatch.setattr(LateFlag, "EVERY", 1)
     for device, expected in (("gpu:0", [0.0, 2.0, 0.0]), ("cpu", [2.0, 0.0, 1.0])):
@@ -166,7 +166,7 @@ def test_a_parameter_unfrozen_after_the_start_is_refused_not_left_unaveraged():
 
 
 def _sync_for(device_info, environ, **options):
-    from paddle_dist.env import detect
+    from paddle_dist.runtime.env import detect
     from paddle_dist.schema import SyncConfig
 
     env = detect(gpu_info=device_info, environ=environ)
@@ -180,7 +180,7 @@ def _launched(rank, **extra):
 
 
 def test_auto_on_gpus_is_paddles_reducer_and_the_start_line_says_so():
-    from paddle_dist.env import GpuInfo
+    from paddle_dist.runtime.env import GpuInfo
 
     env, gpu = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"))
     assert (env.device, env.backend, gpu.mode) == ("gpu:1", "nccl", "dataparallel")
@@ -217,7 +217,7 @@ def test_gpus_read_the_stop_flag_on_the_host_every_16_steps_and_every_rank_at_th
 def _half_params(dtype, values):
     import paddle
 
-    from paddle_dist.overlap import set_grad
+    from paddle_dist.sync.overlap import set_grad
 
     zero = paddle.nn.initializer.Constant(0.0)
     params = [paddle.create_parameter([len(values)], dtype, default_initializer=zero) for _ in range(2)]
@@ -232,7 +232,7 @@ def test_16_bit_gradients_are_divided_before_the_sum_as_paddles_reducer_does(dty
     mean is not. Fused and overlap (NCCL's async path) both send the mean's parts."""
     import paddle
 
-    from paddle_dist.overlap import AsyncExchange
+    from paddle_dist.sync.overlap import AsyncExchange
 
     def two_ranks(tensor, *args, **kwargs):
         tensor.set_value(tensor * 2)                 # a sum over 2 identical ranks

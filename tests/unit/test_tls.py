@@ -1,4 +1,4 @@
-"""Mutual TLS for the node gate (paddle_dist/tls.py), with certificates made by the openssl
+"""Mutual TLS for the node gate (paddle_dist/security/tls.py), with certificates made by the openssl
 command line and real loopback sockets: the right certificates (and token) meet; a
 plaintext machine, a certificate of another CA, an expired one and none are each refused
 (in one line where the machine is paddle_dist) while node 0 waits on for the right machine;
@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from paddle_dist import launcher, nodes, preflight, tls
+from paddle_dist.launch import launcher, rendezvous as nodes, preflight
+from paddle_dist.security import tls
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
 

@@ -1,5 +1,5 @@
 """A user error ends a script as it ends a launcher: one line, exit 2, still the error a
-script may catch (refusal.py); a rank that ended on one is "refused", and neither the
+script may catch (errors.for_scripts); a rank that ended on one is "refused", and neither the
 report nor `python -m paddle_dist.runs` offers the command that would fail the same way."""
 
 import json
@@ -10,11 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from paddle_dist import errors
 import paddle_dist
-from paddle_dist import faults, runs, supervisor
+from paddle_dist.runtime import monitor as faults
+from paddle_dist.runs import listing as runs
+from paddle_dist.launch import supervisor
 from paddle_dist.errors import ConfigError, DataError, UserError
-from paddle_dist.refusal import REFUSAL_LINE, Refused, for_scripts
-from paddle_dist.report import Exit, read_status, root_cause, with_resume
+from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
+from paddle_dist.runs.report import Exit, read_status, root_cause, with_resume
 
 from .test_runs import _run_dir
 
@@ -28,7 +31,7 @@ def test_a_typo_is_a_config_error_that_ends_a_script_with_2_and_one_line(capsys)
     assert str(caught.value) == TYPO and type(caught.value).__name__ == "ConfigError"
     assert isinstance(caught.value, SystemExit) and caught.value.code == 2
     assert capsys.readouterr().err == f"{REFUSAL_LINE}{TYPO}\n"
-    assert faults.outcome_of(caught.value) == "refused" and faults.exit_code_of(caught.value) == 2
+    assert errors.outcome_of(caught.value) == "refused" and errors.exit_code_of(caught.value) == 2
     plain = pickle.loads(pickle.dumps(caught.value))        # to another process: the plain error
     assert type(plain) is ConfigError and str(plain) == TYPO
     done = subprocess.run([sys.executable, "-c", "import paddle_dist\n"
@@ -65,7 +68,7 @@ def test_a_refusal_keeps_its_class_attributes_and_cause_and_is_said_once(capsys)
 def _refused_record(run_dir, rank, error: UserError, when: float):
     """A rank's status record as fit() writes it when `error` ends it (faults.Monitor)."""
     monitor = faults.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
-    monitor.finish(faults.outcome_of(error), error)
+    monitor.finish(errors.outcome_of(error), error)
     path = run_dir / "status" / f"rank{rank}.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), time=when)))
 

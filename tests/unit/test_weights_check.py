@@ -11,7 +11,9 @@ import paddle
 import paddle.distributed as dist
 import pytest
 
-from paddle_dist import faults, report, runs
+from paddle_dist import errors
+from paddle_dist.runtime import monitor as faults
+from paddle_dist.runs import report, listing as runs
 from paddle_dist.trainer import agreement
 from paddle_dist.trainer.agreement import digests, disagreement, rank_words
 
@@ -88,12 +90,12 @@ def _gathering(peer_values):
 def test_the_check_raises_diverged_with_the_one_line(monkeypatch):
     net = paddle.nn.Linear(3, 2)
     monkeypatch.setattr(dist, "all_gather", _gathering(lambda mine: mine + [0, 1]))
-    with pytest.raises(faults.Diverged) as caught:
+    with pytest.raises(errors.Diverged) as caught:
         agreement.check(net, DISTRIBUTED, step=12)
     assert str(caught.value) == ("the ranks' weights differ at step 12: 'bias' is one value on rank 0 "
                                  "and another on rank 1; data parallelism broke (docs/faults.md)")
-    assert caught.value.code == faults.EXIT_DIVERGED == 7
-    assert faults.exit_code_of(caught.value) == 7 and faults.outcome_of(caught.value) == "diverged"
+    assert caught.value.code == errors.EXIT_DIVERGED == 7
+    assert errors.exit_code_of(caught.value) == 7 and errors.outcome_of(caught.value) == "diverged"
 
 
 def test_the_check_passes_when_the_ranks_agree_and_is_skipped_alone(monkeypatch):
@@ -130,7 +132,7 @@ def _diverged_run(run_dir, ranks=2):
     for rank in range(ranks):
         monitor = faults.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
         monitor.step_no = 4
-        monitor.finish(faults.outcome_of(faults.Diverged(LINE)), faults.Diverged(LINE))
+        monitor.finish(errors.outcome_of(errors.Diverged(LINE)), errors.Diverged(LINE))
     (run_dir / "config.yaml").write_text("train: {}\n")
     return run_dir
 

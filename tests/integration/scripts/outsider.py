@@ -1,7 +1,7 @@
 """Another user of a shared machine (run as uid 65534 by tests/integration/test_shared_machine.py),
 doing what such a user can: plant files in /dev/shm under names a job may use, write into
 Paddle's store, connect to the job's listening sockets, read the job's files. Standard
-library only (paddle_dist.storewire for the store's protocol). Each action prints one JSON
+library only (paddle_dist.security.storewire for the store's protocol). Each action prints one JSON
 line of what it did; those that run beside a job go on until their stdin closes.
 
 Usage:
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from paddle_dist import storewire  # noqa: E402
+from paddle_dist.security import storewire  # noqa: E402
 
 SHM = "/dev/shm"
-BEAT_FORMAT = "<dqq24sqqd"         # paddle_dist/hangs.py
+BEAT_FORMAT = "<dqq24sqqd"         # paddle_dist/runtime/watchdog.py
 POLL_S = 0.005
 
 

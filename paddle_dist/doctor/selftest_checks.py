@@ -1,0 +1,394 @@
+"""The self-test's checks, each run by every rank of a real job (selftest_rank.py runs
+them, selftest.py starts the job and prints the table). Each returns a Row: PASS, FAIL, or
+SKIP with the reason it cannot run here.
+
+They use paddle_dist's own code paths: `GradSync` built from the config as the trainer
+builds it, `trainer.loop.step` (the trainer's optimizer step), `checkpoint.save()` /
+`load()` / `restore()`, `amp.plan` / `amp.scaler`, `export` and `predict.Predictor`.
+
+Example:
+    row = grad_sync("overlap", Job(cfg, env, scratch))   # Row('grad sync overlap', 'PASS', ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from ..trainer import amp
+from .. import checkpoint
+from .. import config as configlib
+from ..runtime import env as envlib
+from ..sync.collectives import first_line
+from ..errors import DeviceError
+from ..export import export as export_model
+from ..predict import Predictor
+from ..sync.grad_sync import GradSync, wrap
+from ..trainer import loop
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16")
+COUNT = 1024              # values per all-reduce
+TOLERANCE = 1e-5          # float32 weights against the one-process replay; inference against dygraph
+AMP_TOLERANCE = 1e-2      # 16-bit matmuls: about 3 decimal digits
+STEPS, BATCH, LR = 3, 8, 0.1
+ONE_RANK = "one rank: nothing to exchange (run 2 or more: --nprocs 2, or --gpus 0,1)"
+
+
+@dataclass
+class Row:
+    """One line of the table, as one rank saw it."""
+
+    check: str
+    status: str
+    seconds: float = 0.0
+    detail: str = ""
+    digest: str = ""          # sha256 of the weights: the parent checks the ranks agree
+
+
+@dataclass
+class Job:
+    cfg: configlib.Config
+    env: envlib.DistEnv
+    scratch: Path             # this rank's own files
+
+
+# ---------------------------------------------------------------- all-reduce
+def all_reduce(dtype: str, job: Job, reduce: Callable = dist.all_reduce) -> Row:
+    """Every rank adds (rank + 1) times the same small integers: the sum is exact in every
+    dtype. On gloo, a 16-bit dtype Paddle cannot all-reduce is SKIP with the reason."""
+    name, env = f"all-reduce {dtype}", job.env
+    if not env.is_distributed:
+        return Row(name, SKIP, detail=ONE_RANK)
+    base = np.arange(COUNT) % 9 - 4
+    tensor = paddle.to_tensor((base * (env.global_rank + 1)).astype("float32")).astype(dtype)
+    half = dtype in ("float16", "bfloat16") and env.backend == "gloo"
+    try:
+        reduce(tensor)
+    except Exception as exc:  # noqa: BLE001 - an unsupported dtype is a finding, not a crash
+        if half:
+            return Row(name, SKIP, detail=f"Paddle's gloo has no {dtype} all-reduce: {first_line(exc)}")
+        raise
+    got = tensor.astype("float32").numpy().astype("float64")
+    want = base * (env.world_size * (env.world_size + 1) // 2)
+    if np.array_equal(got, want):
+        return Row(name, PASS, detail=f"{COUNT} values summed exactly over {env.world_size} ranks")
+    at = int(np.flatnonzero(got != want)[0])
+    wrong = f"value {at}: got {got[at]:g}, expected {want[at]:g}"
+    if half and dtype == "float16":       # config.check_compress refuses fp16 on gloo for this
+        return Row(name, SKIP, detail=f"Paddle's gloo sums float16 wrongly ({wrong}); "
+                                      "paddle_dist sends no float16 over gloo")
+    return Row(name, FAIL, detail=wrong)
+
+
+# ---------------------------------------------------------------- gradient sync
+def _net() -> paddle.nn.Layer:
+    return paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.ReLU(), paddle.nn.Linear(32, 4))
+
+
+def _twins(seed: int):
+    """The network to train and its one-process replay, with the same initial weights."""
+    paddle.seed(seed)
+    net = _net()
+    paddle.seed(seed)
+    return net, _net()
+
+
+def _global_batch(step: int, world: int, seed: int):
+    rng = np.random.default_rng(seed + step)
+    x = rng.standard_normal((BATCH * world, 16)).astype("float32")
+    y = rng.integers(0, 4, BATCH * world).astype("int64")
+    return x, y
+
+
+def _tensors(x, y):
+    """One batch as loop.step takes it: ([input], [label])."""
+    return [paddle.to_tensor(x)], [paddle.to_tensor(y)]
+
+
+def _max_difference(net, ref) -> float:
+    return max(float(np.abs(a.numpy().astype("float64") - b.numpy().astype("float64")).max())
+               for a, b in zip(net.parameters(), ref.parameters()))
+
+
+def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str = "loop"):
+    """STEPS optimizer steps of a small MLP, data-parallel through GradSync(`mode`) and the
+    trainer's own step at `api` level (loop: `trainer.loop.step`; hapi: the prepared
+    paddle.Model's train_batch, as `trainer.hapi` builds it), beside one process taking the
+    same steps on the whole batch in float32. Returns (net, replay, the sync's
+    description, its exchange's class name, the optimizer)."""
+    env, seed = job.env, job.cfg.train.seed
+    net, ref = _twins(seed)
+    opt = paddle.optimizer.SGD(LR, parameters=net.parameters())
+    ref_opt = paddle.optimizer.SGD(LR, parameters=ref.parameters())
+    net, opt = amp.decorate(net, opt, precision)       # O2: 16-bit weights, float32 master copy
+    sync = GradSync.from_config(env, dataclasses.replace(job.cfg.sync, mode=mode, compress="none"))
+    sync.attach(opt)
+    scaler = amp.scaler(precision, sync)
+    loss = paddle.nn.CrossEntropyLoss()
+    if api == "hapi":
+        from ..trainer.hapi import prepared_model
+
+        model = prepared_model(net, opt, loss, env, sync, precision, scaler)
+
+        def step(x, y):
+            model.train_batch([paddle.to_tensor(x)], [paddle.to_tensor(y)])
+    else:
+        wrapped = wrap(net, env, sync)
+
+        def step(x, y):
+            loop.step(wrapped, loss, [_tensors(x, y)], opt, precision, scaler, sync.arm)
+    try:
+        for n in range(STEPS):
+            x, y = _global_batch(n, env.world_size, seed)
+            mine = slice(env.global_rank * BATCH, (env.global_rank + 1) * BATCH)
+            step(x[mine], y[mine])
+            loop.step(ref, loss, [_tensors(x, y)], ref_opt)
+        exchange = type(sync.overlap.exchange).__name__ if sync.overlap is not None else "step"
+        return net, ref, sync.describe(), exchange, opt
+    finally:
+        sync.close()
+
+
+def grad_sync(mode: str, job: Job) -> Row:
+    """Ranks' weights after GradSync(`mode`) against the one-process replay (within
+    TOLERANCE); the parent checks that the ranks' weights are bit-identical."""
+    name = f"grad sync {mode}"
+    if not job.env.is_distributed:
+        return Row(name, SKIP, detail=ONE_RANK)
+    net, ref, how, _, _ = train_against_replay(job, mode)
+    diff = _max_difference(net, ref)
+    return Row(name, PASS if diff <= TOLERANCE else FAIL, digest=checkpoint.weights_digest(net),
+               detail=f"max |w - one-process replay| {diff:.1e} after {STEPS} steps; {how}")
+
+
+def amp_step(dtype: str, level: str, job: Job) -> Row:
+    """GPUs: mixed precision (float16 with the synced GradScaler, or bfloat16; O1, or O2's
+    16-bit weights) at both API levels through sync.mode=overlap, which on GPUs
+    all-reduces through NCCL asynchronously (AsyncExchange), against a float32 replay.
+    O2 then evaluates as the trainer does (evaluate(), under the plan's autocast) and
+    saves a checkpoint whose float32 weights export (amp_o2_after)."""
+    name = f"AMP {dtype} {level}" + (" + GradScaler" if dtype == "float16" else "")
+    if not job.env.device.startswith("gpu"):
+        return Row(name, SKIP, detail="GPUs only: Paddle runs mixed precision on CUDA/XPU devices")
+    train = dataclasses.replace(job.cfg.train, amp=level, amp_dtype=dtype)
+    try:
+        precision = amp.plan(train, job.env.device)
+    except DeviceError as exc:
+        return Row(name, SKIP, detail=str(exc).split(";")[0])
+    net, ref, how, exchange, opt = train_against_replay(job, "overlap", precision)
+    hapi_net, hapi_ref, *_ = train_against_replay(job, "overlap", precision, api="hapi")
+    diff, hapi_diff = _max_difference(net, ref), _max_difference(hapi_net, hapi_ref)
+    ok = all(np.isfinite(d) and d <= AMP_TOLERANCE for d in (diff, hapi_diff))
+    if job.env.is_distributed and exchange != "AsyncExchange":
+        ok, how = False, f"{how}: expected NCCL's AsyncExchange, got {exchange}"
+    detail = (f"max |w - float32 replay| {diff:.1e} (loop), {hapi_diff:.1e} (hapi) after {STEPS} steps; "
+              f"{how} ({exchange})")
+    if ok and level == "O2":
+        problem, said = amp_o2_after(job, net, ref, opt, precision)
+        ok, detail = problem is None, problem or f"{detail}; {said}"
+    digest = checkpoint.weights_digest(net) + checkpoint.weights_digest(hapi_net)
+    return Row(name, PASS if ok else FAIL, digest=digest, detail=detail)
+
+
+def amp_o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):
+    """An O2 network's evaluation (the trainer's evaluate(), every rank) against the float32
+    replay's, and (rank 0) its checkpoint: float32 weights that a float32 network loads and
+    exports. Returns (what went wrong or None, what was checked)."""
+    from ..trainer.evaluation import evaluate
+    from ..trainer.feed import Feed
+    from ..trainer.loading import Source
+
+    x, y = _global_batch(STEPS, 1, job.cfg.train.seed)
+    data = paddle.io.TensorDataset([paddle.to_tensor(x), paddle.to_tensor(y)])
+    loss = paddle.nn.CrossEntropyLoss()
+    got = evaluate(net, Source.of(data, "eval_data"), Feed(net), loss, [], job.env, BATCH, amp=precision)
+    want = evaluate(ref, Source.of(data, "eval_data"), Feed(ref), loss, [], job.env, BATCH)
+    if not abs(got["loss"] - want["loss"]) <= AMP_TOLERANCE * 10 * max(1.0, abs(want["loss"])):
+        return f"O2 evaluation: loss {got['loss']:.4f}, float32 replay {want['loss']:.4f}", ""
+    if not job.env.is_main:
+        return None, f"evaluation loss {got['loss']:.4f} (replay {want['loss']:.4f})"
+    meta = {"global_step": STEPS, "epoch": 0, "step_in_epoch": STEPS, "world_size": job.env.world_size,
+            "model": "selftest"}
+    state = checkpoint.load(checkpoint.save(job.scratch / "o2", net, opt, meta, keep_last=1))
+    wide = sorted({str(v.dtype) for v in state.model.values()})
+    if wide != ["float32"]:
+        return f"O2 checkpoint weights are {', '.join(wide)}, not float32 (amp.decorate save_dtype)", ""
+    plain = _net()
+    checkpoint.restore(state, plain, rng=False)
+    _exact_float32()
+    out = _export_and_predict(plain, job, [16])
+    return None, (f"evaluation loss {got['loss']:.4f} (replay {want['loss']:.4f}); float32 "
+                  f"checkpoint exported, max |inference - dygraph| {out:.1e}")
+
+
+# ---------------------------------------------------------------- checkpoint
+def _draws() -> List[float]:
+    """A few numbers from each generator a checkpoint restores: Python, numpy, Paddle."""
+    return [random.random(), *np.random.rand(2).tolist(), *paddle.rand([2]).numpy().tolist()]
+
+
+def _arrays(state: Dict) -> Dict[str, np.ndarray]:
+    return {k: v.numpy().copy() for k, v in state.items() if isinstance(v, paddle.Tensor)}
+
+
+def checkpoint_round_trip(job: Job) -> Row:
+    """Save (model, Adam state, RNG), train on and draw, load and restore: the weights,
+    the optimizer's tensors and the next random numbers are those of the moment of the save."""
+    paddle.seed(job.cfg.train.seed)
+    net = _net()
+    opt = paddle.optimizer.Adam(1e-3, parameters=net.parameters())
+    x, y = _tensors(*_global_batch(0, 1, job.cfg.train.seed))
+    loss = paddle.nn.CrossEntropyLoss()
+    loop.step(net, loss, [(x, y)], opt)
+    meta = {"global_step": 1, "epoch": 0, "step_in_epoch": 1, "world_size": job.env.world_size,
+            "model": "selftest"}
+    scaler = _moved_scaler(job)
+    if scaler is not None:
+        meta["loss_scaler"] = amp.scaler_state(scaler)
+    path = checkpoint.save(job.scratch / "checkpoints", net, opt, meta, keep_last=1)
+    weights, moments, drawn = _arrays(net.state_dict()), _arrays(opt.state_dict()), _draws()
+    loop.step(net, loss, [(x, y)], opt)        # everything moves on
+    state = checkpoint.load(path)
+    checkpoint.restore(state, net, opt, rng=True)
+    devices = [scalars[0] for scalars in state.rng_info["paddle"]]
+    if job.env.device.startswith("gpu") and int(job.env.device.split(":")[1]) not in devices:
+        return Row("checkpoint + RNG", FAIL, detail=f"the checkpoint holds the generators of devices "
+                                                     f"{devices}, not {job.env.device}'s own")
+    if scaler is not None:
+        resumed = _moved_scaler(job, moved=False)
+        amp.load_scaler_state(resumed, state.meta.get("loss_scaler") or {})
+        if amp.scaler_state(resumed) != amp.scaler_state(scaler) or not amp.scaler_state(scaler):
+            return Row("checkpoint + RNG", FAIL, detail=f"loss scaler {amp.scaler_state(scaler)} came back "
+                                                         f"as {amp.scaler_state(resumed)}")
+    wrong = [k for k, v in _arrays(net.state_dict()).items() if not np.array_equal(v, weights[k])]
+    wrong += [k for k, v in _arrays(opt.state_dict()).items() if not np.array_equal(v, moments.get(k))]
+    if wrong:
+        return Row("checkpoint + RNG", FAIL, detail=f"not restored: {', '.join(wrong[:3])}")
+    again = _draws()
+    if again != drawn:
+        return Row("checkpoint + RNG", FAIL, detail=f"random numbers differ: {drawn} then {again}")
+    kept = "Adam state, loss scaler" if scaler is not None else "Adam state"
+    return Row("checkpoint + RNG", PASS, detail=f"weights, {kept} and {len(drawn)} random draws "
+                                                 f"(Python, numpy, Paddle on {job.env.device}) restored exactly")
+
+
+def _moved_scaler(job: Job, moved: bool = True):
+    """GPUs: a float16 loss scaler as the trainer builds it, its scale and counters moved
+    from where train.loss_scale starts them (moved=True); None where there is no GPU."""
+    if not job.env.device.startswith("gpu"):
+        return None
+    train = dataclasses.replace(job.cfg.train, amp="O1", amp_dtype="float16")
+    try:
+        scaler = amp.scaler(amp.plan(train, job.env.device), sync=None)
+    except DeviceError:          # a GPU without float16 (amp.plan says why in the AMP rows)
+        return None
+    if moved:
+        amp.load_scaler_state(scaler, {"scale": train.loss_scale * 4, "incr_count": 5, "decr_count": 1})
+    return scaler
+
+
+# ---------------------------------------------------------------- export
+def _exact_float32() -> None:
+    """No TF32 in this process (Paddle Inference runs in it too), so the comparisons
+    measure export and mixed precision, not TF32's 10-bit mantissa. Paddle's switches
+    (core.set_cublas_switch, set_cudnn_switch; GPU builds have them) are process-wide:
+    no FLAGS_allow_tf32_* exists in 2.6 or 3.x."""
+    from paddle.base import core
+
+    for switch in ("set_cublas_switch", "set_cudnn_switch"):
+        turn = getattr(core, switch, None)
+        if turn is not None:
+            turn(False)
+
+
+def _mnist_preprocessing(job: Job) -> Dict:
+    from ..export import preprocessing
+
+    return preprocessing(configlib.replace_key(job.cfg, "data.name", "mnist"))
+
+
+def _export_and_predict(net, job: Job, shape: List[int]) -> float:
+    """`net` (inputs of `shape`, batch first) exported and run by Paddle Inference on the
+    job's device; the largest difference from the dygraph outputs on the same input."""
+    from paddle.static import InputSpec
+
+    info = _mnist_preprocessing(job)
+    info.pop("input_shape")            # deploy.json's metadata; the network takes `shape`
+    spec = InputSpec([None, *shape], "float32", "image")
+    out = export_model(net, [spec], job.scratch / f"export-{len(list(job.scratch.glob('export-*')))}",
+                       {"task": "classification", **info})
+    x = np.random.default_rng(0).standard_normal((4, *shape)).astype("float32")
+    net.eval()
+    want = net(paddle.to_tensor(x)).numpy()
+    got = Predictor(out, device=job.env.device).logits(x)
+    return float(np.abs(got - want).max())
+
+
+def export_predict(job: Job) -> Row:
+    """LeNet through paddle_dist.export and Paddle Inference (predict.Predictor, on the
+    job's GPU where it has one), with TF32 off, against the dygraph outputs."""
+    from ..models import build
+
+    _exact_float32()
+    paddle.seed(job.cfg.train.seed)
+    shape = _mnist_preprocessing(job)["input_shape"]
+    diff = _export_and_predict(build("lenet", 10), job, list(shape))
+    where = job.env.device.upper().replace(":", " ") if job.env.device.startswith("gpu") else "CPU"
+    tf32 = ", TF32 off" if job.env.device.startswith("gpu") else ""
+    return Row("export + predict", PASS if diff <= TOLERANCE else FAIL,
+               detail=f"max |inference - dygraph| {diff:.1e} (Paddle Inference on {where}{tf32})")
+
+
+# ---------------------------------------------------------------- a second CUDA stream
+def side_stream_overlap(job: Job) -> Row:
+    """GPUs: the overlap exchange (AsyncExchange, from backward()'s hooks) with a stand-in
+    two-rank sum issued on a second CUDA stream, as NCCL issues its all-reduce: the
+    gradients must come back bit-identical to one process's (x * 2 / 2 is exact)."""
+    from ..sync.overlap import AsyncExchange, Overlap
+
+    name = "overlap on a CUDA side stream"
+    if not job.env.device.startswith("gpu"):
+        return Row(name, SKIP, detail="GPUs only: a second CUDA stream")
+    cuda = paddle.device.cuda
+    side = cuda.Stream()
+
+    class Task:
+        def __init__(self, event):
+            self.event = event
+
+        def wait(self):
+            cuda.current_stream().wait_event(self.event)
+
+    def two_ranks(tensor, sync_op=False):
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream_guard(side):
+            paddle.assign(tensor * 2, tensor)        # this rank's and an identical rank's
+        event = cuda.Event()
+        event.record(side)
+        return Task(event)
+
+    net, ref = _twins(job.cfg.train.seed)
+    x, y = _tensors(*_global_batch(0, 1, job.cfg.train.seed))
+    loss = paddle.nn.CrossEntropyLoss()
+    loss(ref(*x), *y).backward()
+    exchange = AsyncExchange(2, collective_fn=two_ranks)
+    overlapped = Overlap(net.parameters(), exchange, 1 << 10)     # small buckets: several
+    try:
+        loss(net(*x), *y).backward()
+        overlapped.finish()
+    finally:
+        overlapped.close()
+    wrong = [p.name for p, r in zip(net.parameters(), ref.parameters())
+             if not np.array_equal(p.grad.numpy(), r.grad.numpy())]
+    if wrong:
+        return Row(name, FAIL, detail=f"gradients differ from one process's: {', '.join(wrong[:3])}")
+    return Row(name, PASS, detail=f"{exchange.calls} buckets summed on a second stream during "
+                                  "backward(); gradients bit-identical to one process's")

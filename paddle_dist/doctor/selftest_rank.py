@@ -1,0 +1,136 @@
+"""The self-test's rank side: what each rank of the job runs (selftest.py starts the job
+and prints the table; the checks are in selftest_checks.py).
+
+Each rank sets up exactly as a training rank does (`runtime.setup`: device, process
+group, seed), then runs CHECKS in order. Every check runs under a deadline
+(`monitor.deadline()`: a watchdog process ends a rank that hangs, even inside native code
+that holds the GIL), and after every check the rank rewrites <dir>/rank<N>.json with its
+rows so far and the check it is in, so that the parent can say which check hung or
+crashed. A check's exception is a FAIL row, and the rank's last: after a failure the
+ranks' collectives no longer line up, so the later checks are NOT RUN.
+
+Example (what selftest.py's generated script runs in every rank):
+    sys.exit(selftest_rank.main(["/tmp/paddle_dist-selftest-x"]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from .. import config as configlib
+from ..runtime import env as envlib
+from ..runtime import monitor, process as runtime
+from ..sync.collectives import first_line
+from .selftest_checks import (DTYPES, FAIL, PASS, Job, Row, all_reduce, amp_step, checkpoint_round_trip, export_predict, grad_sync, side_stream_overlap)
+
+SETUP = "process group"       # the first row: runtime.setup, under its own (rendezvous) deadline
+CONFIG_FILE = "config.json"   # in the job's folder: the config, as selftest.py wrote it
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    seconds: float                      # the deadline on each rank
+    run: Callable[[Job], Row] = field(repr=False)
+    first_only: bool = False            # global rank 0 alone (the others report nothing)
+
+
+CHECKS = ([Check(f"all-reduce {d}", 30, partial(all_reduce, d)) for d in DTYPES]
+          + [Check("grad sync fused", 60, partial(grad_sync, "fused")),
+             Check("grad sync overlap", 60, partial(grad_sync, "overlap")),
+             Check("grad sync dataparallel", 60, partial(grad_sync, "dataparallel")),
+             Check("checkpoint + RNG", 60, checkpoint_round_trip)]
+          + [Check(f"AMP {d} {level}" + (" + GradScaler" if d == "float16" else ""), 120,
+                   partial(amp_step, d, level)) for level in ("O1", "O2") for d in ("float16", "bfloat16")]
+          + [Check("export + predict", 120, export_predict, first_only=True),
+             Check("overlap on a CUDA side stream", 60, side_stream_overlap, first_only=True)])
+
+
+# ---------------------------------------------------------------- the rank
+class Recorder:
+    """This rank's rows so far and the check it is in, rewritten atomically after each."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.data = path, {"rank": rank, "running": None, "done": False, "rows": []}
+
+    def start(self, check: str) -> None:
+        self.data["running"] = check
+        self._write()
+
+    def add(self, row: Row) -> None:
+        self.data["rows"].append(dataclasses.asdict(row))
+        self.data["running"] = None
+        self._write()
+
+    def finish(self) -> None:
+        self.data["done"] = True
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+
+def run_check(check: Check, job: Job) -> Row:
+    """One check under its deadline; an exception is a FAIL row (its traceback goes to
+    this rank's log)."""
+    message = f"self-test: {check.name} gave no result within {check.seconds:g} s"
+    with monitor.deadline(check.seconds, message, job.scratch.parent / f"hung{job.env.global_rank}.json",
+                         job.env.global_rank):
+        started = time.perf_counter()       # the check's own time, not its watchdog's start
+        try:
+            row = check.run(job)
+        except Exception as exc:  # noqa: BLE001 - every failure is a row of the table
+            traceback.print_exc()
+            row = Row(check.name, FAIL, detail=f"{type(exc).__name__}: {first_line(exc)}")
+        row.seconds = time.perf_counter() - started
+    return row
+
+
+def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
+    """runtime.setup, as every training rank does it, recorded as the first row."""
+    recorder.start(SETUP)
+    started = time.perf_counter()
+    try:
+        with runtime.quiet_paddle():
+            env = runtime.setup(cfg)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        recorder.add(Row(SETUP, FAIL, time.perf_counter() - started, f"{type(exc).__name__}: {first_line(exc)}"))
+        return None
+    recorder.add(Row(SETUP, PASS, time.perf_counter() - started,
+                     f"{env.backend}, {env.world_size} rank(s), device {env.device}"))
+    return env
+
+
+def main(argv: List[str]) -> int:
+    """A rank of the self-test; argv: the folder holding config.json, where rank<N>.json goes."""
+    folder = Path(argv[0])
+    cfg = configlib.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
+    rank = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend).global_rank
+    recorder = Recorder(folder / f"rank{rank}.json", rank)
+    env = _set_up(cfg, recorder)
+    if env is None:
+        return 1
+    with tempfile.TemporaryDirectory(prefix=f"rank{rank}-", dir=folder) as scratch:
+        job = Job(cfg, env, Path(scratch))
+        for check in CHECKS:
+            if check.first_only and not env.is_main:
+                continue
+            recorder.start(check.name)
+            row = run_check(check, job)
+            recorder.add(row)
+            if row.status == FAIL:    # the ranks' collectives no longer line up: stop here
+                break
+    recorder.finish()
+    return 0

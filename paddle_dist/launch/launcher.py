@@ -1,0 +1,428 @@
+"""Start the processes of a job: `plan()` decides (pure), `launch()` acts.
+
+Modes:
+- `none`: run in this process: one rank, or processes already started outside
+  (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
+- `launch`: on one machine, paddle_dist starts `python script args` N times itself, with
+  the variables `paddle.distributed.launch` would give each rank (`rank_variables`), each
+  first admitted by the job's gate (rankgate.py), which tells it where the store is; across
+  machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
+  args` on each, whose HTTP rendezvous finds the other machines' ranks, after the machines
+  met at paddle_dist's own rendezvous (nodes.py), which has a deadline where Paddle's has none;
+- `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`;
+- `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
+  then find themselves through OpenMPI's variables.
+
+The ranks run a script (`python train.py args`) or, for a job started as a module
+(`python -m paddle_dist.train`), that module (`python -m paddle_dist.train args`).
+
+Example:
+    p = plan(cfg, env, script="train.py", script_args=sys.argv[1:])
+    if p.mode != "none":
+        sys.exit(launch(p))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import errors
+from ..security import auth, private, rankgate
+from . import jobprocs, rendezvous as nodes, supervisor
+from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
+from ..runtime import env as envlib
+from ..errors import DeviceError, UserError
+from ..runs.report import pid_alive
+
+# Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
+QUIET_CHILD = {
+    "GLOG_minloglevel": "2",
+    "PYTHONWARNINGS": "ignore::UserWarning:paddle.utils.cpp_extension.extension_utils",
+}
+# A user's script keeps glog's WARNING lines: when a peer dies inside DataParallel's
+# backward, the survivor's only line that says why before its SIGABRT is one
+# ("W... backward.cc:697] While running Node (GradNodeAccumulation) raises a
+# std::exception: gloo::IoException"). paddle_dist's ranks report a peer's failure
+# themselves (PeerFailure).
+SCRIPT_CHILD = {"GLOG_minloglevel": "1"}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    mode: str                           # none | launch | spawn
+    nprocs: int = 1
+    gpus: Tuple[str, ...] = ()
+    backend: str = "auto"
+    argv: Tuple[str, ...] = ()          # launch mode: the command to run (once per rank if direct)
+    env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
+    log_dir: str = ""                   # launch mode: the ranks' workerlog.N files
+    direct: bool = False                # launch mode: paddle_dist starts the ranks itself
+    selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
+    stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
+    start_method: str = "spawn"         # spawn mode: multiprocessing's start method
+    gate: Optional[nodes.Gate] = None   # multi-node launch: where the machines meet first
+    token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
+
+
+def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
+                    backend: str) -> Tuple[int, Tuple[str, ...]]:
+    """(process count, GPU ids) for a job. `--gpus 0,1` alone means two processes;
+    without `--gpus` on a GPU machine each process takes the next visible GPU.
+    `nprocs=None` means "not given"."""
+    if gpus:
+        if nprocs is not None and nprocs != len(gpus):
+            raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
+                              f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs "
+                              "or make them agree")
+        return len(gpus), tuple(gpus)
+    count = nprocs or 1
+    if not visible or backend == "gloo":
+        return count, ()
+    if count > len(visible):
+        raise DeviceError(f"{count} processes need {count} GPUs but {len(visible)} are visible "
+                          f"({','.join(visible)}); use --nprocs {len(visible)} or fewer, "
+                          "or dist.backend=gloo to train on CPU")
+    return count, tuple(visible[:count])
+
+
+def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
+         gpu_info: Optional[envlib.GpuInfo] = None, log_dir: str = "",
+         cpu_count: Optional[int] = None, environ=None, always: bool = False,
+         module: str = "") -> LaunchPlan:
+    """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
+
+    `always`: start processes even for one rank (a script cannot run in this process).
+    `module`: the ranks run `python -m module script_args` instead of the script.
+
+    Example:
+        plan(cfg, DistEnv(), script="train.py").argv
+        # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
+    """
+    info = gpu_info if gpu_info is not None else envlib.probe_gpus()
+    requested = envlib.check_gpus(cfg.dist.gpus, info, environ)
+    visible = envlib.visible_gpus(info, environ)
+    nprocs, gpus = resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
+    envlib.select_backend(cfg.dist.backend, "gpu" if gpus else envlib.CPU, nprocs)  # checks it
+    mode = cfg.dist.launcher
+    if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
+        nprocs = hostfile_slots(cfg.dist.hostfile)
+    alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
+    if env.launcher != "standalone":          # its ranks are started already: run right here
+        check_started_outside(cfg.dist.nprocs, env)
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+    if alone and not always:                  # one process: run right here
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+    variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
+    variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
+    argv: Tuple[str, ...] = ()
+    direct = mode == "launch" and cfg.dist.nnodes == 1
+    if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
+        variables.update(envlib.loopback_variables(cfg.dist.nccl, environ))
+    if direct:     # each rank passes the job's gate first, then becomes the program (exec)
+        argv = (sys.executable, "-S", rankgate.SCRIPT,
+                sys.executable, *python_args(script, module), *script_args)
+    elif mode == "launch":
+        argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg), module)
+    elif mode == "mpirun":
+        variables.update(mpirun_master(cfg))
+        argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args, module)
+    # Paddle's launcher gives a rank its GPU's position among the visible ones.
+    selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
+    return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
+                      argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
+                      direct=direct, selected=selected,
+                      token_file=cfg.dist.token_file if direct or mode == "spawn" else "",
+                      start_method=start_method(cfg.dist.start_method, gpus),
+                      gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
+
+
+def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
+    """Where the machines of a multi-node launch meet before Paddle's launcher starts."""
+    d = cfg.dist
+    if d.nnodes == 1:
+        return None
+    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout, token_file=d.token_file,
+                      tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
+
+
+def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
+    """A rank that another engine started (srun, mpirun, Paddle's launcher) starts no
+    others, so a `dist.nprocs` that disagrees with that engine would be silently ignored:
+    refuse it, saying how to get that many ranks.
+
+    Example:
+        check_started_outside(8, DistEnv(launcher="slurm", local_world_size=1))   # UserError
+    """
+    # Under mpirun, dist.nprocs is mpirun's -n: the ranks of the whole job (mpirun_argv).
+    whole = env.launcher == "openmpi"
+    started = env.world_size if whole else env.local_world_size
+    if nprocs is None or nprocs == started:
+        return
+    how = {"slurm": f"srun --ntasks-per-node={nprocs} (docs/slurm.md)",
+           "openmpi": f"mpirun -n {nprocs}",
+           "paddle_launch": f"--nproc_per_node {nprocs}"}.get(env.launcher, f"{nprocs} ranks per machine")
+    where = "in all" if whole else "on this machine"
+    raise UserError(f"dist.nprocs={nprocs}, but {env.launcher} started this job with {started} "
+                    f"rank(s) {where}, and a rank started outside paddle_dist starts no others; "
+                    f"drop dist.nprocs, or ask for {how}")
+
+
+def python_args(script: str, module: str = "") -> Tuple[str, ...]:
+    """What follows `python` on a rank's command line: `-m module` when the job runs a
+    module, else the script. (A module's file is never run as a script: its directory
+    would come first on sys.path, where the package's own module names shadow others.)
+
+    Example:
+        python_args("", "paddle_dist.train")     # ('-m', 'paddle_dist.train')
+    """
+    return ("-m", module) if module else (script,)
+
+
+def start_method(chosen: str, gpus: Sequence[str]) -> str:
+    """How spawn mode starts its processes. `fork` lets the ranks reuse the parent's
+    `import paddle` (about a second each); CUDA cannot be used in a forked child, so GPU
+    jobs default to `spawn`."""
+    if chosen == "fork" and gpus:
+        raise DeviceError("dist.start_method=fork cannot start GPU ranks (CUDA does not work in a "
+                          "forked process); use -o dist.start_method=spawn or auto")
+    if chosen != "auto":
+        return chosen
+    return "spawn" if gpus else "fork"
+
+
+def rank_variables(nprocs: int, selected: Sequence[str], port: Optional[int] = None,
+                   host: str = "127.0.0.1") -> List[Dict[str, str]]:
+    """Each rank's variables as Paddle 3.3's launcher sets them on one machine
+    (distributed/launch/controllers/collective.py), but for where rank 0 serves the TCP
+    store: the job's gate tells each rank once it is admitted (rankgate.store_variables),
+    unless `port` is given. `selected`: FLAGS_selected_gpus per rank, empty on CPU.
+
+    Example:
+        rank_variables(2, ())[1]["PADDLE_TRAINER_ID"]   # '1'
+    """
+    out = []
+    for rank in range(nprocs):
+        variables = {
+            "PADDLE_GLOBAL_SIZE": str(nprocs),
+            "PADDLE_LOCAL_SIZE": str(nprocs), "PADDLE_GLOBAL_RANK": str(rank),
+            "PADDLE_LOCAL_RANK": str(rank), "PADDLE_NNODES": "1",
+            "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_TRAINERS_NUM": str(nprocs), "PADDLE_RANK_IN_NODE": str(rank),
+        }
+        if port is not None:
+            variables.update(rankgate.store_variables(rank, nprocs, host, port))
+        if selected:
+            variables["FLAGS_selected_gpus"] = selected[rank]
+        else:
+            variables["PADDLE_DISTRI_BACKEND"] = "gloo"
+        out.append(variables)
+    return out
+
+
+def nodes_of(cfg) -> Tuple[str, ...]:
+    """paddle.distributed.launch's multi-node options for `dist.nnodes` > 1."""
+    d = cfg.dist
+    if d.nnodes == 1:
+        return ()
+    # --host: Paddle's launcher guesses this machine's address from its hostname, and
+    # when the guess is not the address the master is on, no node starts the master.
+    host = ("--host", d.host) if d.host else ()
+    return ("--master", d.master, "--nnodes", str(d.nnodes), "--rank", str(d.node_rank), *host)
+
+
+def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequence[str],
+                log_dir: str = "", nodes: Sequence[str] = (), module: str = "") -> Tuple[str, ...]:
+    # ERROR: Paddle's launcher then records each failed rank's exit code, which the
+    # supervisor reads from its stderr file to report the real code or signal.
+    argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
+            "--log_level", "ERROR", *nodes]
+    if gpus:
+        argv += ["--devices", ",".join(gpus)]
+    if log_dir:
+        argv += ["--log_dir", log_dir]
+    return tuple(argv + [*_launched_program(script, module), *script_args])
+
+
+def _launched_program(script: str, module: str) -> Tuple[str, ...]:
+    """The "training script" for paddle.distributed.launch. It has no -m: it runs a `.py`
+    file as `python -u file` and anything else as a program with the words after it
+    (controllers/controller.py, `_get_entrypoint`, Paddle 2.6 to 3.3), so a module is run
+    by naming the interpreter as the program, with the -u it gives scripts."""
+    return (sys.executable, "-u", "-m", module) if module else (script,)
+
+
+def _hostfile_entries(path: str):
+    """The word lists of an OpenMPI hostfile's lines, comments and blank lines left out."""
+    for line in open(path).read().splitlines():
+        words = line.split("#")[0].split()
+        if words:
+            yield words
+
+
+def hostfile_slots(path: str) -> int:
+    """Total slots of an OpenMPI hostfile ("node1 slots=8" lines; a bare host is 1 slot)."""
+    total = 0
+    for words in _hostfile_entries(path):
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
+        total += int(slots[0]) if slots and slots[0].isdigit() else 1
+    return max(total, 1)
+
+
+def hostfile_first_host(path: str) -> str:
+    return next((words[0] for words in _hostfile_entries(path)), "127.0.0.1")
+
+
+def mpirun_master(cfg) -> Dict[str, str]:
+    """MASTER_ADDR/MASTER_PORT for mpirun ranks: `dist.master` (the CLI fills in a free
+    port on the hostfile's first host when it is not given)."""
+    host, _, port = cfg.dist.master.rpartition(":")
+    return {"MASTER_ADDR": host, "MASTER_PORT": port}
+
+
+def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: str,
+                script_args: Sequence[str], module: str = "") -> Tuple[str, ...]:
+    # --allow-run-as-root: containers often run as root, where mpirun refuses to start
+    # otherwise; for other users the option changes nothing.
+    argv = ["mpirun", "-n", str(nprocs), "--allow-run-as-root"]
+    if hostfile:
+        argv += ["--hostfile", hostfile]
+    for name in sorted(variables):
+        argv += ["-x", name]                 # mpirun passes only the variables it is told to
+    return tuple(argv + [sys.executable, *python_args(script, module), *script_args])
+
+
+
+def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
+           run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None,
+           met: Optional[nodes.Meeting] = None) -> int:
+    """Run the plan under supervision; return the job's exit code (the root cause's).
+    `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;
+    `script`: the ranks run a user's script (python -m paddle_dist.launch); `met`: what the
+    machines of a multi-node launch learnt when they met, if they have met already
+    (meeting()); the report names the ranks' hosts from it."""
+    with job_files(p.token_file) as (folder, token_file):
+        private_env = {envlib.JOB_DIR: folder}
+        if p.direct:
+            with rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
+                child_env = envlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
+                return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
+                                                  run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                                  script=script)
+        if p.mode in ("launch", "mpirun"):
+            if p.gate is not None and met is None:
+                code, met = meeting(p.gate)
+                if code:
+                    return code
+            try:
+                return supervisor.supervise_launch(list(p.argv), envlib.child_environ(dict(p.env, **private_env)),
+                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                                   start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
+            finally:
+                if met is not None and met.rendezvous is not None:
+                    met.rendezvous.close()
+        if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
+            job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce(), **private_env}
+            p = dataclasses.replace(p, env=dict(p.env, **job))
+            return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
+    raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
+
+
+@contextlib.contextmanager
+def job_files(given_token: str = ""):
+    """(the job's private directory, the path of its token file) while the job runs: the
+    directory is made for this job alone (private.make_job_dir) and removed with all it
+    holds when the job ends, with the shared memory its ranks' DataLoader workers left
+    (private.note_worker); the token file is `given_token` (dist.token_file), else a
+    token made for this job alone, in that directory."""
+    folder = private.make_job_dir()
+    try:
+        token_file = given_token
+        if not token_file:
+            token_file = os.path.join(folder, "token")
+            with os.fdopen(private.create(token_file), "w") as f:
+                f.write(auth.new_token() + "\n")
+        yield folder, token_file
+    finally:
+        gone = [pid for pid in private.noted_workers(folder) if not pid_alive(pid)]
+        jobprocs.remove_segments(gone)      # what killed DataLoader workers left
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _StopRequested()
+
+
+def meet(gate: nodes.Gate) -> int:
+    """Wait for the other machines (nodes.meet); 0 when all arrived, else the job's exit
+    code after one line: 3 (a node missing), 143 (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing
+    has started yet, so a stop request ends the wait at once: there is nothing to save."""
+    return meeting(gate)[0]
+
+
+def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
+    """meet(), and what the machines learnt (None when they did not all meet).
+
+    Example:
+        code, met = meeting(gate)     # 0, Meeting(run='mnist_lenet-...', nodes={0: ..., 1: ...})
+    """
+    who = "the other machines" if gate.node_rank == 0 else "node 0 and the other machines"
+    limit = f" (up to {gate.timeout:g} s)" if gate.timeout > 0 else ""
+    old = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
+            old[sig] = signal.signal(sig, _raise_stop)
+        print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
+        return 0, nodes.meet(gate)
+    except nodes.NodesMissing as e:
+        print(e, file=sys.stderr, flush=True)
+        return errors.EXIT_RENDEZVOUS, None
+    except _StopRequested:
+        code = 128 + signal.SIGTERM
+        print(f"paddle_dist: stopped on request while waiting for the other machines (exit {code}); "
+              "no rank had started: run the same command again to start the job", file=sys.stderr, flush=True)
+        return code, None
+    except KeyboardInterrupt:
+        print("paddle_dist: interrupted while waiting for the other machines; no rank had started",
+              file=sys.stderr, flush=True)
+        return errors.EXIT_INTERRUPTED, None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
+    """Start the ranks with paddle.distributed.spawn (not joined: the supervisor watches).
+    Returns spawn's context, which must stay alive while the ranks start: it owns the
+    queues their arguments travel through."""
+    import paddle.distributed as dist
+    import paddle.distributed.fleet.launch  # noqa: F401  (creates the logger silenced below)
+
+    old = envlib.export(p.env)  # spawn copies our environment into its children
+    paddle_log = logging.getLogger("root")
+    level = paddle_log.level
+    try:
+        backend = envlib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
+        options = {"gpus": ",".join(p.gpus)} if p.gpus else {}
+        paddle_log.setLevel(logging.WARNING)   # spawn's "find free ports" INFO line
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Your model will be trained under CPUONLY")
+            context = dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend,
+                                 join=False, start_method=p.start_method, **options)
+        return context
+    finally:
+        paddle_log.setLevel(level)
+        envlib.restore(old)

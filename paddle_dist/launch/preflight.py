@@ -1,0 +1,414 @@
+"""Pre-flight: the usual causes of a start that hangs, found before any rank starts.
+
+A taken master port (naming the process that holds it), a tiny /dev/shm, an HTTP proxy in
+the way of the rendezvous, a socket interface that does not exist and GPUs that are not
+there become one-line problems; `check()` raises the first error for the launchers, and
+`python -m paddle_dist.doctor --check` prints them all.
+
+Every function takes the environment as a mapping (from `env.host_facts()`), so tests pass
+their own.
+
+Example:
+    environ, gpus, cores = env.host_facts()
+    for problem in preflight(cfg, environ, gpus):
+        print(problem)                                # error: port 6170 of dist.master ...
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from ..runtime import env as envlib
+from ..security import auth, tls
+from ..runtime import netcheck
+from ..runtime.engines import CLUSTER_ENVIRONMENTS
+from ..errors import UserError
+
+ERROR, WARNING = "error", "warning"
+SHM_PATH = "/dev/shm"
+SHM_MIN = 1 << 30                 # below this, NCCL's shared-memory transport runs out
+TCP_LISTEN = "0A"                 # the `st` column of /proc/net/tcp (include/net/tcp_states.h)
+CHECK_HINT = "run python -m paddle_dist.doctor --check"
+NO_PROXY_ENTRY = re.compile(r"(.*?)(?::(\d+))?")   # host[:port]
+
+StatVfs = Callable[[str], Any]
+
+
+class PreflightError(UserError):
+    """The config cannot start on this machine; the message names the first reason."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One pre-flight finding: `severity` is "error" (the job would fail or hang) or
+    "warning"; `message` says what is wrong and how to fix it, on one line."""
+
+    severity: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
+              interfaces: Optional[Mapping[str, List[str]]] = None, statvfs: StatVfs = os.statvfs,
+              shm_path: str = SHM_PATH, shm_min: int = SHM_MIN,
+              route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
+    """Problems that would make a job with `cfg` fail or hang on this machine, errors first.
+
+    `interfaces` defaults to this machine's ({name: [ipv4, ...]}, as netcheck.interfaces());
+    `route(master, socket_ifname)` is netcheck.check unless a test passes its own.
+
+    Example:
+        environ, gpus, _ = env.host_facts()
+        preflight(load(None, ["dist.master=127.0.0.1:6170"]), environ, gpus)
+        # [Problem('error', 'port 6170 of dist.master 127.0.0.1:6170 is taken by pid 1234 ...')]
+    """
+    table = netcheck.interfaces() if interfaces is None else interfaces
+    problems = (gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
+                + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
+                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg)
+                + tls_problems(cfg))
+    return sorted(problems, key=lambda p: p.severity != ERROR)
+
+
+def token_problems(cfg) -> List[Problem]:
+    """dist.token_file can be the job's token (auth.read_token: readable, 0600, 64 hex
+    digits), checked before the run directory or any rank exists."""
+    d = cfg.dist
+    if d.token_file:
+        try:
+            auth.read_token(d.token_file)
+        except UserError as e:
+            return [Problem(ERROR, str(e))]
+    return []
+
+
+def tls_problems(cfg) -> List[Problem]:
+    """dist.tls_ca, tls_cert and tls_key are all given or none, and would pass the other
+    side's checks (tls.check: readable, the key 0600, the certificate signed by the CA and
+    valid now, node 0's naming dist.master's host), before the run directory or any rank
+    exists."""
+    d = cfg.dist
+    try:
+        files = tls.configured(d.tls_ca, d.tls_cert, d.tls_key)
+        if files:
+            tls.check(files, d.master, serves=d.node_rank == 0)
+    except UserError as e:
+        return [Problem(ERROR, str(e))]
+    return []
+
+
+def check(cfg, environ: Optional[Mapping[str, str]] = None,
+          gpu_info: Optional[envlib.GpuInfo] = None, warn: Callable[[str], None] = print) -> None:
+    """Raise a PreflightError (a UserError) naming the first pre-flight error on this
+    machine; pass each warning to `warn`. Launchers call it before starting ranks.
+
+    Example:
+        check(cfg)   # PreflightError: port 6170 of dist.master ... (and 1 more; run ...)
+    """
+    if environ is None or gpu_info is None:
+        environ, gpu_info, _ = envlib.host_facts()
+    problems = preflight(cfg, environ, gpu_info)
+    for problem in problems:
+        if problem.severity != ERROR:
+            warn(f"paddle_dist: {problem}")
+    errors = [p for p in problems if p.severity == ERROR]
+    if errors:
+        more = f" (and {len(errors) - 1} more; {CHECK_HINT})" if len(errors) > 1 else ""
+        raise PreflightError(errors[0].message + more)
+
+
+def gpu_problems(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> List[Problem]:
+    """`dist.gpus` names GPUs this build or machine cannot give (env.check_gpus's rules)."""
+    try:
+        envlib.check_gpus(cfg.dist.gpus, gpu_info, environ)
+    except UserError as e:
+        return [Problem(ERROR, str(e))]
+    return []
+
+
+def _uses_gpus(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> bool:
+    d = cfg.dist
+    return d.backend == "nccl" or bool(d.gpus) or (
+        d.backend == "auto" and bool(envlib.visible_gpus(gpu_info, environ)))
+
+
+def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
+    """Whether the job has one rank in all, counted as launcher.plan counts them: one per
+    dist.gpus id, else dist.nprocs (default 1), on each of dist.nnodes machines; and this
+    process is not one of several an engine started (doctor --check in each srun task).
+    An mpirun job sized by its hostfile, or a config or environment that cannot be read,
+    counts as several."""
+    d = cfg.dist
+    try:
+        per_node = len(envlib.parse_gpus(d.gpus)) or d.nprocs or 1
+        cluster = next(c for c in CLUSTER_ENVIRONMENTS if c.detect(environ))(environ)
+        engine_world = int(cluster.ranks().get("world_size", 1))
+    except (UserError, ValueError):
+        return False
+    sized_by_hostfile = d.launcher == "mpirun" and bool(d.hostfile) and d.nprocs is None
+    return per_node * d.nnodes == 1 and not sized_by_hostfile and engine_world <= 1
+
+
+# ------------------------------------------------ the master's port
+def port_problems(cfg, interfaces: Mapping[str, List[str]]) -> List[Problem]:
+    """On node 0, a dist.master on this machine whose port something else holds: Paddle's
+    launcher would retry starting its rendezvous server there forever."""
+    d = cfg.dist
+    if d.node_rank != 0 or not d.master:
+        return []
+    host, _, port_text = d.master.rpartition(":")
+    if not _is_local(host, interfaces):
+        return []
+    port = int(port_text)
+    error = bind_error(port)
+    if error is None:
+        return []
+    fix = "choose another port with -o dist.master=HOST:PORT"
+    if error.errno != errno.EADDRINUSE:   # EACCES below 1024 without root, for one
+        return [Problem(ERROR, f"cannot listen on port {port} of dist.master {d.master} "
+                               f"({error.strerror}); {fix}")]
+    holder = port_holder(port)
+    who = f"pid {holder[0]} ({holder[1]})" if holder else "another process"
+    return [Problem(ERROR, f"port {port} of dist.master {d.master} is taken by {who}; "
+                           f"stop that process or {fix}")]
+
+
+def _is_local(host: str, interfaces: Mapping[str, List[str]]) -> bool:
+    host = host.strip("[]")
+    if host in ("0.0.0.0", "localhost", "::", "::1") or host.startswith("127."):
+        return True
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        return False   # unresolvable: netcheck.check reports it with its fix
+    return ip.startswith("127.") or any(ip in addrs for addrs in interfaces.values())
+
+
+def bind_error(port: int) -> Optional[OSError]:
+    """Why a TCP server could not listen on `port` on all addresses, or None if it could.
+
+    Like Paddle's rendezvous server (http.server, SO_REUSEADDR), so a port that is only
+    in TIME_WAIT counts as free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as e:
+            return e
+    return None
+
+
+def port_holder(port: int, proc: str = "/proc") -> Optional[Tuple[int, str]]:
+    """(pid, command line) of a process listening on TCP `port`, or None when there is none
+    or it is not visible to us (another user's process, another PID namespace).
+
+    Example:
+        port_holder(6170)   # (1234, 'python -m http.server 6170')
+    """
+    inodes = _listening_inodes(port, Path(proc))
+    return _socket_owner(inodes, Path(proc)) if inodes else None
+
+
+def _listening_inodes(port: int, proc: Path) -> Set[str]:
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            fields = row.split()
+            if (len(fields) > 9 and fields[3] == TCP_LISTEN and fields[9] != "0"
+                    and int(fields[1].rpartition(":")[2], 16) == port):
+                found.add(fields[9])
+    return found
+
+
+def _socket_owner(inodes: Set[str], proc: Path) -> Optional[Tuple[int, str]]:
+    links = {f"socket:[{inode}]" for inode in inodes}
+    # Lowest pid first: after a fork parent and children share the socket; name the parent.
+    for pid in sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit()):
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:   # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir / fd) in links:
+                    return pid, _cmdline(proc / str(pid))
+            except OSError:
+                continue
+    return None
+
+
+def _cmdline(pid_dir: Path, limit: int = 200) -> str:
+    try:
+        words = (pid_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode(errors="replace") for w in words if w) or "?"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ------------------------------------------------ /dev/shm
+def shm_problems(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str],
+                 statvfs: StatVfs = os.statvfs, path: str = SHM_PATH,
+                 minimum: int = SHM_MIN) -> List[Problem]:
+    """A /dev/shm missing or with less than `minimum` bytes free: an error for GPU jobs of
+    several ranks (NCCL), a warning on CPU or for one rank (no process group, so no NCCL:
+    only DataLoader workers use it there)."""
+    if _uses_gpus(cfg, gpu_info, environ) and not _one_rank(cfg, environ):
+        severity, why = ERROR, "NCCL's shared-memory transport between local GPUs crashes or hangs"
+    else:
+        severity, why = WARNING, "DataLoader workers (num_workers > 0) die with a bus error"
+    enlarge = f"docker run --shm-size=8g or mount -o remount,size=8G {path}"
+    facts = shm_facts(statvfs, path)
+    if not facts["present"]:
+        return [Problem(severity, f"{path} does not exist: {why}; mount it: mount -t tmpfs "
+                                  f"-o size=8G tmpfs {path} (docker: --shm-size=8g)")]
+    if facts["free"] >= minimum:
+        return []
+    state = (f"{path} has {_bytes(facts['free'])} free of {_bytes(facts['size'])}, "
+             f"below {_bytes(minimum)}")
+    if facts["size"] >= minimum:   # big enough, but full: stale segments of earlier jobs
+        return [Problem(severity, f"{state}: {why}; remove stale files there (ls -la {path}) "
+                                  f"or enlarge it with {enlarge}")]
+    return [Problem(severity, f"{state}: {why}; enlarge it with {enlarge}")]
+
+
+# ------------------------------------------------ proxies
+def proxy_problems(cfg, environ: Mapping[str, str]) -> List[Problem]:
+    """A multi-node job whose rendezvous (HTTP, through httpx, which honours proxy
+    variables) would go through a proxy. One machine does no HTTP rendezvous."""
+    d = cfg.dist
+    if d.nnodes < 2 or not d.master:
+        return []
+    host, _, port = d.master.rpartition(":")
+    # httpx routes http:// URLs through http_proxy or all_proxy; https_proxy does not apply.
+    setting = proxy_setting(environ, "http") or proxy_setting(environ, "all")
+    if setting is None:
+        return []
+    no_name, no_value = proxy_setting(environ, "no") or ("no_proxy", "")
+    if bypasses_proxy(host, int(port), no_value):
+        return []
+    keep = f",${no_name}" if no_value else ""
+    ranges = [e.strip() for e in no_value.split(",") if "/" in e]
+    note = (f" (httpx, which Paddle's launcher uses, ignores address ranges such as {ranges[0]})"
+            if ranges else "")
+    return [Problem(ERROR, f"{setting[0]} is set and dist.master host {host} is not in no_proxy"
+                           f"{note}: the rendezvous would go through the proxy and hang; "
+                           f"export no_proxy={host}{keep} or unset {setting[0]}")]
+
+
+def proxy_setting(environ: Mapping[str, str], scheme: str) -> Optional[Tuple[str, str]]:
+    """(variable name, value) of the `<scheme>_proxy` setting in effect, or None.
+
+    As urllib.request.getproxies (which httpx uses): the lower-case variable wins, and
+    setting it empty cancels the upper-case one.
+    """
+    lower = f"{scheme}_proxy"
+    if lower in environ:
+        return (lower, environ[lower]) if environ[lower] else None
+    upper = lower.upper()
+    return (upper, environ[upper]) if environ.get(upper) else None
+
+
+def bypasses_proxy(host: str, port: int, no_proxy: str) -> bool:
+    """Whether `no_proxy` exempts http://host:port, by httpx's rules.
+
+    Example:
+        bypasses_proxy("10.0.0.1", 6170, "localhost,10.0.0.1")   # True
+        bypasses_proxy("n1.lab", 6170, ".lab")                    # True (suffix)
+        bypasses_proxy("10.0.0.1", 6170, "10.0.0.0/8")            # False: httpx has no ranges
+    """
+    host = host.lower()
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if entry == "*":
+            return True
+        scheme, _, rest = entry.rpartition("://")
+        if scheme not in ("", "http", "all"):
+            continue                    # https://HOST exempts https:// URLs only
+        name, entry_port = NO_PROXY_ENTRY.fullmatch(rest).groups()
+        if not name or (entry_port and int(entry_port) != port):
+            continue
+        if _is_ipv4(name.split("/")[0]) or name == "localhost":
+            hit = host == name.split("/")[0]
+        elif name.startswith("."):
+            hit = host.endswith(name)
+        else:
+            hit = host == name or host.endswith("." + name)
+        if hit:
+            return True
+    return False
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ------------------------------------------------ the route to the master
+def route_problems(cfg, route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
+    """The check a multi-node job makes before it starts (dist.nnodes > 1, or an mpirun
+    hostfile, with dist.master): the master resolves, this machine has a route to it, and
+    dist.nccl.socket_ifname allows the interface of that route (netcheck.check)."""
+    d = cfg.dist
+    if not d.master or not (d.nnodes > 1 or d.hostfile):
+        return []
+    try:
+        route(d.master, d.nccl.socket_ifname)
+    except netcheck.NetworkError as e:
+        return [Problem(ERROR, str(e))]
+    return []
+
+
+# ------------------------------------------------ the socket interface
+def interface_problems(cfg, environ: Mapping[str, str],
+                       interfaces: Mapping[str, List[str]]) -> List[Problem]:
+    """NCCL_SOCKET_IFNAME (from dist.nccl.socket_ifname, else the environment) that selects
+    no interface of this machine: NCCL finds no socket to bootstrap over."""
+    spec, source = cfg.dist.nccl.socket_ifname, "dist.nccl.socket_ifname"
+    if not spec:
+        spec, source = environ.get("NCCL_SOCKET_IFNAME", ""), "NCCL_SOCKET_IFNAME"
+    if not spec or any(netcheck.matches(name, spec) for name in interfaces):
+        return []
+    with_address = [n for n, addrs in interfaces.items() if addrs and n != netcheck.LOOPBACK]
+    example = (with_address or list(interfaces) or ["eth0"])[0]
+    return [Problem(ERROR, f"{source}={spec} selects no interface on this machine (interfaces: "
+                           f"{', '.join(interfaces) or 'none'}); set -o dist.nccl.socket_ifname="
+                           f"{example} (a prefix; =NAME for an exact name, ^NAME to exclude)")]
+
+
+# ------------------------------------------------ facts the checks share with the report
+def shm_facts(statvfs: StatVfs = os.statvfs, path: str = SHM_PATH) -> Dict[str, Any]:
+    """Size and free bytes of /dev/shm, or `present: False`."""
+    try:
+        st = statvfs(path)
+    except OSError:
+        return {"path": path, "present": False}
+    return {"path": path, "present": True, "size": st.f_frsize * st.f_blocks,
+            "free": st.f_frsize * st.f_bavail}
+
+
+def _bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    exponent = min(3, (n.bit_length() - 1) // 10)   # KiB, MiB or GiB
+    return f"{n / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"

@@ -1,0 +1,465 @@
+"""Watch the ranks of a job from the process that started them, and explain its end.
+
+- Each rank's exit is seen the moment it happens (a thread waits on each process), so
+  the first rank to fail is known by the order of the exits, not by a poll that may see
+  two at once. The launcher remembers which processes it signalled itself: those are
+  never the root cause.
+- When a rank fails, what is left of it (its DataLoader workers, which hold its
+  connections open and keep the peers waiting) is killed at once; the other ranks get
+  time to notice, then SIGTERM, then a grace period to clean up, then SIGKILL. No
+  process of the job is left behind, nor its shared memory in /dev/shm.
+- Ctrl+C stops every rank at once; SIGTERM / SIGUSR1 ask the ranks to save a checkpoint
+  and stop (preemption), and whatever has not stopped after `dist.stop_timeout` is killed.
+- The end of a failed job is explained once (report.py): which rank failed first and how,
+  and the ranks stopped as a consequence, by global rank (Paddle's launcher numbers the
+  ranks of each machine from 0: each is mapped to the rank it is in the job) and, on
+  several machines, with their host. The job's exit code is the root cause's, not the
+  launcher's.
+
+Example:
+    code = supervise_launch(plan.argv, child_env, run_dir, stop_timeout=60)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .. import errors
+from ..errors import REFUSAL_LINE
+from .jobprocs import Ranks, place_of, remove_segments, signal_pids
+from .rendezvous import Meeting
+from ..procfs import process_table
+from ..runs.report import (ONE_MACHINE, POLL_S, Exit, Machines, Report, exit_code_of, first_failure, how_it_ended, is_noise, read_status, root_cause, tail_lines, with_resume)
+
+PR_SET_PDEATHSIG = 1
+GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
+                         # every job: time to stop after Ctrl+C before SIGKILL
+SCRIPT_NOTICE_S = 1.0    # a user's script: time to fail by itself (its own message) before SIGTERM
+SCRIPT_GRACE_S = 5.0     # a user's script: time between SIGTERM and SIGKILL
+
+@dataclass(frozen=True)
+class UserScript:
+    """A user's script under `python -m paddle_dist.launch`, rather than paddle_dist's ranks:
+    `command` runs the job again; `run_pointer` is where its fit() (rank 0) writes the run
+    directory it chose, if it keeps one."""
+    command: Tuple[str, ...] = ()
+    run_pointer: Optional[Path] = None
+
+
+def children_of(pid: int) -> List[int]:
+    """Direct children of `pid`."""
+    return [child for child, _, parent, _ in process_table() if parent == pid]
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child, before exec: the kernel sends it `sig` if its parent dies (Linux), so a
+    job's processes never outlive a launcher that was itself killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        pass
+
+
+class _Requests:
+    """Signals to the supervisor, turned into requests handled in its wait loop."""
+
+    def __init__(self):
+        self.kind: Optional[str] = None     # interrupt | stop
+        self.at = 0.0
+
+    def __enter__(self):
+        self.old = {signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt),
+                    signal.SIGTERM: signal.signal(signal.SIGTERM, self._stop),
+                    signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._stop)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def _interrupt(self, signum, frame):
+        self.kind, self.at = "interrupt", time.monotonic()
+
+    def _stop(self, signum, frame):
+        if self.kind is None:
+            self.kind, self.at = "stop", time.monotonic()
+
+
+def _wait_loop(poll: Callable[[], bool], ranks: Callable[[], List[int]], everyone: Callable[[int], None],
+               stop_timeout: float) -> Optional[str]:
+    """Wait until `poll()` says the job ended, acting on signals; return the request seen.
+    (Paddle's launcher as the one child: it watches the ranks itself.)"""
+    sent = None
+    with _Requests() as req:
+        while not poll():
+            if req.kind and not ranks():
+                everyone(signal.SIGKILL)        # no rank has started: nothing to save or wait for
+            if req.kind and sent != req.kind:
+                sent = req.kind
+                signal_pids(ranks(), signal.SIGINT if req.kind == "interrupt" else signal.SIGUSR1)
+                if req.kind == "interrupt":
+                    everyone(signal.SIGINT)
+            if req.kind:
+                limit = GRACE_S if req.kind == "interrupt" else stop_timeout
+                if time.monotonic() - req.at > limit:
+                    everyone(signal.SIGKILL)
+            time.sleep(POLL_S)
+        return req.kind
+
+
+@dataclass
+class _Stop:
+    """Stopping the survivors of a failure: `notice_s` to stop by themselves, then SIGTERM,
+    then `grace_s` to clean up, then SIGKILL."""
+    notice_s: float
+    grace_s: float
+    failed_at: Optional[float] = None
+    termed_at: Optional[float] = None
+
+    def step(self, ranks: Ranks, now: float) -> None:
+        if self.failed_at is None:
+            return
+        if self.termed_at is None and now - self.failed_at >= self.notice_s:
+            self.termed_at = now
+            ranks.signal(signal.SIGTERM)
+        elif self.termed_at is not None and now - self.termed_at >= self.grace_s:
+            ranks.signal(signal.SIGKILL)
+
+
+def _watch(ranks: Ranks, stop: _Stop, stop_timeout: float,
+           on_interrupt: Callable[[], None] = lambda: None) -> Optional[str]:
+    """Wait until every rank ended, stopping the others after a failure and acting on the
+    launcher's signals; return the request seen (interrupt | stop | None)."""
+    sent = None
+    with _Requests() as req:
+        while not ranks.done():
+            ended_now = ranks.collect(POLL_S)
+            ranks.scan()                # before leftovers die: their shared memory is named after them
+            for rank in ended_now:
+                ended = ranks.exits[rank]
+                if ended.code != 0:
+                    ranks.kill_leftovers(rank)
+                    if ended.failed_by_itself and stop.failed_at is None:
+                        stop.failed_at = ended.at
+            now = time.monotonic()
+            if req.kind and sent != req.kind:
+                sent = req.kind
+                if req.kind == "interrupt":
+                    on_interrupt()
+                    ranks.signal(signal.SIGINT)      # with their workers, as a terminal does
+                else:
+                    ranks.signal(signal.SIGUSR1, group=False)
+            if req.kind:
+                limit = GRACE_S if req.kind == "interrupt" else stop_timeout
+                if now - req.at > limit:
+                    ranks.signal(signal.SIGKILL)
+            else:
+                stop.step(ranks, now)
+        return req.kind
+
+
+def _end(ranks: Ranks) -> List[str]:
+    """After the job: kill whatever of it is left and remove the shared memory its
+    processes left in /dev/shm (a process killed by a signal never cleans up)."""
+    ranks.kill_everything()
+    deadline = time.monotonic() + 2.0
+    while ranks.alive_members() and time.monotonic() < deadline:
+        time.sleep(0.02)    # SIGKILLed workers, orphans we cannot wait for, still exiting
+    return remove_segments(set(ranks.members) | set(ranks.pids))
+
+
+CONTAINER_FAILED = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
+
+
+def launcher_exit_codes(stderr_file: Path) -> Dict[int, int]:
+    """The real exit codes Paddle's launcher saw ("Container rank 1 ... code -9")."""
+    try:
+        text = stderr_file.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {int(m.group(1)): int(m.group(2)) for m in CONTAINER_FAILED.finditer(text)}
+
+
+def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
+                     stop_timeout: float, log_dir: Path, start_timeout: float = 0,
+                     meeting: Optional[Meeting] = None) -> int:
+    """Run `python -m paddle.distributed.launch ...` and report the job's real outcome.
+
+    Paddle's launcher's own messages go to <log_dir>/launcher.err instead of the terminal:
+    they blame whichever rank it killed last, and paddle_dist reports the root cause.
+    `start_timeout` (> 0): a launcher that has started no rank after that many seconds (a
+    multi-node launch whose nodes never meet in Paddle's rendezvous) is stopped: exit 3.
+    A stop request before any rank started ends the launcher at once (exit 143 or 130).
+    `meeting`: what the machines of a multi-node launch learnt when they met (the report
+    names the other machines from it).
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    err_path = log_dir / "launcher.err"
+    started = time.monotonic()
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
+                                preexec_fn=die_with_parent)
+    ranks = set()   # Paddle's launcher puts every rank in a session of its own
+    places: Dict[int, Tuple[int, int, int]] = {}    # rank pid: (local rank, global rank, nnodes)
+    late = []       # set when no rank started within start_timeout
+
+    def finished():
+        ranks.update(children_of(proc.pid))
+        for pid in ranks - set(places):     # read once each rank runs with its own variables
+            place = place_of(pid)
+            if place is not None:
+                places[pid] = place
+        if not ranks and start_timeout > 0 and not late and time.monotonic() - started > start_timeout:
+            late.append(True)
+            everyone(signal.SIGKILL)
+        return proc.poll() is not None
+
+    def everyone(sig):
+        for group in [proc.pid] + sorted(ranks):
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    try:
+        request = _wait_loop(finished, lambda: sorted(ranks), everyone, stop_timeout)
+    finally:
+        everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
+    code = proc.returncode
+    if code == 0 and not request:
+        return 0
+    if not ranks and (late or request):
+        return _unstarted(request, start_timeout, err_path, meeting)
+    number = global_ranks(places.values(), meeting)
+    logs = {number(r): str(log_dir / f"workerlog.{r}") for r in range(64)
+            if (log_dir / f"workerlog.{r}").exists()}
+    codes = {number(r): c for r, c in launcher_exit_codes(err_path).items()}
+    return _finish(request, run_dir, logs, exit_codes=codes, launcher_code=code or 1,
+                   launcher_log=err_path, machines=_machines(places.values(), meeting, number))
+
+
+def global_ranks(places, meeting: Optional[Meeting] = None) -> Callable[[int], int]:
+    """local rank -> global rank of this machine's ranks under Paddle's launcher: from the
+    ranks' own variables (jobprocs.place_of), else from the meeting's numbering (a rank
+    that ended before its variables were read), else unchanged (one machine).
+
+    Example:
+        global_ranks([(0, 2, 2), (1, 3, 2)])(1)      # 3
+    """
+    found = {local: rank for local, rank, _ in places}
+    block = meeting.ranks_of(meeting.node_rank) if meeting else range(0)
+
+    def number(local: int) -> int:
+        if local in found:
+            return found[local]
+        return block[local] if local < len(block) else local
+    return number
+
+
+def _machines(places, meeting: Optional[Meeting], number: Callable[[int], int]) -> Machines:
+    """Where this machine's ranks run, for the report (report.Machines)."""
+    places = list(places)
+    nnodes = max([n for _, _, n in places] + [len(meeting.nodes) if meeting else 1])
+    if nnodes <= 1:
+        return ONE_MACHINE
+    local = {rank for _, rank, _ in places} | set(meeting.ranks_of(meeting.node_rank) if meeting else ())
+    return Machines(socket.gethostname(), tuple(sorted(local)), nnodes, meeting)
+
+
+def _unstarted(request: Optional[str], start_timeout: float, err_path: Path,
+               meeting: Optional[Meeting] = None) -> int:
+    """The end of a launcher that started no rank: stopped on request, or too late (with
+    what node 0's rendezvous refused meanwhile, kvserver.py)."""
+    if request == "interrupt":
+        code, line = errors.EXIT_INTERRUPTED, "paddle_dist: interrupted; no rank had started"
+    elif request:
+        code = exit_code_of(-signal.SIGTERM)
+        line = (f"paddle_dist: stopped on request before any rank started (exit {code}); "
+                "run the same command again to start the job")
+    else:
+        code = errors.EXIT_RENDEZVOUS
+        refused = meeting.rendezvous.refusals() if meeting is not None and meeting.rendezvous else []
+        if refused:
+            why = (f"the key-value rendezvous at dist.master refused {'; '.join(refused)}: something "
+                   "outside the job took part in it (docs/security.md)")
+        else:
+            why = ("check that every machine reaches node 0 at dist.master (node 0's report names anything "
+                   f"outside the job that took part in the key-value rendezvous there), and read {err_path}")
+        line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s although every "
+                f"machine had arrived; {why}")
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
+                    run_dir: Optional[Path], stop_timeout: float, log_dir: Path,
+                    script: Optional[UserScript] = None) -> int:
+    """Start `argv` once per rank (with `rank_envs[r]` added), each in a session of its
+    own with its output in <log_dir>/workerlog.<r> (rank 0's on this terminal too), and
+    report the job's real outcome: every rank's exit code or signal is known first hand.
+    `script`: the ranks run a user's script (its own grace, report and command)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: List[subprocess.Popen] = []
+    console = _Console(filtered=script is not None)
+    tee = None
+    ranks = None
+    try:
+        for rank, extra in enumerate(rank_envs):
+            with open(log_dir / f"workerlog.{rank}", "wb") as log:
+                procs.append(subprocess.Popen(
+                    argv, env=dict(child_env, **extra), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=die_with_parent))
+            if rank == 0:
+                tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
+                                       daemon=True)
+                tee.start()
+        ranks = Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
+        stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if script else _Stop(GRACE_S, stop_timeout)
+        request = _watch(ranks, stop, stop_timeout, on_interrupt=console.mute)
+    finally:
+        for p in procs:                    # nothing of the job outlives its launcher
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+        if ranks is not None:
+            ranks.collect(0)
+            _end(ranks)
+        if tee is not None:
+            tee.join(timeout=5)
+    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
+    if not request and all(e.code == 0 for e in exits):
+        return 0
+    logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in range(len(procs))}
+    if script is not None and run_dir is None:
+        run_dir = _pointed_run(script.run_pointer)
+    return _finish(request, run_dir, logs, exits=exits, script=script)
+
+
+def _pointed_run(pointer: Optional[Path]) -> Optional[Path]:
+    """The run directory a fit() wrote into `pointer` (None when it wrote none)."""
+    try:
+        text = pointer.read_text().strip() if pointer else ""
+    except OSError:
+        return None
+    return Path(text) if text and Path(text).is_dir() else None
+
+
+class _Console:
+    """Rank 0's output on this terminal: for a user's script without Paddle's noise
+    (report.is_noise; its log keeps everything) nor its user error's line (a typo in its
+    config: errors.REFUSAL_LINE), which the report says once, and nothing once Ctrl+C was
+    pressed (the ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
+
+    def __init__(self, filtered: bool):
+        self.filtered, self.muted, self.partial = filtered, False, b""
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def write(self, chunk: bytes) -> None:
+        if self.filtered:       # whole lines only: a line may come in two chunks
+            lines = (self.partial + chunk).split(b"\n")
+            self.partial = lines.pop()
+            chunk = b"".join(line + b"\n" for line in lines if not self._noise(line))
+        self._out(chunk)
+
+    def close(self) -> None:
+        rest, self.partial = self.partial, b""
+        if rest and not self._noise(rest):
+            self._out(rest)
+
+    def _noise(self, line: bytes) -> bool:
+        text = line.decode(errors="replace")
+        return is_noise(text) or text.startswith(REFUSAL_LINE)
+
+    def _out(self, data: bytes) -> None:
+        if self.muted or not data:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _tee(stream, path: Path, console: _Console) -> None:
+    """Copy a rank's output to this terminal and to its log file as it comes."""
+    with open(path, "ab") as log:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            log.write(chunk)
+            log.flush()
+            console.write(chunk)
+    console.close()
+
+
+def _join_code(p) -> int:
+    """A spawned rank's exit code, once it has ended (waitpid: a pipe-based sentinel would
+    stay open while the rank's forked DataLoader workers live)."""
+    p.join()
+    return p.exitcode
+
+
+def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
+    """`start()` returns paddle.distributed.spawn's context (its `.processes` in rank order)."""
+    context = start()
+    procs = context.processes
+    ranks = Ranks([p.pid for p in procs], [lambda p=p: _join_code(p) for p in procs], sessions=False)
+    try:
+        request = _watch(ranks, _Stop(GRACE_S, stop_timeout), stop_timeout)
+    finally:
+        ranks.signal(signal.SIGKILL)
+        for p in procs:
+            p.join(timeout=5)
+        ranks.collect(0)
+        _end(ranks)
+    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
+    if not request and all(e.code == 0 for e in exits):
+        return 0
+    return _finish(request, run_dir, {}, exits=exits)
+
+
+def _finish(request: Optional[str], run_dir: Optional[Path], logs: Dict[int, str],
+            exits: Optional[List[Exit]] = None, exit_codes: Optional[Dict[int, int]] = None,
+            launcher_code: int = 1, launcher_log: Optional[Path] = None,
+            script: Optional[UserScript] = None, machines: Machines = ONE_MACHINE) -> int:
+    """Print the report of a job that failed or was stopped; return its exit code."""
+    status = read_status(run_dir)
+    rerun = script.command if script else ()
+    if request == "interrupt":
+        report = Report(errors.EXIT_INTERRUPTED, ["paddle_dist: interrupted; every rank was stopped"])
+        if script is not None and run_dir is None:
+            rerun = ()                     # Ctrl+C by a user's script: one line
+    else:
+        report = root_cause(status, exit_codes, launcher_code=launcher_code, logs=logs, exits=exits,
+                            machines=machines)
+        if request == "stop" and exits and report.code != errors.EXIT_PREEMPTED and \
+                first_failure(exits) is None and not status:
+            report = _stopped_unsaved(exits)
+        if not status and not exit_codes and not exits and launcher_log is not None:
+            report.lines += [f"  launcher log: {launcher_log}"] + \
+                [f"  | {line}" for line in tail_lines(str(launcher_log), 8)]
+    print(with_resume(report, run_dir, rerun).text, file=sys.stderr, flush=True)
+    return report.code
+
+
+def _stopped_unsaved(exits: List[Exit]) -> Report:
+    """Stopped on request (the launcher got SIGTERM or SIGUSR1 and passed SIGUSR1 on), but
+    the ranks did not end with 75: a script that does not handle it dies of the signal."""
+    ended = ", ".join(f"rank {e.rank} {how_it_ended(e.code)}" for e in exits)
+    code = exit_code_of(-signal.SIGTERM)
+    return Report(code, [f"paddle_dist: the job was stopped on request (exit {code}); its ranks did "
+                         f"not save and exit {errors.EXIT_PREEMPTED}: {ended}"])

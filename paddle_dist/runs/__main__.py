@@ -1,0 +1,8 @@
+"""`python -m paddle_dist.runs [--root runs] [--last N] [--json]`: recent runs and how each ended."""
+
+import sys
+
+from .listing import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""Which directory a job writes to: given, continued or new (no paddle needed: launchers
+choose it too). The rule, also in docs/faults.md ("Which run a command continues"):
+
+- `output.run_dir` given: that directory (it must not hold a finished or diverged run).
+- `checkpoint.resume=auto` (the default): the newest run under `<output.root>/<output.name>-*`
+  of the same experiment (the same config hash, see config.config_hash, and world size, as
+  recorded in its run.json) that no live job holds. Unfinished: the job continues it, from
+  its latest checkpoint if it has one. Finished, or ended with the ranks' weights
+  differing (diverged: its status records say so): a new run starts, and says so.
+- otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
+  `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>`, with a suffix if taken.
+- the other machines of a multi-node launch write under a directory of the name node 0
+  chose by this rule and told them when the machines met (nodes.py): `<output.root>/<name>`
+  on each (node_run_dir), so a job's records carry one name on every machine and a new job
+  never writes into an earlier one's; rank 0 alone reads checkpoints and sends them. Ranks
+  started without paddle_dist's launcher (by hand, mpirun, srun) all use the directory
+  their rank 0 chose (runtime.make_run_dir).
+
+The process that chooses (paddle_dist's launcher; rank 0 of a job started without it) holds
+the run with an flock on `<run>/.lock` until it exits, and chooses while holding
+`<output.root>/.lock`: two jobs started at the same time never share a run directory.
+
+Example:
+    choice = choose(cfg, world_size=2, command=invoking_command())
+    choice.path, choice.note     # runs/mnist_lenet-20261123-061500, "continuing ..." or ""
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from ..security import private
+from ..config import config_hash, evaluates_only
+from ..errors import UserError
+from ..procfs import cmdline, parent_of
+
+RUN_FILE = "run.json"
+LOCK = ".lock"
+_HELD: Dict[Path, int] = {}      # run directory -> the descriptor holding its lock
+
+
+@dataclass
+class Choice:
+    path: Path
+    note: str = ""               # what to tell the user (a continued run, a finished one)
+
+
+def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
+           extra: Optional[dict] = None) -> Choice:
+    """The run directory for `cfg` (module docstring), created if new.
+
+    The chooser locks the run and records run.json (identity and the command that
+    started it). A directory that was named for this process (output.run_dir, or another
+    machine's of a multi-node job) with `hold` False is only checked and created: its
+    launcher holds it. `extra`: more of the run's identity (fit(): {"fit": its record of
+    the script's model, optimizer and data}), so that only the same job continues it.
+    """
+    named = cfg.output.run_dir
+    identity = {"name": cfg.output.name, "config_hash": config_hash(cfg.to_dict()),
+                "world_size": world_size, "job": "eval" if evaluates_only(cfg) else "train",
+                **(extra or {})}
+    auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
+    if named:
+        path = _given(Path(named), hold)
+        private.restrict(path, cfg.output.share)
+        if hold:
+            if auto:
+                _check_loadable(path, identity)
+            _record(path, identity, command, continues=auto)
+        return Choice(path.resolve())
+    root = Path(cfg.output.root)
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / LOCK):
+        previous = _previous(root, identity) if auto else None
+        if previous is not None and not _ended(previous):
+            private.restrict(previous, cfg.output.share)
+            _record(previous, identity, command, continues=True)
+            clear_status(previous)
+            return Choice(previous.resolve(), _continuing(previous))
+        if previous is not None:
+            release(previous)
+        other = _unfinished_other(root, identity) if auto and previous is None else None
+        path = _new(root, cfg.output.name)
+        private.restrict(path, cfg.output.share)
+        _hold(path)
+        _record(path, identity, command, continues=auto)
+    note = (f"the last run of this config, {previous}, had finished; starting a new run in {path}"
+            if previous is not None else "")
+    if previous is not None and diverged(previous):
+        note = (f"not continuing the last run of this config, {previous}: its ranks' weights "
+                f"diverged (docs/faults.md); starting a new run in {path}")
+    if other is not None:
+        note = f"not continuing the unfinished run {other[0]}: {other[1]}; starting a new run in {path}"
+    return Choice(path.resolve(), note)
+
+
+def _unfinished_other(root: Path, identity: dict):
+    """(path, why) of the newest unfinished run of the same name and kind that this job
+    does not continue because it is another job (a changed config, model, ...); None when
+    there is none. Runs held by a live job are not looked at."""
+    runs = []
+    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
+        info = read_run(path)
+        if info and info.get("job") == identity["job"] and not _ended(path):
+            runs.append((info.get("created", 0), path, info))
+    for _, path, info in sorted(runs, key=lambda r: r[0], reverse=True):
+        if not _hold(path):
+            continue
+        release(path)
+        return path, _difference(info, identity)
+    return None
+
+
+# How a difference in a run's identity reads (run.json against this job).
+_IDENTITY_WORDS = {"config_hash": "its config differs", "world_size": "it ran on {old} ranks, this job on {new}",
+                   "fit.model": "its model was {old}, this one is {new}",
+                   "fit.parameters_digest": "its model's parameter names or shapes differ",
+                   "fit.optimizer": "its optimizer was {old}, this one is {new}",
+                   "fit.lr": "its lr was {old}, this one is {new}",
+                   "fit.lr_scheduler": "its lr scheduler was {old!r}, this one is {new!r}",
+                   "fit.train_samples": "it trained on {old} samples, this job on {new}",
+                   "fit.eval_samples": "it evaluated {old} samples, this job {new}"}
+
+
+def _difference(info: dict, identity: dict) -> str:
+    """What makes a run's identity (`info`, its run.json) another job than `identity`."""
+    if (info.get("fit") is None) != (identity.get("fit") is None):
+        return "one is a paddle_dist.fit() run of a script's own model, the other a built-in job"
+    said = []
+    for key, words in _IDENTITY_WORDS.items():
+        section, _, leaf = key.partition(".")
+        old, new = info.get(section), identity.get(section)
+        if leaf:
+            old, new = (old or {}).get(leaf), (new or {}).get(leaf)
+        if old != new:
+            said.append(words.format(old=old, new=new))
+    return "; ".join(said) or "it is another job"
+
+
+def point_to(path: Path, pointer: str) -> None:
+    """Write run directory `path` into the file `pointer` (env.run_pointer(): where a
+    paddle_dist launcher of a script reads which run its ranks chose). "" does nothing."""
+    if not pointer:
+        return
+    target = Path(pointer)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(f"{Path(path).resolve()}\n")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)     # the launcher then reports from exit codes alone
+
+
+def _given(path: Path, hold: bool) -> Path:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"output.run_dir {path} is a file; give a directory")
+    if _finished(path):
+        raise UserError(f"output.run_dir {path} already holds a finished run; "
+                        "choose another output.run_dir or remove that one")
+    if diverged(path):
+        raise UserError(f"output.run_dir {path} holds a run whose ranks' weights diverged, which is "
+                        "never continued; choose another output.run_dir (add -o checkpoint.resume="
+                        f"{path} to start from its last checkpoint: docs/faults.md)")
+    path.mkdir(parents=True, exist_ok=True)
+    if hold and not _hold(path):
+        raise UserError(f"output.run_dir {path} is in use by another job ({_holder(path)}); "
+                        "wait for it to end or choose another output.run_dir")
+    return path
+
+
+def _check_loadable(path: Path, identity: dict) -> None:
+    """A named run directory holding an unfinished fit() run of another model: its
+    checkpoints would not load into this one, so say so before anything starts."""
+    old, new = (read_run(path).get("fit") or {}), (identity.get("fit") or {})
+    if old and new and old.get("parameters_digest") != new.get("parameters_digest"):
+        release(path)
+        raise UserError(f"output.run_dir {path} holds an unfinished run of another model "
+                        f"({_difference(read_run(path), identity)}); choose another output.run_dir, "
+                        "or add -o checkpoint.resume=none to start afresh there")
+
+
+def _previous(root: Path, identity: dict) -> Optional[Path]:
+    """The newest run of this experiment under `root` that no live job holds (now held
+    by this process), or None."""
+    runs = []
+    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
+        info = read_run(path)
+        if info and _same_job(info, identity):
+            runs.append((info.get("created", 0), path))
+    for _, path in sorted(runs, reverse=True):
+        if _hold(path):
+            return path
+    return None
+
+
+def _same_job(info: dict, identity: dict) -> bool:
+    """Whether run.json `info` records the job `identity` (a fit() run's record must match
+    too: a built-in job, which has none, never continues a fit() run)."""
+    return all(info.get(key) == value for key, value in identity.items()) and \
+        info.get("fit") == identity.get("fit")
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _new(root: Path, name: str) -> Path:
+    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def _finished(path: Path) -> bool:
+    return (path / "metrics.json").exists()
+
+
+def diverged(path: Path) -> str:
+    """The line a run ended with when its ranks' weights differed (a status record in
+    state "diverged", errors.Diverged), else "". Such a run is never continued: its
+    weights went wrong before the step it stopped at (docs/faults.md).
+
+    Example:
+        diverged(Path("runs/mnist_lenet-20261123-061500"))
+        # "the ranks' weights differ at step 12: 'fc.weight' is one value on rank 0 and ..."
+    """
+    for record in sorted((Path(path) / "status").glob("rank*.json")):
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get("state") == "diverged":
+            return str(info.get("error") or "the ranks' weights differ")
+    return ""
+
+
+def _ended(path: Path) -> bool:
+    """Whether run `path` is over for good: finished, or diverged."""
+    return _finished(path) or bool(diverged(path))
+
+
+def _continuing(path: Path) -> str:
+    from_where = ("from its latest checkpoint" if any((path / "checkpoints").glob("ckpt_*"))
+                  else "from the start (it stopped before its first checkpoint)")
+    attempt = read_run(path).get("attempts", 1)
+    return f"continuing the unfinished run {path} (same config and world size; attempt {attempt}) {from_where}"
+
+
+def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
+    """A continued run starts with no status records: the last attempt's would be read as
+    this one's. `ranks`: only those global ranks' (a machine of a multi-node job clears its
+    own ranks' records, never another machine's on shared storage)."""
+    if ranks is not None:
+        for rank in ranks:
+            (Path(path) / "status" / f"rank{rank}.json").unlink(missing_ok=True)
+        return
+    for record in (Path(path) / "status").glob("rank*.json"):
+        record.unlink(missing_ok=True)
+
+
+def node_run_dir(cfg, name: str) -> Path:
+    """Where a machine other than node 0 of a multi-node launch writes its ranks' logs and
+    status: `output.run_dir` when given, else `<output.root>/<name>`, `name` being node 0's
+    run (nodes.Meeting.run), checked and created here (node 0's launcher holds the run).
+
+    Example:
+        node_run_dir(cfg, "mnist_lenet-20261123-061500")   # runs/mnist_lenet-20261123-061500
+    """
+    if cfg.output.run_dir:
+        return _given(Path(cfg.output.run_dir), hold=False).resolve()
+    if not name:
+        raise UserError("node 0 did not name its run directory; run the same paddle_dist version "
+                        "on every machine")
+    return _given(Path(cfg.output.root) / name, hold=False).resolve()
+
+
+# ------------------------------------------------------------------ run.json
+def read_run(path: Path) -> dict:
+    """A run's run.json ({} when it has none or it cannot be read)."""
+    try:
+        info = json.loads((Path(path) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _record(path: Path, identity: dict, command: Sequence[str], continues: bool) -> None:
+    """Write run.json: the identity, the command and whether running it again continues
+    the run (it does with checkpoint.resume=auto: the rule finds the run, or the command
+    names it)."""
+    info = read_run(path)
+    info.update(identity)
+    info.setdefault("created", time.time())
+    info["attempts"] = info.get("attempts", 0) + 1
+    if command:
+        info["command"] = list(command)
+    info["same_command_continues"] = continues
+    tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path / RUN_FILE)
+
+
+def resume_command(path: Path) -> str:
+    """The exact command that continues run `path` ("" when unknown, or when the run
+    diverged: it is never continued): the command that started it, when that finds the
+    run again by itself; otherwise that command naming the run (`-o output.run_dir=...`)
+    and, when there is a checkpoint, resuming from it.
+
+    Example:
+        resume_command(Path("runs/mnist_lenet-20261123-061500"))   # 'python train.py -o dist.nprocs=2'
+    """
+    info = read_run(path)
+    command = [str(word) for word in info.get("command", [])]
+    if not command or diverged(path):
+        return ""
+    if not info.get("same_command_continues"):
+        command = drop_overrides(command, ("output.run_dir", "checkpoint.resume"))
+        command += ["-o", f"output.run_dir={Path(path).resolve()}"]
+        if any((Path(path) / "checkpoints").glob("ckpt_*")):
+            command += ["-o", "checkpoint.resume=auto"]
+    return shlex.join(command)
+
+
+def drop_overrides(argv: Sequence[str], keys: Sequence[str]) -> List[str]:
+    """`argv` without the overrides (-o KEY=..., -oKEY=..., --override KEY=...,
+    --override=KEY=...) of `keys`."""
+    kept: List[str] = []
+    i = 0
+    while i < len(argv):
+        word, pair, width = argv[i], None, 1
+        if word in ("-o", "--override") and i + 1 < len(argv):
+            pair, width = argv[i + 1], 2
+        elif word.startswith("--override="):
+            pair = word.split("=", 1)[1]
+        elif word.startswith("-o") and not word.startswith("--") and len(word) > 2:
+            pair = word[2:]
+        if pair is None or pair.split("=", 1)[0].strip() not in keys:
+            kept += argv[i:i + width]
+        i += width
+    return kept
+
+
+def main_module() -> str:
+    """The module this process was started as (`python -m NAME`: "NAME"); "" for a script,
+    `-c` or an interactive interpreter. (sys.argv[0] is then the module's file, which
+    must not be run again as a script: see launcher.python_args.)
+
+    Example:
+        main_module()     # 'paddle_dist.train' under `python -m paddle_dist.train`
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else ""
+
+
+def own_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
+    """This process's command line as a shell would run it: `python train.py -o ...`, or
+    `python -m paddle_dist.train -o ...` for `module`. Without `argv`: this process's
+    own (sys.argv and main_module()).
+
+    Example:
+        own_command(["/x/paddle_dist/train.py", "-o", "a=1"], "paddle_dist.train")
+        # ['python', '-m', 'paddle_dist.train', '-o', 'a=1']
+    """
+    if argv is None:
+        argv, module = sys.argv, main_module()
+    argv = list(argv)
+    if module:
+        return [_python(), "-m", module] + argv[1:]
+    return [_python()] + argv if argv and argv[0].endswith(".py") else argv
+
+
+def invoking_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
+    """The command line that started this job: under launchers that run the script (or
+    `-m module`) on each rank (paddle.distributed.launch, mpirun, paddle_dist.launch), the
+    outermost of the parent processes, one above the other, whose commands name this
+    script (or module); else this process's own (own_command). Without `argv`: this
+    process's own (sys.argv and main_module())."""
+    if argv is None:
+        argv, module = sys.argv, main_module()
+    argv = list(argv)
+    script = os.path.basename(argv[0]) if argv else ""
+
+    def names_it(words: List[str]) -> bool:
+        return module in words if module else any(os.path.basename(w) == script for w in words)
+
+    found: List[str] = []
+    pid = os.getppid()
+    for _ in range(4):
+        words = cmdline(pid) if pid > 1 and (module or script.endswith(".py")) else []
+        if not names_it(words):
+            break
+        found, pid = words, parent_of(pid)
+    return found or own_command(argv, module)
+
+
+def _python() -> str:
+    """How this interpreter is named on the command line: `python` or `python3` when that
+    finds it on PATH, else its full path."""
+    for name in ("python", "python3"):
+        if shutil.which(name) == sys.executable:
+            return name
+    return sys.executable
+
+
+# ------------------------------------------------------------------ locks
+class _locked:
+    """Hold an exclusive flock on `path` for a block (blocking: choosing takes milliseconds)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def _hold(path: Path) -> bool:
+    """Lock run `path` for this process until release() or exit; False if a live process
+    holds it. The lock file records the holder's pid and host, for messages."""
+    path = Path(path).resolve()
+    if path in _HELD:
+        return True
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+    _HELD[path] = fd
+    return True
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid, host = (path / LOCK).read_text().split()[:2]
+        return f"pid {pid} on {host}"
+    except (OSError, ValueError):
+        return "another process"
+
+
+def release(path: Path) -> None:
+    """Let go of run `path` (a no-op unless this process holds it)."""
+    fd = _HELD.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)

@@ -1,0 +1,159 @@
+"""When Paddle's process group fails to form on this machine: was it something outside the job?
+
+gloo connects every pair of ranks through listeners on ephemeral ports, published in
+Paddle's unauthenticated store. Another user who connects to such a listener first is
+taken for the peer, and the real peer's connection is refused; one who rewrites an
+address in the store sends a rank to a socket of its own. Either way Paddle only says
+`connect [...]: Connection refused`, or the ranks wait until the rendezvous deadline.
+
+`outsiders()` looks for both, from this machine's /proc (the ranks' own sockets, readable
+by their user) and the store:
+- a connection to a socket of one of the job's ranks here, from a process that is not one
+  of them (gloo's port, not the store's: the store's clients are checked by attest.py);
+- an address in gloo's keys of the store (`<gid>/<rank>` and `<rank>`: for each peer, a
+  136-byte sockaddr and a sequence number) that a process other than that rank listens on
+  or holds.
+Each finding is one line naming the socket and the process. The ranks here are this
+process, its siblings (Paddle's, paddle_dist's and spawn's launchers start the ranks as
+children of one process) and the processes whose environment names the same store and a
+rank (ranks started by hand).
+
+Standard library only: the rendezvous watchdog (_deadline.py) runs it too.
+
+Example:
+    outsiders("127.0.0.1", 40123, world=2, rank=1)
+    # ["rank 0's gloo socket 127.0.0.1:37163 is connected from 127.0.0.1:47814, held by pid 26979 (python3 probe.py), not by a rank of the job"]
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from typing import Dict, List, Set, Tuple
+
+try:
+    from .. import procfs
+    from ..security import storewire
+except ImportError:            # run from _deadline.py as a script, which puts their folders on sys.path
+    import procfs
+    import storewire
+
+ADDRESS_BYTES = 136            # gloo::transport::tcp::Address: sockaddr_storage (128) + int64 sequence
+ESTABLISHED, LISTEN = "01", "0A"
+
+
+def outsiders(store_host: str, store_port: int, world: int, rank: int, pid: int = 0, gid: int = 0) -> List[str]:
+    """The lines naming what outside the job took part in gloo's connections here (module
+    docstring), for rank `rank` (process `pid`, this one by default); [] when nothing was
+    seen."""
+    ranks = rank_pids(f"{store_host}:{store_port}", rank, pid)
+    owners = procfs._socket_owners()
+    sockets = [(_address(local), _address(remote), state, inode)
+               for local, remote, state, inode in procfs._tcp_sockets()]
+    lines = _connections(ranks, owners, sockets, store_port)
+    lines += _rewritten(ranks, owners, sockets, _published(store_host, store_port, world, gid))
+    return lines
+
+
+def rank_pids(store: str, rank: int, pid: int = 0) -> Dict[int, str]:
+    """{pid: "rank N"} of the job's ranks on this machine: rank `rank` (process `pid`, this
+    one by default), its siblings (ranks of one launcher: Paddle's, paddle_dist's or
+    spawn's), and processes whose environment gives PADDLE_TRAINER_ID and the same store
+    (`store`, "host:port")."""
+    me = pid or os.getpid()
+    parent = procfs.parent_of(me)
+    found = {me: f"rank {rank}"}
+    for pid, state, its_parent, _ in procfs.process_table():
+        if pid == me or state == "Z":
+            continue
+        environ = _environ(pid)
+        number = environ.get("PADDLE_TRAINER_ID", "")
+        if parent > 1 and its_parent == parent:
+            found[pid] = f"rank {number}" if number.isdigit() else "a rank"
+        elif number.isdigit() and store in (environ.get("PADDLE_MASTER"),
+                                            f"{environ.get('MASTER_ADDR')}:{environ.get('MASTER_PORT')}"):
+            found[pid] = f"rank {number}"
+    return found
+
+
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
+
+
+def _connections(ranks: Dict[int, str], owners: Dict[str, int], sockets, store_port: int) -> List[str]:
+    """Established connections to a rank's socket whose other end, on this machine, is held
+    by a process that is not a rank here."""
+    by_ends = {(local, remote): inode for local, remote, _, inode in sockets if inode != "0"}
+    lines = []
+    for local, remote, state, inode in sockets:
+        pid = owners.get(inode, 0)
+        if state != ESTABLISHED or pid not in ranks or store_port in (local[1], remote[1]):
+            continue
+        other = owners.get(by_ends.get((remote, local), ""), 0)
+        if other and other not in ranks:
+            lines.append(f"{ranks[pid]}'s gloo socket {_text(local)} is connected from {_text(remote)}, "
+                         f"held by {_process(other)}, not by a rank of the job")
+    return lines
+
+
+def _published(host: str, port: int, world: int, gid: int) -> Dict[Tuple[str, int], List[Tuple[str, int]]]:
+    """{(key, rank): [(ip, port) of each of its listeners]} as gloo's keys in the store say
+    now (keys not there yet are left out; {} when the store cannot be read)."""
+    found = {}
+    try:
+        with storewire.Connection(host, port, timeout=2.0) as store:
+            for key_of in (lambda r: f"{gid}/{r}", str):
+                for rank in range(world):
+                    if store.check(key_of(rank)):
+                        found[(key_of(rank), rank)] = _addresses(store.get_now(key_of(rank)))
+    except (OSError, ConnectionError):
+        return {}
+    return found
+
+
+def _addresses(value: bytes) -> List[Tuple[str, int]]:
+    out = []
+    for at in range(0, len(value) - ADDRESS_BYTES + 1, ADDRESS_BYTES):
+        family, port = struct.unpack_from("<H", value, at)[0], struct.unpack_from(">H", value, at + 2)[0]
+        if family == socket.AF_INET:
+            out.append((socket.inet_ntop(socket.AF_INET, value[at + 4:at + 8]), port))
+        elif family == socket.AF_INET6:
+            out.append((socket.inet_ntop(socket.AF_INET6, value[at + 8:at + 24]), port))
+    return out
+
+
+def _rewritten(ranks: Dict[int, str], owners: Dict[str, int], sockets,
+               published: Dict[Tuple[str, int], List[Tuple[str, int]]]) -> List[str]:
+    """Addresses in gloo's keys that a process other than the rank that published them
+    listens on or holds here."""
+    holders: Dict[Tuple[str, int], Set[int]] = {}
+    for local, _, state, inode in sockets:
+        if inode != "0" and state in (LISTEN, ESTABLISHED):
+            holders.setdefault(local, set()).add(owners.get(inode, 0))
+    lines = []
+    for (key, rank), addresses in sorted(published.items()):
+        for address in addresses:
+            strangers = {pid for pid in holders.get(address, ()) if pid and pid not in ranks}
+            if strangers:
+                lines.append(f"gloo's key '{key}' in Paddle's store gives {_text(address)} as rank {rank}'s "
+                             f"address, but {_process(min(strangers))} holds it: something outside the job "
+                             "rewrote the key")
+    return lines
+
+
+def _address(kernel: Tuple[str, int]) -> Tuple[str, int]:
+    return procfs._ip(kernel[0]), kernel[1]
+
+
+def _text(address: Tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+def _process(pid: int) -> str:
+    return f"pid {pid} ({' '.join(procfs.cmdline(pid))[:80]})"

@@ -1,0 +1,400 @@
+"""What each rank does so that failures are fast, named and survivable.
+
+- A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
+  failed, refused, stopped, hung, preempted, diverged), step, phase, last progress time,
+  and for a failure the exception and its traceback. Launchers read these to name the root
+  cause. "refused" is a rank that ended on a user error (a config, a data sample, a
+  checkpoint: errors.UserError): the run is not offered to be continued as it was.
+- A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
+  seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
+  in another collective than the rest: hangs.judge) has its stack logged and recorded, and
+  is stopped (reported as EXIT_HANG), with one line naming every rank's step and the
+  collective it waits in. The watchdog is a process of its own (paddle_dist/runtime/_deadline.py)
+  reading the ranks' heartbeats from shared memory, so a rank stuck in native code that
+  holds the GIL is caught too; the stack comes from faulthandler, which needs no GIL.
+- A deadline for the rendezvous: a rank whose peers never arrive is stopped with a
+  message instead of waiting forever (SIGKILL from a watchdog process; launchers
+  report EXIT_RENDEZVOUS).
+- SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
+  step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
+- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above:
+  raise, exit (code 1), kill (SIGKILL), hang (stall in training code), nativehang (stall
+  in a C call that holds the GIL), slowsave (the checkpoint of that step takes
+  SLOW_SAVE_S longer to write), slow (SLOW_STEPS steps from STEP take SLOW_STEP_S longer
+  each, with progress: slow but alive), perturb (PERTURBATION is added to the first
+  trainable parameter of that rank's model: its weights then differ from its peers', which
+  the ranks' weights check must catch, trainer/agreement.py).
+
+Example:
+    monitor = Monitor(env, run_dir, cfg)
+    with monitor.running():
+        ... monitor.step(global_step) after every optimizer step ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import json
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ..errors import EXIT_FAILED, EXIT_RENDEZVOUS, exit_code_of
+
+from ..security import auth, private
+from . import watchdog as hangs
+
+GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
+SLOW_SAVE_S = 35.0       # longer than that
+SLOW_STEP_S = 5.0        # the injected slow steps: each this much longer,
+SLOW_STEPS = 3           # this many of them
+PERTURBATION = 1e-3      # the injected perturb: added to one parameter of one rank
+
+
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    """End a _deadline.py watchdog quietly and wait for it: a line on its stdin, then the
+    pipe's end (which alone never comes while a forked child, such as a DataLoader
+    worker, holds a copy of the pipe)."""
+    with contextlib.suppress(OSError):      # a watchdog that has ended reads nothing
+        watchdog.stdin.write(b"stop\n")
+        watchdog.stdin.flush()
+    with contextlib.suppress(OSError):
+        watchdog.stdin.close()
+    watchdog.wait()
+
+
+def parse_fault(spec: str):
+    """'raise:1:5' -> ('raise', 1, 5): rank 1 raises after its 5th step. '' -> None."""
+    if not spec:
+        return None
+    kind, rank, step = spec.split(":")
+    return kind, int(rank), int(step)
+
+
+def stop_signals():
+    return (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Heartbeat:
+    """A rank's progress where its watchdog process, and its peers' on the same machine,
+    read it: a few bytes of shared memory (hangs.BEAT_FORMAT) in the job's private
+    directory (hangs.beat_path). Writing is one struct.pack_into, cheap enough for every
+    step and every collective. `fd` stays open for the watchdog, which is handed it."""
+
+    def __init__(self, folder: str, rank: int, progress: float):
+        self.path = hangs.beat_path(folder, rank, os.getpid())
+        fd, made = tempfile.mkstemp(prefix=f".new-{os.getpid()}-", dir=folder)   # O_EXCL, 0600
+        try:
+            os.ftruncate(fd, hangs.BEAT_SIZE)
+            self.map = mmap.mmap(fd, hangs.BEAT_SIZE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(made)
+            raise
+        self.fd = fd
+        self.write(progress, 0, 0)
+        os.replace(made, self.path)        # peers never read a beat before its first write
+
+    def write(self, progress: float, step: int, epoch: int, collective: tuple = ()) -> None:
+        """`collective`: (kind, number, size in bytes, since) while in one."""
+        hangs.pack(self.map, progress, step, epoch, *collective)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+def beat_folder(env, run_dir) -> Tuple[str, bool]:
+    """(the directory for this rank's heartbeat and stacks, whether its peers' are there
+    too): the job's private directory (private.rank_dir, named by the job's token and run
+    directory when no launcher made one), else one of this rank's own."""
+    token = b""
+    with contextlib.suppress(Exception):        # the rank's set-up has already said what is wrong with it
+        token = auth.read_token(env.token_file) if getattr(env, "token_file", "") else b""
+    shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())), getattr(env, "job_dir", ""))
+    return (shared, True) if shared is not None else (_own_folder(), False)
+
+
+def _own_folder() -> str:
+    """A private directory for this rank alone (removed by private.clean once it is gone)."""
+    return tempfile.mkdtemp(prefix=f"paddle_dist-job-{os.geteuid()}-{os.getpid()}-", dir=private.base())
+
+
+class Monitor:
+    """This rank's status file, hang watchdog, stop requests and injected faults."""
+
+    def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
+        self.env, self.hang_timeout = env, hang_timeout
+        self.path = Path(run_dir) / "status" / f"rank{env.global_rank}.json" if run_dir else None
+        self.log_path = str(Path(run_dir) / "logs" / f"rank{env.global_rank}.log") if run_dir else ""
+        self.fault = parse_fault(fault)
+        self.step_no, self.epoch, self.phase_name = 0, 0, "setup"
+        self.last_progress = time.monotonic()
+        self.stop_asked = False
+        self._written = 0.0
+        self._heartbeat: Optional[Heartbeat] = None
+        self.collectives = 0               # collectives entered so far (the same count on every rank)
+        self._collective: tuple = ()       # (kind, number, size, since) while in one
+        self._last_collective: tuple = ()  # the latest one left
+        self.run_dir = run_dir
+        self.folder, self.shared = "", False     # where the heartbeats are (beat_folder), once watched
+
+    # ------------------------------------------------------------ life cycle
+    @contextlib.contextmanager
+    def running(self):
+        """Install signal handlers and the hang watchdog for the duration of training."""
+        old = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals()}
+        self.phase_name = "train"
+        self._write("running", force=True)
+        watchdog = self._start_watchdog() if self.hang_timeout else None
+        try:
+            yield self
+        finally:
+            if watchdog is not None:
+                self._stop_watchdog(watchdog)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _start_watchdog(self) -> subprocess.Popen:
+        """The hang watchdog process (module docstring), and faulthandler ready to write
+        this rank's stacks for it on SIGUSR2. The watchdog is handed the heartbeat's and
+        the stack file's descriptors: it never opens them by name."""
+        if not self.folder:
+            self.folder, self.shared = beat_folder(self.env, self.run_dir) if self.run_dir is not None else \
+                (_own_folder(), False)
+        self._heartbeat = Heartbeat(self.folder, self.env.global_rank, time.monotonic())
+        self._beat()
+        self._stacks = os.fdopen(private.create(f"{self._heartbeat.path}.stack"), "w")
+        faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
+        script = Path(__file__).with_name("_deadline.py")
+        fds = (self._heartbeat.fd, self._stacks.fileno())
+        return subprocess.Popen(
+            [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
+             str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
+             f"{self._heartbeat.path}.stack", self.log_path,
+             self.folder if self.shared else "", str(self.env.world_size), *map(str, fds)],
+            stdin=subprocess.PIPE, preexec_fn=os.setpgrp, pass_fds=fds)
+
+    def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
+        stop_watchdog(watchdog)
+        faulthandler.unregister(signal.SIGUSR2)
+        self._stacks.close()
+        with contextlib.suppress(OSError):
+            os.unlink(f"{self._heartbeat.path}.stack")
+        self._heartbeat.close()
+        self._heartbeat = None
+        if not self.shared:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.folder)
+            self.folder = ""
+
+    def _beat(self) -> None:
+        self.last_progress = time.monotonic()
+        if self._heartbeat is not None:
+            self._heartbeat.write(self.last_progress, self.step_no, self.epoch, self._collective)
+
+    def _on_stop_signal(self, signum, frame):
+        self.stop_asked = True
+
+    def want_stop(self) -> bool:
+        return self.stop_asked
+
+    # ------------------------------------------------------------ progress
+    def step(self, step: int, epoch: int) -> None:
+        """Called after every optimizer step (`epoch`: the 0-based index of the epoch in
+        progress): progress for the watchdog, then any injected fault."""
+        self.step_no, self.epoch = step, epoch + 1    # 1-based, as the console prints it
+        self._beat()
+        self._write("running")
+        if self._fault_due(step) and self.fault[2] == step:
+            self._inject(self.fault[0])
+        if self._fault_due(step) and self.fault[0] == "slow" and step < self.fault[2] + SLOW_STEPS:
+            self._slow_step()
+
+    def _fault_due(self, step: int) -> bool:
+        return bool(self.fault) and self.fault[1] == self.env.global_rank and step >= self.fault[2]
+
+    def save_delay(self, step: int) -> Optional[Callable[[], None]]:
+        """The injected slow save, for the checkpoint of exactly that step."""
+        if self._fault_due(step) and self.fault[0] == "slowsave" and step == self.fault[2]:
+            return lambda: time.sleep(SLOW_SAVE_S)
+        return None
+
+    def perturb(self, model, step: int) -> None:
+        """The injected perturb, after optimizer step `step`: PERTURBATION added to the
+        first trainable parameter of this rank's `model`, so that its weights differ from
+        its peers' from then on (the gradients stay averaged: the difference stays)."""
+        if not (self._fault_due(step) and self.fault[0] == "perturb" and step == self.fault[2]):
+            return
+        import paddle
+
+        param = next(p for p in model.parameters() if not p.stop_gradient)
+        with paddle.no_grad():
+            param.set_value(param + PERTURBATION)
+
+    def beat(self) -> None:
+        """Progress that is not an optimizer step (an evaluation batch)."""
+        self._beat()
+
+    @contextlib.contextmanager
+    def phase(self, name: str, kind: str = "", size: int = 0):
+        """Mark time spent waiting for other ranks ("comm": a collective of `kind`, e.g.
+        "all-reduce", moving `size` bytes): its heartbeat says which collective this rank
+        waits in (hangs.py). A collective inside a collective is the same wait."""
+        if name == "comm" and self._collective:
+            yield
+            return
+        previous, self.phase_name = self.phase_name, name
+        if name == "comm":
+            self.collectives += 1
+            self._collective = (kind or "collective", self.collectives, size, time.monotonic())
+        self._beat()
+        try:
+            yield
+        finally:
+            self.phase_name = previous
+            if name == "comm":
+                self._last_collective, self._collective = self._collective, ()
+            self._beat()
+
+    def _inject(self, kind: str) -> None:
+        if kind == "raise":
+            raise RuntimeError(f"injected fault: rank {self.env.global_rank} raises at step {self.step_no}")
+        if kind == "exit":
+            os._exit(EXIT_FAILED)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            threading.Event().wait()   # a stall in user code: no progress, no collective
+        if kind == "nativehang":       # a C call that never returns and keeps the GIL
+            libc = ctypes.PyDLL(None)
+            while True:
+                libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
+        # slowsave acts in save_delay(); slow in step()
+
+    def _slow_step(self) -> None:
+        """SLOW_STEP_S more for this step, with progress all along: a rank slower than its
+        peers but alive (its evaluation batches, say), which must not be called hung."""
+        end = time.monotonic() + SLOW_STEP_S
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            self._beat()
+
+    # ------------------------------------------------------------ outcomes
+    def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
+               **extra: Any) -> None:
+        """Record how this rank ended: done | failed | refused | stopped | hung | preempted |
+        diverged."""
+        info = dict(extra)
+        if error is not None:
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            info |= {"error_type": type(error).__name__, "error": lines[0] if lines else "",
+                    "exit_code": exit_code_of(error),
+                    "traceback": "".join(traceback.format_exception(error))[-4000:]}
+        if message:
+            info["message"] = message
+        held_up = self._held_up_by(error) if state == "stopped" else None
+        if held_up:          # the root cause as this rank saw it: nobody's watchdog had fired
+            state, info["message"] = "hung", held_up
+        self._write(state, force=True, **info)
+
+    def _held_up_by(self, error: Optional[BaseException]) -> str:
+        """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
+        dist.hang_timeout), who held the job up, from the heartbeats (hangs.judge); ''
+        when that is not why this rank stopped, or no rank seen here is to blame (a peer
+        on another machine that died also ends in gloo's TIMEOUT)."""
+        if not self.shared or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
+            return ""
+        if not self._last_collective:
+            return ""
+        # This rank as it was until gloo gave up: in that collective since it entered it.
+        kind, count, size, since = self._last_collective
+        me = hangs.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
+                        kind, count, size, since)
+        peers = [b for b in hangs.read_beats(self.folder) if b.rank != me.rank]
+        seconds = min(self.hang_timeout or GLOO_TIMEOUT_S, GLOO_TIMEOUT_S) * 0.8
+        verdict = hangs.judge(peers + [me], time.monotonic(), seconds, self.env.world_size)
+        if verdict is None or not verdict.names_a_rank:     # a dead peer elsewhere times out too
+            return ""
+        return f"{verdict.message} (gloo gave up after {GLOO_TIMEOUT_S:g} s)"
+
+    # ------------------------------------------------------------ status file
+    def _write(self, state: str, force: bool = False, **extra: Any) -> None:
+        if self.path is None:
+            return
+        now = time.time()
+        if not force and now - self._written < 1.0:   # progress: at most once a second
+            return
+        self._written = now
+        record: Dict[str, Any] = {"rank": self.env.global_rank, "local_rank": self.env.local_rank,
+                                  "host": socket.gethostname(), "pid": os.getpid(), "state": state,
+                                  "step": self.step_no, "epoch": self.epoch, "phase": self.phase_name,
+                                  "time": now, "log": self.log_path}
+        record.update(extra)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, message: str, status_file: Optional[Path] = None, rank: int = 0,
+             store: str = "", world: int = 0):
+    """End this process with `message` and exit code EXIT_RENDEZVOUS (3) if the block is
+    not done in `seconds`.
+
+    Used around the rendezvous, where Paddle would otherwise wait forever for a peer. A
+    separate watchdog process does it (paddle_dist/runtime/_deadline.py): Paddle holds the GIL
+    while it waits, so no thread here could. It sends SIGQUIT, whose handler here is libc's
+    `_exit` itself, set through ctypes: it needs no GIL, and `_exit(SIGQUIT)` is
+    `_exit(3)` on Linux, so the shell sees 3 however the rank was started. The rank's
+    status file, when given, records the failure for the launcher's report. `store`
+    ("host:port" of Paddle's store) and `world`: where the watchdog looks for something
+    outside the job that holds the rendezvous up (gloocheck.py).
+    """
+    if not seconds:
+        yield
+        return
+    script = Path(__file__).with_name("_deadline.py")
+    previous = _exit_on_sigquit()
+    watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
+                                 str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
+                                preexec_fn=os.setpgrp)
+    try:
+        yield
+    finally:
+        watchdog.stdin.close()            # done in time: the watchdog exits quietly
+        watchdog.wait()
+        if previous is not None:
+            _libc().signal(signal.SIGQUIT, previous)
+
+
+def _libc():
+    libc = ctypes.CDLL(None)
+    libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
+    return libc
+
+
+def _exit_on_sigquit() -> Optional[int]:
+    """Make SIGQUIT call libc's _exit(signal number) = _exit(3); return the handler it had
+    (None where that is not possible: the watchdog then falls back to SIGKILL)."""
+    if signal.SIGQUIT != EXIT_RENDEZVOUS:
+        return None
+    try:
+        libc = _libc()
+        return libc.signal(signal.SIGQUIT, ctypes.cast(libc._exit, ctypes.c_void_p).value) or 0
+    except (OSError, AttributeError):
+        return None

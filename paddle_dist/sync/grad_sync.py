@@ -1,0 +1,528 @@
+"""Gradient averaging across the ranks, at the start of every optimizer step, at both API levels.
+
+`paddle.DataParallel` all-reduces gradients from hooks inside `backward()`. When a peer
+dies there, gloo's exception is thrown through C++ and the surviving rank is killed by
+SIGABRT: it can neither log nor save. Here every collective is issued from Python (the
+main thread, or paddle_dist's communication thread) and the optimizer's own `step()` and
+`minimize()` average first: `attach` gives the optimizer object a subclass of its own
+class whose `step`/`minimize` average every gradient of every parameter group in one
+exchange, then run the original. Whatever the optimizer does next (its parameter groups,
+their own rates and decay, any clipping on the optimizer or per group, master weights)
+sees the averaged gradients, and the loop and hapi (`Model.fit` calls `minimize`) are
+served without touching either. A peer failure surfaces as a `PeerFailure` exception,
+and gradient accumulation communicates once per optimizer step.
+
+What every exchange carries, in a layout the ranks agree on before anything starts
+(`agree_on_layout`: the trainable parameters' names, shapes and dtypes, compared across
+ranks; a difference is an error naming the parameter, never a sum of misaligned buffers):
+- every trainable parameter's gradient, a missing one (a branch this rank's batch did
+  not reach) as zeros;
+- one number per parameter, whether this rank has its gradient: a parameter that some
+  rank has a gradient for gets the mean on every rank (a rank without one gets it
+  created), as `paddle.DataParallel(find_unused_parameters=True)` does; one that no rank
+  has stays without, so no optimizer touches it, as in one process;
+- the count of ranks asking to stop (preemption), so every rank learns of a stop
+  request at the same step at no extra cost.
+
+Modes (config `sync.mode`):
+- `overlap`: buckets of gradients leave during backward() as they fill, on a
+  communication thread (CPU) or NCCL's stream (GPUs): overlap.py.
+- `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
+- `auto` (default): on CPUs, fused when every rank is on this machine (shared memory is
+  faster than the thread's hand-off), overlap otherwise; on GPUs, dataparallel
+  (`resolve_mode`).
+- `dataparallel`: Paddle's own reducer inside backward(), built with
+  `sync.find_unused_parameters` (default true). On NCCL this is what Paddle tests; the
+  overlap exchange over NCCL has not been measured on GPUs, so it is there to be chosen
+  (`sync.mode=overlap`), not the default.
+
+Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
+hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
+
+Example:
+    sync = GradSync.from_config(env, cfg.sync, monitor.phase)
+    agree_on_layout(optimizer, net, env)   # before anything starts; collective
+    sync.attach(optimizer, net)     # before the first step; collective
+    model = wrap(net, env, sync)    # DataParallel with its reducer off
+    ...; optimizer.step(); if sync.stop_requested: ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from . import reducers, shm
+from .collectives import PeerFailure, collective, first_line
+from ..config import check_compress
+from ..errors import ConfigError
+from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad, sixteen_bit_mean_first)
+
+__all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
+           "disable_reducer", "layout_mismatch", "resolve_mode", "stop_check_interval"]
+DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
+
+# sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
+# exchange it about once every STOP_CHECK_S seconds (and at most STOP_CHECK_MAX steps
+# apart): an extra collective at every step would cost a small model several percent.
+STOP_CHECK_S = 1.0
+STOP_CHECK_MAX = 1000
+HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
+
+
+class GradSync:
+    """Averages the gradients of an optimizer's parameters over all ranks, at the start of
+    its every step (module docstring).
+
+    `attach(optimizer, net)` installs it and sets up the transport (collective). Per step:
+    `arm(final)` before each backward() (only needed with accumulation: the last
+    micro-batch's is final); the optimizer's `step()`/`minimize()` then average.
+    mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
+    backward(); only the stop flag is exchanged, about once a second
+    (`stop_check_interval`).
+    """
+
+    def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
+                 want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
+                 bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
+                 accumulate_steps: int = 1, find_unused: bool = True):
+        check_compress(compress, env.backend)
+        self.env, self.phase, self.want_stop = env, phase, want_stop
+        self.requested = mode
+        mode = resolve_mode(mode, env.device, compress, bucket_mb, transport)
+        self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
+        self.transport = transport if mode != "dataparallel" else "backend"
+        self.accumulate_steps = accumulate_steps
+        self.find_unused = find_unused   # mode dataparallel: Paddle's find_unused_parameters
+        self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
+        self.overlap: Optional[Overlap] = None
+        self.optimizer = None
+        self.params: list = []    # the exchange's layout: the trainable parameters at attach
+        self.names: Dict[int, str] = {}
+        self.stop_requested = False
+        self.steps = 0          # optimizer steps seen
+        self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
+        self.comm_seconds = 0.0  # time the step waited for the exchanges
+        self.averaged_early = False
+        self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
+        self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
+
+    @classmethod
+    def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False,
+                    accumulate_steps: int = 1) -> "GradSync":
+        return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
+                   sync_cfg.transport, accumulate_steps, sync_cfg.find_unused_parameters)
+
+    def attach(self, optimizer, net=None) -> None:
+        """Make `optimizer`'s step()/minimize() average first and set up the transport
+        (`net` names the parameters in errors). Collective: every rank calls it at the
+        same point, after `agree_on_layout` (and `check_optimizer`, before anything starts)."""
+        self.optimizer, self.params = optimizer, trainable(optimizer)
+        self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
+        _install(optimizer, self)
+        if self.env.is_distributed and self.mode != "dataparallel":
+            self._setup(self.params)
+
+    def name_of(self, param) -> str:
+        return self.names.get(id(param), param.name)
+
+    def _setup(self, params) -> None:
+        cpu = self.env.device == "cpu"
+        float32 = all(p.dtype == paddle.float32 for p in params)
+        if cpu and float32 and self.compress == "bf16":
+            self.reducer = reducers.BackendReducer(compress="bf16")  # compressed: the backend
+        elif cpu and float32 and self.compress == "none":
+            # + the stop flag and one presence number per parameter
+            count = sum(int(p.size) for p in params) + 1 + len(params)
+            self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
+        self.mode = self._resolve_mode()
+        if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
+            self.reducer = None           # the step's Paddle buffers: bucket_mb, compress
+        if self.mode == "overlap":
+            scale = 1.0 / self.env.world_size
+            exchange = ThreadExchange(self.reducer, scale) if cpu else \
+                AsyncExchange(self.env.world_size, wire=HALF.get(self.compress))
+            cap = self.bucket_bytes or int(DEFAULT_BUCKET_MB * 2 ** 20)
+            self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps)
+
+    def _resolve_mode(self) -> str:
+        """overlap / fused for mode auto (and fused where overlap cannot run)."""
+        if self.env.device == "cpu" and self.reducer is None:
+            return "fused"                # no float32 CPU transport: the step's Paddle path
+        if self.mode == "auto":
+            return "fused" if isinstance(self.reducer, shm.ShmReducer) else "overlap"
+        return self.mode
+
+    def arm(self, final: bool) -> None:
+        """Before a backward(), with accumulation: whether an optimizer step follows it.
+        Only the final micro-batch's backward() sends buckets (mode overlap); unarmed,
+        they all go at the step."""
+        if self.overlap is not None:
+            self.overlap.arm(final)
+
+    def close(self) -> None:
+        """Stop the communication thread, and give the optimizer back its own class."""
+        if self.overlap is not None:
+            self.overlap.close()
+            self.overlap = None
+        if self.optimizer is not None:
+            _uninstall(self.optimizer, self)
+
+    def _stop_value(self) -> float:
+        return 1.0 if self.want_stop() else 0.0
+
+    def before_update(self) -> None:
+        """What the optimizer's step() and minimize() do first: average the gradients in
+        place (unless a loss scaler has had them averaged already, `average_now`)."""
+        if self.averaged_early:
+            self.averaged_early = False
+            return
+        self._check_unchanged()
+        with paddle.no_grad():
+            self._timed_average()
+
+    def average_now(self, optimizer=None) -> None:
+        """Average the gradients now, in place, before the optimizer step (which then
+        leaves them alone): for a loss scaler, which must check the averaged gradients."""
+        self._check_unchanged()
+        with paddle.no_grad():
+            self._timed_average()
+        self.averaged_early = True
+
+    def _check_unchanged(self) -> None:
+        """Parameters frozen later only stop getting gradients (they travel as absent);
+        one unfrozen after the start is outside the agreed layout: refused, never left
+        unaveraged."""
+        if self.optimizer is None or not self.env.is_distributed:
+            return
+        current = trainable(self.optimizer)
+        if len(current) > len(self.params) or any(a is not b for a, b in zip(current, self.params)):
+            known = {id(p) for p in self.params}
+            new = next((p for p in current if id(p) not in known), current[-1])
+            raise ConfigError(f"parameter '{self.name_of(new)}' became trainable after training "
+                              "started; paddle_dist averages the parameters that were trainable "
+                              "when fit() began: set stop_gradient before calling fit()")
+
+    def _timed_average(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.average()
+        finally:
+            self.comm_seconds += time.perf_counter() - started
+
+    def average(self) -> None:
+        """Average every trainable parameter's gradient over the ranks, in place."""
+        self.steps += 1
+        if not self.env.is_distributed:
+            self.stop_requested = bool(self._stop_value())
+            return
+        if self.mode == "dataparallel":
+            if self.steps >= self._next_check:
+                self._check_stop(self._stop_value())
+            return
+        if self.overlap is not None:
+            self._finish_overlap()
+        elif self.reducer is not None:
+            self.stop_requested = self._reduce_cpu(self.params, self._stop_value()) > 0
+        else:
+            self.stop_requested = self._reduce_buckets(self.params, self._stop_value()) > 0
+
+    def _finish_overlap(self) -> None:
+        size = self.overlap.nbytes
+        guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
+        with guard:
+            self.stop_requested = self.overlap.finish() > 0
+        self.calls = self.overlap.exchange.calls
+
+    def _check_stop(self, stop: float) -> None:
+        """Exchange the stop flag, with rank 0's choice of the step for the next exchange:
+        every rank then checks at the same step (rank 0 alone adds a non-zero interval)."""
+        now = time.perf_counter()
+        every = 0.0
+        if self.env.global_rank == 0:
+            step, at = self._checked
+            every = float(stop_check_interval((now - at) / max(self.steps - step, 1)))
+        flag = paddle.to_tensor([stop, every], dtype="float32")
+        stops, every = self._all_reduce(flag, "stop-flag all-reduce", read=flag.numpy).tolist()
+        self.stop_requested = stops > 0
+        self._next_check, self._checked = self.steps + max(int(every), 1), (self.steps, now)
+
+    def _reduce_buckets(self, params, stop: float) -> float:
+        """Flat Paddle buffers through the process group (any device and dtype, optionally
+        16-bit on the wire), averaged into the gradients; returns the stop flag's sum."""
+        flag = paddle.to_tensor([stop], dtype="float32")
+        buckets = self.buckets(params)
+        for i, bucket in enumerate(buckets):
+            self._reduce(bucket, flag if i == 0 else None)
+        if not buckets:
+            self._all_reduce(flag, "stop-flag all-reduce")
+        return self._read_flag(flag)
+
+    def _read_flag(self, flag) -> float:
+        """The stop flag's sum; on GPUs an earlier step's, every LateFlag.EVERY steps, so
+        that the host seldom waits for the device here (every rank reads the same step's
+        flag at the same step)."""
+        if self.env.device == "cpu":
+            return float(flag.numpy()[0])
+        return self._late_flag.read(flag)
+
+    def buckets(self, params) -> List[list]:
+        """Group the parameters by dtype, in order, each group at most bucket_bytes
+        (a gradient larger than the cap gets a bucket of its own)."""
+        by_dtype: Dict[object, list] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        out = []
+        for group in by_dtype.values():
+            current, size = [], 0
+            for p in group:
+                nbytes = int(p.size) * p.element_size()
+                if current and self.bucket_bytes and size + nbytes > self.bucket_bytes:
+                    out.append(current)
+                    current, size = [], 0
+                current.append(p)
+                size += nbytes
+            out.append(current)
+        return out
+
+    def _reduce(self, bucket, flag) -> None:
+        """All-reduce one flat buffer (presence numbers, gradients, and the stop flag) and
+        write the means back into the gradients."""
+        dtype = bucket[0].dtype
+        grads = [p.grad for p in bucket]
+        missing = [i for i, g in enumerate(grads) if g is None]
+        present = [0.0 if g is None else 1.0 for g in grads]
+        parts: List[paddle.Tensor] = [paddle.to_tensor(present, dtype=dtype)]
+        parts += [g.reshape([-1]) if g is not None else paddle.zeros([int(p.size)], dtype)
+                  for p, g in zip(bucket, grads)]
+        if flag is not None:
+            parts.append(flag.astype(dtype))
+        wire = HALF.get(self.compress)
+        flat, early = sixteen_bit_mean_first(paddle.concat(parts), self.env.world_size, wire)
+        if wire is not None and dtype == paddle.float32:
+            sent = flat.astype(wire)
+            self._all_reduce(sent, "gradient all-reduce")
+            flat = sent.astype(dtype)
+        else:
+            self._all_reduce(flat, "gradient all-reduce")
+        if flag is not None:
+            flag.set_value(flat[-1:].astype("float32"))
+            flat = flat[:-1]
+        if not early:
+            flat = flat / self.env.world_size
+        sizes = [len(bucket)] + [int(p.size) for p in bucket]
+        counts, *pieces = paddle.split(flat, sizes)
+        if missing:      # (read on the host only when this rank lacks a gradient)
+            counts = counts.numpy()
+        for i, (p, g, piece) in enumerate(zip(bucket, grads, pieces)):
+            if g is not None:
+                paddle.assign(piece.reshape(g.shape), g)
+            elif counts[i] > 0:
+                set_grad(p, piece.reshape(p.shape))
+
+    def describe(self) -> str:
+        """For the start-up line, e.g. 'sync overlap (4 buckets) over hierarchical'."""
+        if not self.env.is_distributed:
+            return "no sync (one process)"
+        if self.mode == "dataparallel":
+            why = " (sync.mode=auto on GPUs)" if self.requested == "auto" else ""
+            unused = ", find_unused_parameters" if self.find_unused else ""
+            return f"sync dataparallel{why}: paddle.DataParallel's reducer{unused}"
+        buckets = f" ({len(self.overlap.buckets)} buckets)" if self.overlap is not None else ""
+        return f"sync {self.mode}{buckets} over {self.used}"
+
+    @property
+    def used(self) -> str:
+        """How gradients travelled: shm, hierarchical, backend (gloo / NCCL), or none."""
+        if not self.env.is_distributed:
+            return "none"
+        if isinstance(self.reducer, shm.ShmReducer):
+            return "shm"
+        return "hierarchical" if isinstance(self.reducer, reducers.HierReducer) else "backend"
+
+    def _reduce_cpu(self, params, stop: float) -> float:
+        """The float32 gradients (with the presence numbers and the stop flag) averaged in
+        place by the CPU reducer: numpy views of the gradients' own memory
+        (compat.numpy_view), no copies but the transport's. Returns the stop flag's sum,
+        scaled like the gradients."""
+        views = grad_views(params)
+        head = np.array([stop] + [0.0 if p.grad is None else 1.0 for p in params], dtype=np.float32)
+        size = sum(v.nbytes for v in views)
+        guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
+        with guard:
+            try:
+                self.calls += self.reducer.all_reduce([head] + views, scale=1.0 / self.env.world_size)
+            except RuntimeError as exc:             # gloo's error, or shm.PeerGone
+                raise PeerFailure(f"gradient all-reduce failed: {first_line(exc)}") from exc
+        give_missing(params, views, head[1:])
+        return float(head[0])
+
+    def _all_reduce(self, tensor, what: str, read=None):
+        self.calls += 1
+        return collective(dist.all_reduce, tensor, phase=self.phase, what=what, read=read)
+
+
+def trainable(optimizer) -> list:
+    """The optimizer's trainable parameters, every parameter group's, each once, in order."""
+    params = optimizer._parameter_list
+    if params and isinstance(params[0], dict):
+        params = [p for group in params for p in group["params"]]
+    seen, out = set(), []
+    for p in params:
+        if not p.stop_gradient and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def agree_on_layout(optimizer, net, env) -> None:
+    """Before anything starts (collective, one all-gather): the exchange's layout (the
+    optimizer's trainable parameters: names, shapes and dtypes, in order) and `net`'s whole
+    state (what buffer averaging and the weights check exchange) must be the same on every
+    rank; else a ConfigError naming the first parameter that differs and the ranks."""
+    if not env.is_distributed:
+        return
+    names = {id(p): name for name, p in net.named_parameters()}
+
+    def entry(name, tensor):
+        return name, list(tensor.shape), str(tensor.dtype).replace("paddle.", "")
+
+    mine = [[entry(names.get(id(p), p.name), p) for p in trainable(optimizer)],
+            [entry(name, t) for name, t in net.state_dict().items()]]
+    found: list = []
+    collective(dist.all_gather_object, found, mine, what="parameter layout check")
+    for index in (0, 1):
+        problem = layout_mismatch([layouts[index] for layouts in found])
+        if problem:
+            raise ConfigError(f"the ranks' models differ: {problem}; every rank must build the same "
+                              "model and optimizer (a rank-dependent layer, freeze or parameter group?)")
+
+
+def layout_mismatch(layouts: List[list]) -> str:
+    """'' when every rank's list of (name, shape, dtype) is the same; else where the first
+    difference is, naming the parameter and the ranks.
+
+    Example:
+        layout_mismatch([[("w", [2], "float32")], [("w", [3], "float32")]])
+        # "parameter 'w' is [2] float32 on rank 0 but [3] float32 on rank 1"
+    """
+    def text(entry):
+        return f"{entry[1]} {entry[2]}" if entry is not None else "absent"
+
+    for i in range(max(len(layout) for layout in layouts)):
+        entries = [tuple(map(str, layout[i])) if i < len(layout) else None for layout in layouts]
+        if len(set(entries)) > 1:
+            first = entries[0]
+            other = next(r for r, e in enumerate(entries) if e != first)
+            name = (first or entries[other])[0]
+            if first is not None and entries[other] is not None and first[0] != entries[other][0]:
+                return (f"trainable parameter {i} is '{first[0]}' {text(first)} on rank 0 but "
+                        f"'{entries[other][0]}' {text(entries[other])} on rank {other}")
+            return f"parameter '{name}' is {text(first)} on rank 0 but {text(entries[other])} on rank {other}"
+    return ""
+
+
+def check_optimizer(optimizer, net=None, mode: str = "auto") -> None:
+    """Refuse, before anything starts, what this averaging cannot serve exactly."""
+    if isinstance(optimizer, getattr(paddle.optimizer, "LBFGS", ())):
+        raise ConfigError("paddle.optimizer.LBFGS evaluates the loss and its gradients again inside "
+                          "step(closure), which data parallelism cannot average; use another optimizer")
+    if net is None or mode == "dataparallel":
+        return
+    for name, layer in net.named_sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False):
+            raise ConfigError(f"embedding '{name or type(net).__name__}' has sparse=True: its gradient "
+                              "holds only the looked-up rows, which paddle_dist's exchange does not "
+                              "average; build it with sparse=False, or use sync.mode=dataparallel")
+
+
+@functools.lru_cache(maxsize=None)
+def _synced_class(cls):
+    """`cls` with step() and minimize() that average the gradients first: the class an
+    attached optimizer takes on (named as its own, so it reads the same everywhere)."""
+    def step(self, *args, **kwargs):
+        self._paddle_dist_sync.before_update()
+        return cls.step(self, *args, **kwargs)
+
+    def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
+        self._paddle_dist_sync.before_update()
+        if parameters is None and no_grad_set is None and _grouped(self):
+            # Paddle's minimize() cannot read parameter groups (it hands the list of dicts
+            # to get_all_grads: TypeError), yet paddle.Model.fit calls it: step() can.
+            cls.step(self)
+            return [], [(p, p.grad) for p in trainable(self) if p.grad is not None]
+        return cls.minimize(self, loss, startup_program, parameters, no_grad_set)
+
+    return type(cls.__name__, (cls,), {"step": step, "minimize": minimize, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "_paddle_dist_base": cls})
+
+
+def _grouped(optimizer) -> bool:
+    groups = optimizer._param_groups
+    return bool(groups) and isinstance(groups[0], dict)
+
+
+def _install(optimizer, sync: GradSync) -> None:
+    optimizer._paddle_dist_sync = sync
+    base = getattr(type(optimizer), "_paddle_dist_base", type(optimizer))
+    optimizer.__class__ = _synced_class(base)
+
+
+def _uninstall(optimizer, sync: GradSync) -> None:
+    if getattr(optimizer, "_paddle_dist_sync", None) is sync:
+        optimizer.__class__ = type(optimizer)._paddle_dist_base
+        del optimizer._paddle_dist_sync
+
+
+def resolve_mode(mode: str, device: str, compress: str = "none", bucket_mb: float = 0.0,
+                 transport: str = "auto") -> str:
+    """sync.mode as it runs on `device`: `auto` on a GPU is Paddle's own reducer
+    (`dataparallel`), unless an option only paddle_dist's exchange has is set
+    (sync.compress, bucket_mb, transport), which keeps auto's own choice; every other
+    case is unchanged.
+
+    Example:
+        resolve_mode("auto", "gpu:0")                    # 'dataparallel'
+        resolve_mode("auto", "cpu")                      # 'auto' (fused or overlap at attach)
+        resolve_mode("auto", "gpu:0", compress="bf16")   # 'auto'
+    """
+    own_options = compress != "none" or bool(bucket_mb) or transport != "auto"
+    if mode == "auto" and device.startswith("gpu") and not own_options:
+        return "dataparallel"
+    return mode
+
+
+def stop_check_interval(seconds_per_step: float) -> int:
+    """Steps between two stop-flag exchanges: about STOP_CHECK_S seconds' worth."""
+    if seconds_per_step <= 0:
+        return STOP_CHECK_MAX
+    return max(1, min(STOP_CHECK_MAX, round(STOP_CHECK_S / seconds_per_step)))
+
+
+def wrap(net, env, sync: GradSync):
+    """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
+    reducer switched off unless sync.mode=dataparallel, where it also averages the
+    gradients of parameters some rank's batch did not reach (sync.find_unused_parameters);
+    `net` itself on a single process."""
+    if not env.is_distributed:
+        return net
+    if sync.mode == "dataparallel":
+        return paddle.DataParallel(net, find_unused_parameters=sync.find_unused)
+    model = paddle.DataParallel(net)
+    disable_reducer(model)
+    return model
+
+
+def disable_reducer(data_parallel) -> None:
+    """Stop paddle.DataParallel's in-backward all-reduce; GradSync does the averaging.
+
+    (Were this ever ignored by a future Paddle, results stay correct: averaging gradients
+    that are already equal on every rank leaves them unchanged.)
+    """
+    data_parallel.grad_need_sync = False
