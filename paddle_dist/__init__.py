@@ -17,7 +17,7 @@ warnings.filterwarnings("ignore", message="When training, we now always track gl
 # Before Paddle: Paddle 2.6 with numpy 2 crashes when numpy.random comes after it (compat.py).
 import numpy.random  # noqa: E402,F401
 
-from .runtime.env import DistEnv, detect, launch_options  # noqa: E402  (first: it notes the user's variables before paddle)
+from .runtime import DistEnv, detect, launch_options  # noqa: E402  (first: env.py notes the user's variables before paddle)
 from .config import Config, load as _load, with_overrides as _with_overrides  # noqa: E402
 from .errors import for_scripts  # noqa: E402
 

@@ -1,8 +1,10 @@
 """Typed configuration: defaults -> YAML file -> `-o section.key=value` overrides.
 
-Every key has a typed default in schema.py (with the comment that explains it). An unknown key or a value of the wrong type is a
-`ConfigError` naming the key (and, for a typo, the closest valid key). Values are parsed
-with `yaml.safe_load`, never `eval`.
+Every key has a typed default in schema.py (with the comment that explains it). Setting a
+key (config_keys.py): an unknown key or a value of the wrong type is a `ConfigError` naming
+the key (and, for a typo, the closest valid key); values are parsed with `yaml.safe_load`,
+never `eval`. `validate` then checks what types alone cannot express (ranges, choices, keys
+that go together).
 
 Example:
     cfg = load("configs/mnist_lenet.yaml", ["train.api=hapi", "train.epochs=3"])
@@ -12,8 +14,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from .config_keys import merge, parse_override, set_key
 from .errors import ConfigError
 from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TASKS, DEFAULT_CONFIG,
                      FAULT_KINDS, MODEL_INPUTS, MODEL_TASKS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
@@ -108,115 +109,6 @@ def read_yaml(path: Path) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (data:, model:, train:, ...)")
     return data
-
-
-def parse_override(item: str):
-    """'train.epochs=3' -> ('train.epochs', '3'): the key and the value's text, read later
-    against the key's type (YAML scalars such as 3, 0.1, true; strings kept as typed)."""
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. train.epochs=3")
-    return key.strip(), text.strip()
-
-
-def _from_text(text: str, type_name: str) -> Any:
-    if type_name == "str":   # keep what was typed: output.name=2024_01 stays "2024_01"
-        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
-        return text[1:-1] if quoted else text
-    try:
-        return yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
-        return text
-
-
-def merge(cfg: Any, data: Dict[str, Any], prefix: str = "") -> None:
-    for key, value in data.items():
-        set_key(cfg, f"{prefix}{key}", value)
-
-
-def set_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
-    """Set a dotted key, checking that it exists and that the value has its type.
-    `from_text`: the value is command-line text, read according to the key's type."""
-    *parents, leaf = dotted.split(".")
-    node = cfg
-    for i, part in enumerate(parents):
-        if isinstance(node, dict):
-            raise ConfigError(f"{dotted} is too deep; {'.'.join(parents[:i])} holds NAME: value pairs")
-        node = getattr(node, _field(node, part, ".".join(parents[: i + 1])))
-    if isinstance(node, dict):   # a free-form mapping such as dist.nccl.extra
-        node[leaf] = str(value)
-        return
-    name = _field(node, leaf, dotted)
-    current, type_name = getattr(node, name), _field_type(node, name)
-    if from_text:
-        value = _from_text(value, type_name)
-    if dataclasses.is_dataclass(current):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{dotted} is a section; set its keys, e.g. {dotted}.<key>=...")
-        merge(cfg, value, f"{dotted}.")
-        return
-    setattr(node, name, _coerce(dotted, value, type_name))
-
-
-def _field(node: Any, name: str, dotted: str) -> str:
-    names = [f.name for f in dataclasses.fields(node)]
-    if name in names:
-        return name
-    section = dotted.rpartition(".")[0]
-    full = [f"{section}.{n}" if section else n for n in names]
-    close = difflib.get_close_matches(dotted, full + _all_keys(), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else f"; valid keys here: {', '.join(full)}"
-    raise ConfigError(f"unknown config key {dotted!r}{hint}")
-
-
-def _all_keys(node: Any = None, prefix: str = "") -> List[str]:
-    node = node if node is not None else Config()
-    keys = []
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            keys += _all_keys(value, f"{prefix}{f.name}.")
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
-
-
-def _field_type(node: Any, name: str) -> str:
-    return str({f.name: f.type for f in dataclasses.fields(node)}[name])
-
-
-def _coerce(key: str, value: Any, type_name: str) -> Any:
-    """Check a value against a field's annotation; ints are accepted for floats, nothing else converts."""
-    if value is None and type_name.startswith("Optional"):
-        return None
-    base = type_name[len("Optional["):-1] if type_name.startswith("Optional[") else type_name
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, (str, int, float)) and not isinstance(value, bool),
-        "Dict[str, str]": isinstance(value, dict),
-    }[base]
-    if not ok and base == "float" and isinstance(value, str):
-        # YAML 1.1 reads 1e-3 (no dot) as a string; it is still a number.
-        try:
-            value, ok = float(value), True
-        except ValueError:
-            pass
-    if not ok:
-        raise ConfigError(f"{key} must be {_type_words(base)}, got {value!r}")
-    if base == "float":
-        return float(value)
-    if base == "str":
-        return str(value)
-    if base == "Dict[str, str]":
-        return {str(k): str(v) for k, v in value.items()}
-    return value
-
-
-def _type_words(base: str) -> str:
-    return {"bool": "true or false", "int": "an integer", "float": "a number",
-            "str": "a string", "Dict[str, str]": "a mapping of NAME: value"}[base]
 
 
 def validate(cfg: Config) -> None:

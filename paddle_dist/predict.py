@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .runtime import env as envlib
+from .runtime import devices as devicelib, env as envlib
 from .errors import UserError
 from .export import DEPLOY_FILE
 from .data.imagefolder import fit_image
@@ -115,7 +115,7 @@ def gpu_index(device: str) -> Optional[int]:
         gpu_index("gpu:1")   # 1
     """
     kind, _, index = str(device).partition(":")
-    if kind == envlib.CPU and not index:
+    if kind == devicelib.CPU and not index:
         return None
     if kind != "gpu" or not index.isdigit():
         raise UserError(f"device {device!r} is not 'cpu' or 'gpu:N' (N counting the visible GPUs "

@@ -46,6 +46,24 @@ def cmdline(pid: int) -> List[str]:
     return [word.decode(errors="replace") for word in raw.split(b"\0") if word]
 
 
+def pid_alive(pid) -> bool:
+    """Whether process `pid` exists (signal 0 delivers nothing, it only checks): a process of
+    another user counts, a falsy `pid` (a record without one) does not.
+
+    Example:
+        pid_alive(os.getpid()), pid_alive(None)     # (True, False)
+    """
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _tcp_sockets() -> Iterator[Tuple[Tuple[str, int], Tuple[str, int], str, str]]:
     """(local, remote, state, inode) of every TCP socket (/proc/net/tcp and tcp6); an
     address is (hex IP as the kernel writes it, port)."""

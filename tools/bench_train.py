@@ -343,7 +343,8 @@ def worker_main(args) -> int:
 def _ranks():
     """(global rank, world size) of this worker, however it was started (paddle_dist's
     environment layer reads the launcher's variables: Paddle's, torchrun's)."""
-    from paddle_dist.runtime.env import GpuInfo, detect
+    from paddle_dist.runtime.devices import GpuInfo
+    from paddle_dist.runtime.env import detect
 
     env = detect(gpu_info=GpuInfo())
     return env.global_rank, env.world_size

@@ -35,7 +35,7 @@ from . import buildinfo
 from .. import compat
 from ..security import exposure
 from ..runtime import netcheck
-from ..runtime import env as envlib
+from ..runtime import devices as devicelib, env as envlib, variables as varlib
 from ..errors import UserError
 from ..launch.preflight import ERROR, SHM_PATH, Problem, StatVfs, _bytes, preflight, shm_facts
 
@@ -49,7 +49,7 @@ CREDENTIALS = re.compile(r"(^|://|,)[^/,\s]+@")
 
 
 # ---------------------------------------------------------------- the report
-def report(environ: Mapping[str, str], gpu_info: envlib.GpuInfo, cpu_count: int,
+def report(environ: Mapping[str, str], gpu_info: devicelib.GpuInfo, cpu_count: int,
            statvfs: StatVfs = os.statvfs, shm_path: str = SHM_PATH) -> Dict[str, Any]:
     """Everything a bug report needs about this machine, as JSON-ready sections.
 
@@ -157,7 +157,7 @@ def _meminfo_bytes(text: str, key: str) -> Optional[int]:
     return int(value.split()[0]) * 1024 if value else None
 
 
-def gpu_facts(gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> Dict[str, Any]:
+def gpu_facts(gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> Dict[str, Any]:
     """What Paddle sees (count, names), what the driver lists (`nvidia-smi -L`), and
     CUDA_VISIBLE_DEVICES."""
     return {
@@ -168,7 +168,7 @@ def gpu_facts(gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> Dict[str,
     }
 
 
-def _gpu_names(gpu_info: envlib.GpuInfo) -> List[str]:
+def _gpu_names(gpu_info: devicelib.GpuInfo) -> List[str]:
     if not gpu_info.compiled_with_cuda or not gpu_info.count:
         return []
     import paddle
@@ -289,7 +289,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .. import config as configlib
 
     cfg = configlib.load(args.config, args.override) if args.check else None
-    environ, gpu_info, cores = envlib.host_facts()
+    environ, gpu_info, cores = varlib.host_facts()
     environ = shell_environ(environ)
     data = report(environ, gpu_info, cores)
     data["exposure"] = dict(exposure.rows(cfg or configlib.load(None, [])))   # of the job checked, else the demo's

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import errors
 from .. import config as configlib
-from ..runtime import env as envlib
+from ..runtime import devices as devicelib, env as envlib, variables as varlib
 from ..launch import launcher
 from ..errors import UserError
 from .selftest_rank import CHECKS, CONFIG_FILE, SETUP
@@ -69,8 +69,8 @@ class Line:
 def run(nprocs: Optional[int] = None, gpus: Optional[str] = None, as_json: bool = False) -> int:
     """Run the self-test and print its table (or JSON); 0 when nothing failed, else 1
     (130 when interrupted). Keeps the ranks' logs when something failed."""
-    environ, gpu_info, cores = envlib.host_facts()
-    cfg = job_config(nprocs, gpus, envlib.visible_gpus(gpu_info, environ))
+    environ, gpu_info, cores = varlib.host_facts()
+    cfg = job_config(nprocs, gpus, devicelib.visible_gpus(gpu_info, environ))
     here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
                          environ=environ)
     if here.launcher != "standalone":

@@ -30,7 +30,7 @@ from ..sync.collectives import first_line
 from ..errors import DeviceError
 from ..export import export as export_model
 from ..predict import Predictor
-from ..sync.grad_sync import GradSync, wrap
+from ..sync import GradSync, wrap
 from ..trainer import loop
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"

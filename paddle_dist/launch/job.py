@@ -19,14 +19,14 @@ import shlex
 
 from .. import errors
 from .. import config as configlib
-from ..runtime import env as envlib
+from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
 from ..trainer import amp
 from .. import cifar, compat
 from ..runtime import engines, netcheck
 from ..security import exposure, private
 from ..data import mnist as idx
 from . import launcher, preflight
-from ..runs import rundir
+from ..runs import commands, rundir
 from . import isolate, supervisor
 from ..errors import UserError
 from ..options import ArgParser, add_config_options, run
@@ -87,7 +87,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     cfg = _load(args)
     if args.master or any(v is not None for v in (args.world_size, args.rank, args.local_rank)):
-        envlib.export(envlib.hand_started(args.master, args.world_size, args.rank, args.local_rank))
+        varlib.export(envlib.hand_started(args.master, args.world_size, args.rank, args.local_rank))
     return _run_job(cfg, script=script, script_args=argv, module=module)
 
 
@@ -101,7 +101,7 @@ def _isolate(cfg: configlib.Config, module: str = "") -> None:
         raise UserError("dist.isolate=true keeps a job inside one machine's private loopback; a job on "
                         "several machines cannot use it: remove -o dist.isolate=true")
     if os.geteuid() != 0:
-        module = module or rundir.main_module()
+        module = module or commands.main_module()
         isolate.rerun_inside([sys.executable, "-m", module, *sys.argv[1:]] if module else
                              [sys.executable, *sys.argv])
     try:
@@ -115,7 +115,7 @@ def _this_command() -> Tuple[str, str]:
     """(script, module) that runs this command again: ("/abs/train.py", "") for a script;
     ("", "paddle_dist.train") under `python -m paddle_dist.train`, whose sys.argv[0] is
     the module's file, which must not be run as a script (launcher.python_args)."""
-    module = rundir.main_module()
+    module = commands.main_module()
     return ("", module) if module else (os.path.abspath(sys.argv[0]), "")
 
 
@@ -136,7 +136,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     """Run the built-in job: here, or as the ranks it starts, each running `script` (or
     `-m module`) with `script_args`."""
     private.closed_umask(cfg.output.share)
-    environ, gpu_info, cores = envlib.host_facts()
+    environ, gpu_info, cores = varlib.host_facts()
     node = engines.srun_node_launcher(environ, cfg.dist.nprocs)
     if node is not None:
         _as_node_launcher(cfg, node)
@@ -155,7 +155,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     configlib.check_pairing(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
              fp16_supported=lambda: True)
-    configlib.check_compress(cfg.sync.compress, envlib.select_backend(
+    configlib.check_compress(cfg.sync.compress, devicelib.select_backend(
         cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
     preflight.check(cfg, environ, gpu_info, warn=_warn)
     _check_data(cfg)
@@ -171,7 +171,7 @@ def _run_job(cfg: configlib.Config, script: str = "", script_args: List[str] = (
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
     run_dir = None        # another machine of a multi-node launch: node 0 names it (_meet)
     if p.gate is None or cfg.dist.node_rank == 0:
-        choice = rundir.choose(cfg, world, rundir.own_command())
+        choice = rundir.choose(cfg, world, commands.own_command())
         run_dir = choice.path
         cfg.output.run_dir = str(run_dir)
         if choice.note:
@@ -245,11 +245,11 @@ def _start(p, cfg, here, facts, run_dir: Optional[Path], script_args: List[str])
         return launcher.launch(p, run_dir=run_dir, met=met)
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
     # imported, and forked ranks keep this import: make it with the ranks' environment.
-    old = envlib.export(p.env)
+    old = varlib.export(p.env)
     try:
         from .. import worker
     finally:
-        envlib.restore(old)
+        varlib.restore(old)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
 
 
@@ -327,7 +327,7 @@ def _launch_script(args) -> int:
         raise UserError(f"script {args.script!r} {what}; give the path of a Python file")
     cfg = _load(args)
     private.closed_umask(cfg.output.share)
-    environ, gpu_info, cores = envlib.host_facts()
+    environ, gpu_info, cores = varlib.host_facts()
     node = engines.srun_node_launcher(environ, cfg.dist.nprocs)
     if node is not None:
         _as_node_launcher(cfg, node)
@@ -343,20 +343,20 @@ def _launch_script(args) -> int:
     _isolate(cfg)
     # -c and -o reach the script's paddle_dist.load_config() and fit() (env.launch_options).
     config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
-    p.env.update(envlib.launch_variables(config, args.override))
+    p.env.update(protocol.launch_variables(config, args.override))
     p.env.update(launcher.SCRIPT_CHILD)
     # A fit() in the script (rank 0) writes its run directory here: the launcher then
     # reports from the ranks' status records and names the command that continues it.
     pointer = Path(args.log_dir).resolve() / "run_dir"
     pointer.unlink(missing_ok=True)          # a previous job's, in the same log directory
-    p.env[envlib.RUN_POINTER] = str(pointer)
+    p.env[protocol.RUN_POINTER] = str(pointer)
     ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}"
     devices = f"GPUs {','.join(p.gpus)}" if p.gpus else "CPU"
     print(f"paddle_dist: starting {ranks} of {args.script} on {devices}; logs in {args.log_dir}/",
           flush=True)
     print(exposure.start_line(cfg), flush=True)
     started = time.monotonic()
-    code = launcher.launch(p, script=supervisor.UserScript(tuple(rundir.own_command()), pointer))
+    code = launcher.launch(p, script=supervisor.UserScript(tuple(commands.own_command()), pointer))
     if code == 0:
         print(f"paddle_dist: {ranks} finished in {time.monotonic() - started:.1f} s; "
               f"logs in {args.log_dir}/", flush=True)

@@ -40,9 +40,9 @@ from .. import errors
 from ..security import auth, private, rankgate
 from . import jobprocs, rendezvous as nodes, supervisor
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
-from ..runtime import env as envlib
+from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
 from ..errors import DeviceError, UserError
-from ..runs.report import pid_alive
+from ..procfs import pid_alive
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
 QUIET_CHILD = {
@@ -96,7 +96,7 @@ def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequenc
 
 
 def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
-         gpu_info: Optional[envlib.GpuInfo] = None, log_dir: str = "",
+         gpu_info: Optional[devicelib.GpuInfo] = None, log_dir: str = "",
          cpu_count: Optional[int] = None, environ=None, always: bool = False,
          module: str = "") -> LaunchPlan:
     """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
@@ -108,11 +108,11 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
         plan(cfg, DistEnv(), script="train.py").argv
         # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
     """
-    info = gpu_info if gpu_info is not None else envlib.probe_gpus()
-    requested = envlib.check_gpus(cfg.dist.gpus, info, environ)
-    visible = envlib.visible_gpus(info, environ)
+    info = gpu_info if gpu_info is not None else devicelib.probe_gpus()
+    requested = devicelib.check_gpus(cfg.dist.gpus, info, environ)
+    visible = devicelib.visible_gpus(info, environ)
     nprocs, gpus = resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
-    envlib.select_backend(cfg.dist.backend, "gpu" if gpus else envlib.CPU, nprocs)  # checks it
+    devicelib.select_backend(cfg.dist.backend, "gpu" if gpus else devicelib.CPU, nprocs)  # checks it
     mode = cfg.dist.launcher
     if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
         nprocs = hostfile_slots(cfg.dist.hostfile)
@@ -122,12 +122,12 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     if alone and not always:                  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
-    variables = dict(QUIET_CHILD, **{envlib.SUPERVISED: "1"})
-    variables.update(envlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
+    variables = dict(QUIET_CHILD, **{protocol.SUPERVISED: "1"})
+    variables.update(varlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
-        variables.update(envlib.loopback_variables(cfg.dist.nccl, environ))
+        variables.update(varlib.loopback_variables(cfg.dist.nccl, environ))
     if direct:     # each rank passes the job's gate first, then becomes the program (exec)
         argv = (sys.executable, "-S", rankgate.SCRIPT,
                 sys.executable, *python_args(script, module), *script_args)
@@ -311,10 +311,10 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     machines of a multi-node launch learnt when they met, if they have met already
     (meeting()); the report names the ranks' hosts from it."""
     with job_files(p.token_file) as (folder, token_file):
-        private_env = {envlib.JOB_DIR: folder}
+        private_env = {protocol.JOB_DIR: folder}
         if p.direct:
             with rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
-                child_env = envlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
+                child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
                 return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                                   script=script)
@@ -324,14 +324,14 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
                 if code:
                     return code
             try:
-                return supervisor.supervise_launch(list(p.argv), envlib.child_environ(dict(p.env, **private_env)),
+                return supervisor.supervise_launch(list(p.argv), varlib.child_environ(dict(p.env, **private_env)),
                                                    run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                                    start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
             finally:
                 if met is not None and met.rendezvous is not None:
                     met.rendezvous.close()
         if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
-            job = {envlib.TOKEN_FILE: token_file, envlib.JOB: auth.nonce(), **private_env}
+            job = {protocol.TOKEN_FILE: token_file, protocol.JOB: auth.nonce(), **private_env}
             p = dataclasses.replace(p, env=dict(p.env, **job))
             return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
@@ -411,11 +411,11 @@ def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
     import paddle.distributed as dist
     import paddle.distributed.fleet.launch  # noqa: F401  (creates the logger silenced below)
 
-    old = envlib.export(p.env)  # spawn copies our environment into its children
+    old = varlib.export(p.env)  # spawn copies our environment into its children
     paddle_log = logging.getLogger("root")
     level = paddle_log.level
     try:
-        backend = envlib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
+        backend = devicelib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
         options = {"gpus": ",".join(p.gpus)} if p.gpus else {}
         paddle_log.setLevel(logging.WARNING)   # spawn's "find free ports" INFO line
         with warnings.catch_warnings():
@@ -425,4 +425,4 @@ def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
         return context
     finally:
         paddle_log.setLevel(level)
-        envlib.restore(old)
+        varlib.restore(old)

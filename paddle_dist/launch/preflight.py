@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..runtime import env as envlib
+from ..runtime import devices as devicelib, variables as varlib
 from ..security import auth, tls
 from ..runtime import netcheck
 from ..runtime.engines import CLUSTER_ENVIRONMENTS
@@ -57,7 +57,7 @@ class Problem:
         return f"{self.severity}: {self.message}"
 
 
-def preflight(cfg, environ: Mapping[str, str], gpu_info: envlib.GpuInfo,
+def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
               interfaces: Optional[Mapping[str, List[str]]] = None, statvfs: StatVfs = os.statvfs,
               shm_path: str = SHM_PATH, shm_min: int = SHM_MIN,
               route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
@@ -107,7 +107,7 @@ def tls_problems(cfg) -> List[Problem]:
 
 
 def check(cfg, environ: Optional[Mapping[str, str]] = None,
-          gpu_info: Optional[envlib.GpuInfo] = None, warn: Callable[[str], None] = print) -> None:
+          gpu_info: Optional[devicelib.GpuInfo] = None, warn: Callable[[str], None] = print) -> None:
     """Raise a PreflightError (a UserError) naming the first pre-flight error on this
     machine; pass each warning to `warn`. Launchers call it before starting ranks.
 
@@ -115,7 +115,7 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
         check(cfg)   # PreflightError: port 6170 of dist.master ... (and 1 more; run ...)
     """
     if environ is None or gpu_info is None:
-        environ, gpu_info, _ = envlib.host_facts()
+        environ, gpu_info, _ = varlib.host_facts()
     problems = preflight(cfg, environ, gpu_info)
     for problem in problems:
         if problem.severity != ERROR:
@@ -126,19 +126,19 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
         raise PreflightError(errors[0].message + more)
 
 
-def gpu_problems(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> List[Problem]:
+def gpu_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> List[Problem]:
     """`dist.gpus` names GPUs this build or machine cannot give (env.check_gpus's rules)."""
     try:
-        envlib.check_gpus(cfg.dist.gpus, gpu_info, environ)
+        devicelib.check_gpus(cfg.dist.gpus, gpu_info, environ)
     except UserError as e:
         return [Problem(ERROR, str(e))]
     return []
 
 
-def _uses_gpus(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str]) -> bool:
+def _uses_gpus(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> bool:
     d = cfg.dist
     return d.backend == "nccl" or bool(d.gpus) or (
-        d.backend == "auto" and bool(envlib.visible_gpus(gpu_info, environ)))
+        d.backend == "auto" and bool(devicelib.visible_gpus(gpu_info, environ)))
 
 
 def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
@@ -149,7 +149,7 @@ def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
     counts as several."""
     d = cfg.dist
     try:
-        per_node = len(envlib.parse_gpus(d.gpus)) or d.nprocs or 1
+        per_node = len(devicelib.parse_gpus(d.gpus)) or d.nprocs or 1
         cluster = next(c for c in CLUSTER_ENVIRONMENTS if c.detect(environ))(environ)
         engine_world = int(cluster.ranks().get("world_size", 1))
     except (UserError, ValueError):
@@ -263,7 +263,7 @@ def _cmdline(pid_dir: Path, limit: int = 200) -> str:
 
 
 # ------------------------------------------------ /dev/shm
-def shm_problems(cfg, gpu_info: envlib.GpuInfo, environ: Mapping[str, str],
+def shm_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
                  statvfs: StatVfs = os.statvfs, path: str = SHM_PATH,
                  minimum: int = SHM_MIN) -> List[Problem]:
     """A /dev/shm missing or with less than `minimum` bytes free: an error for GPU jobs of

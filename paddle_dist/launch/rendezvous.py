@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..security import auth, kvserver, tls
 from ..errors import UserError
+from ..runs.topology import Meeting, Node
 
 VERSION = 2
 MAX_FRAME = 4096          # bytes of JSON in one message; a longer one is refused unread
@@ -75,44 +76,6 @@ class Gate:
     tls_ca: str = ""          # dist.tls_*: meet over mutual TLS with certificates of this CA (tls.py)
     tls_cert: str = ""
     tls_key: str = ""
-
-
-@dataclass(frozen=True)
-class Node:
-    """One machine of the job, as the meeting saw it: its ranks, its address as node 0
-    saw it (node 0: dist.master's host), and its host name ("" when not told)."""
-    nprocs: int
-    address: str
-    host: str = ""
-
-
-@dataclass(frozen=True)
-class Meeting:
-    """What the machines learnt when they met: node 0's run name ("" when it has none yet),
-    every node by node_rank (a node > 0 knows no other node's host name) and which one
-    this machine is."""
-    run: str = ""
-    nodes: Dict[int, Node] = field(default_factory=dict)
-    node_rank: int = 0
-    # node 0: Paddle's launchers' rendezvous, served on the meeting's listener (kvserver.py)
-    rendezvous: Optional[object] = field(default=None, compare=False, repr=False)
-
-    def ranks_of(self, node_rank: int) -> range:
-        """The global ranks of node `node_rank`: Paddle's launcher numbers the ranks of the
-        nodes in node_rank order (its rank_offset), each node's in a block.
-
-        Example:
-            Meeting("", {0: Node(2, "a"), 1: Node(2, "b")}).ranks_of(1)   # range(2, 4)
-        """
-        start = sum(n.nprocs for r, n in self.nodes.items() if r < node_rank)
-        return range(start, start + self.nodes[node_rank].nprocs) if node_rank in self.nodes else range(0)
-
-    def node_of(self, rank: int) -> Optional[int]:
-        """The node_rank holding global rank `rank` (None when unknown)."""
-        for node_rank in sorted(self.nodes):
-            if rank in self.ranks_of(node_rank):
-                return node_rank
-        return None
 
 
 def plain_name(text) -> bool:

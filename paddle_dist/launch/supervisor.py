@@ -38,9 +38,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import errors
 from ..errors import REFUSAL_LINE
 from .jobprocs import Ranks, place_of, remove_segments, signal_pids
-from .rendezvous import Meeting
 from ..procfs import process_table
-from ..runs.report import (ONE_MACHINE, POLL_S, Exit, Machines, Report, exit_code_of, first_failure, how_it_ended, is_noise, read_status, root_cause, tail_lines, with_resume)
+from ..runs.logs import is_noise, tail_lines
+from ..runs.report import POLL_S, Exit, Report, exit_code_of, first_failure, how_it_ended, root_cause, with_resume
+from ..runs.status import read_all as read_status
+from ..runs.topology import ONE_MACHINE, Machines, Meeting
 
 PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
@@ -268,7 +270,7 @@ def global_ranks(places, meeting: Optional[Meeting] = None) -> Callable[[int], i
 
 
 def _machines(places, meeting: Optional[Meeting], number: Callable[[int], int]) -> Machines:
-    """Where this machine's ranks run, for the report (report.Machines)."""
+    """Where this machine's ranks run, for the report (topology.Machines)."""
     places = list(places)
     nnodes = max([n for _, _, n in places] + [len(meeting.nodes) if meeting else 1])
     if nnodes <= 1:
@@ -360,7 +362,7 @@ def _pointed_run(pointer: Optional[Path]) -> Optional[Path]:
 
 class _Console:
     """Rank 0's output on this terminal: for a user's script without Paddle's noise
-    (report.is_noise; its log keeps everything) nor its user error's line (a typo in its
+    (logs.is_noise; its log keeps everything) nor its user error's line (a typo in its
     config: errors.REFUSAL_LINE), which the report says once, and nothing once Ctrl+C was
     pressed (the ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
 

@@ -1,12 +1,13 @@
 """Recent runs and how each ended: `python -m paddle_dist.runs [--root runs] [-n 10] [--json]`;
 `--clean` removes what this user's killed jobs left in /dev/shm (private.clean).
 
-Reads what every run leaves behind: its ranks' status files (status/rank<N>.json, written
-by faults.Monitor), metrics.json (written when the run finished), the latest checkpoint
-and run.json (the command that started it: `--json` gives, for a run that can be
-continued, the exact command that continues it). Nothing is written. A job's launcher
-removes its private directory in /dev/shm (its token, heartbeats, stacks) when it ends;
-one killed with SIGKILL cannot, and the next job of the same user, or `--clean`, does.
+Reads what every run leaves behind: its ranks' status files (status/rank<N>.json, a
+status.RankStatus each, written by runtime/monitor.py), metrics.json (written when the run
+finished), the latest checkpoint and run.json (the command that started it: `--json`
+gives, for a run that can be continued, the exact command that continues it). Nothing is
+written. A job's launcher removes its private directory in /dev/shm (its token, heartbeats,
+stacks) when it ends; one killed with SIGKILL cannot, and the next job of the same user, or
+`--clean`, does.
 
 States:
 - done: every rank finished and metrics.json is there;
@@ -33,56 +34,61 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..procfs import pid_alive
 from ..security import private
-from .rundir import resume_command
-from .report import ENDED_BADLY, pid_alive, read_status
+from .commands import resume_command
+from .status import DIVERGED, DONE, ENDED_BADLY, PREEMPTED, REFUSED, RUNNING, RankStatus, read_all
 
 PROG = "python -m paddle_dist.runs"
 
 
-def run_state(status: Dict[int, dict], finished: bool) -> str:
+def run_state(status: Dict[int, RankStatus], finished: bool) -> str:
     """A run's state from its ranks' status records (module docstring).
 
     Example:
-        run_state({0: {"state": "done"}, 1: {"state": "done"}}, finished=True)   # 'done'
+        run_state({0: RankStatus(0, state="done"), 1: RankStatus(1, state="done")}, finished=True)   # 'done'
     """
-    states = [record.get("state") for record in status.values()]
-    if not states:
+    records = list(status.values())
+    if not records:
         return "unknown"
-    if any(s == "running" and pid_alive(r.get("pid")) for s, r in zip(states, status.values())):
-        return "running"
-    if finished and all(s == "done" for s in states):
-        return "done"
-    if all(s == "preempted" for s in states):
-        return "preempted"
-    if any(s == "diverged" for s in states):
-        return "diverged"
+    if any(r.state == RUNNING and pid_alive(r.pid) for r in records):
+        return RUNNING
+    if finished and all(r.state == DONE for r in records):
+        return DONE
+    if all(r.state == PREEMPTED for r in records):
+        return PREEMPTED
+    if any(r.state == DIVERGED for r in records):
+        return DIVERGED
     # As the report's root cause: the first rank to end by itself.
-    ended = sorted((r for r in status.values() if r.get("state") in ENDED_BADLY),
-                   key=lambda r: r.get("time", 0))
-    return "refused" if ended and ended[0]["state"] == "refused" else "failed"
+    ended = sorted((r for r in records if r.state in ENDED_BADLY), key=lambda r: r.time or 0)
+    return REFUSED if ended and ended[0].state == REFUSED else "failed"
 
 
 def describe(run_dir: Path) -> dict:
     """One run's summary: state, progress, last checkpoint, last update (Unix time)."""
     from ..checkpoint import latest
 
-    status = read_status(run_dir)
+    status = read_all(run_dir)
     newest = latest(run_dir / "checkpoints")
     state = run_state(status, (run_dir / "metrics.json").is_file())
     return {
         "run": str(run_dir),
         "state": state,
-        "step": max((r.get("step", 0) for r in status.values()), default=0),
-        "epoch": max((r.get("epoch", 0) for r in status.values()), default=0),   # 1-based
+        "step": max((_or_0(r.step) for r in status.values()), default=0),
+        "epoch": max((_or_0(r.epoch) for r in status.values()), default=0),   # 1-based
         "ranks": len(status),
         "last_checkpoint": str(newest) if newest else None,
         "checkpoint_step": _checkpoint_step(newest),
         # The last record any rank wrote; a run with none: when its directory last changed.
-        "updated": max((r.get("time", 0) for r in status.values()), default=run_dir.stat().st_mtime),
+        "updated": max((_or_0(r.time) for r in status.values()), default=run_dir.stat().st_mtime),
         # The exact command that continues it ("" when done, running, refused or diverged).
         "resume": resume_command(run_dir) if state in ("failed", "preempted", "unknown") else "",
     }
+
+
+def _or_0(value):
+    """A record's number, 0 when it has none (a watchdog's record has no epoch)."""
+    return 0 if value is None else value
 
 
 def _checkpoint_step(path: Optional[Path]) -> Optional[int]:

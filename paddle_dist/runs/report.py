@@ -4,18 +4,17 @@ consequence, and the exact command that continues the run.
 
 Ranks are named by their global rank. In a job on several machines each machine's launcher
 reports what it saw, naming every rank with its host (`rank 3 (host nodeB) killed by
-SIGKILL`), from `Machines`; a machine whose ranks all stopped because a peer failed, none
-of them failing itself, names the machine(s) where the cause must be, and no more: their
-own reports name the rank and why.
+SIGKILL`), from `Machines` (topology.py); a machine whose ranks all stopped because a peer
+failed, none of them failing itself, names the machine(s) where the cause must be, and no
+more: their own reports name the rank and why. The records are status.py's; what a report
+quotes of a rank's log, logs.py's.
 
 Example:
-    print(with_resume(root_cause(read_status(run_dir), exit_codes), run_dir).text)
+    print(with_resume(root_cause(status.read_all(run_dir), exit_codes), run_dir).text)
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
 import signal
@@ -23,13 +22,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from .. import errors
-from ..security import attest
-from . import rundir
 from ..errors import REFUSAL_LINE
-from ..launch.rendezvous import Meeting
+from ..procfs import pid_alive
+from ..security import attest
+from .commands import resume_command
+from .logs import innermost, tail_lines
+from .status import (DIVERGED, ENDED_BADLY, HUNG, PREEMPTED, REFUSED, RUNNING, STOPPED, RankStatus,
+                     read_all)
+from .topology import ONE_MACHINE, Machines
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
 # Two exits seen this close together count as simultaneous: the order in which the
@@ -41,56 +44,6 @@ SIGABRT_CODE = -signal.SIGABRT
 PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 # shm.PeerGone: a rank on the same machine died in the shared-memory exchange
 DIED_HERE = re.compile(r"rank (\d+) \(pid \d+\) died during the shared-memory")
-# Records of a rank that ended by itself, a candidate root cause (monitor.Monitor.finish):
-# an exception, a user error (refused), a hang.
-ENDED_BADLY = ("failed", "refused", "hung")
-
-
-@dataclass(frozen=True)
-class Machines:
-    """Where a job's ranks run, as one machine's launcher knows it: this machine's host name
-    and global ranks, the job's number of machines, and what the machines learnt when they
-    met (a multi-node launch, nodes.Meeting). The default is a job on one machine, whose
-    reports name ranks without hosts.
-
-    Example:
-        Machines("nodeB", (2, 3), nnodes=2).name(3)     # 'rank 3 (host nodeB)'
-    """
-    host: str = ""
-    local: Tuple[int, ...] = ()
-    nnodes: int = 1
-    meeting: Optional[Meeting] = None
-
-    @property
-    def several(self) -> bool:
-        return self.nnodes > 1 or (self.meeting is not None and len(self.meeting.nodes) > 1)
-
-    def host_of(self, rank: int, record: Optional[dict] = None) -> str:
-        """Rank `rank`'s host: its status record's, this machine's for its own ranks, else
-        the address its machine met from ("" when unknown)."""
-        if record and record.get("host"):
-            return str(record["host"])
-        if rank in self.local:
-            return self.host
-        node = self.meeting.node_of(rank) if self.meeting else None
-        return (self.meeting.nodes[node].host or self.meeting.nodes[node].address) if node is not None else ""
-
-    def name(self, rank: int, record: Optional[dict] = None, more: str = "") -> str:
-        """'rank 3' on one machine; 'rank 3 (host nodeB)' on several; `more` joins the
-        parenthesis ('rank 3 (host nodeB, killed by SIGABRT)')."""
-        said = [f"host {self.host_of(rank, record)}"] if self.several and self.host_of(rank, record) else []
-        said += [more] if more else []
-        return f"rank {rank} ({', '.join(said)})" if said else f"rank {rank}"
-
-    def is_here(self, record: dict) -> bool:
-        """Whether a status record is of a rank of this machine (on shared storage the
-        other machines' are there too), so that its pid means something here."""
-        if self.local:
-            return record.get("rank") in self.local
-        return not self.several or not self.host or record.get("host") in (None, self.host)
-
-
-ONE_MACHINE = Machines()
 
 
 @dataclass(frozen=True)
@@ -139,21 +92,6 @@ def how_it_ended(code: Optional[int]) -> str:
     return f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
 
 
-def read_status(run_dir: Optional[Path]) -> Dict[int, dict]:
-    """Every rank's status record (see monitor.Monitor), by global rank."""
-    found = {}
-    folder = Path(run_dir) / "status" if run_dir else None
-    if folder is None or not folder.is_dir():
-        return found
-    for path in folder.glob("rank*.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        found[int(record["rank"])] = record
-    return found
-
-
 def signal_name(code: int) -> str:
     try:
         return signal.Signals(code).name
@@ -172,7 +110,10 @@ class Report:
         return "\n".join(self.lines)
 
 
-def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = None,
+Records = Mapping[int, Union[RankStatus, dict]]     # a dict: a record as JSON has it (tests, tools)
+
+
+def root_cause(status: Records, exit_codes: Optional[Dict[int, int]] = None,
                launcher_code: int = 1, logs: Optional[Dict[int, str]] = None,
                exits: Optional[Sequence[Exit]] = None, machines: Machines = ONE_MACHINE) -> Report:
     """Name the rank whose failure ended the job, from status records and exits (all by
@@ -190,35 +131,35 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     one line it printed, with its code 2 (_refused).
 
     Example:
-        root_cause({0: {"state": "stopped", ...}, 1: {"state": "failed", ...}}).code  # 1
+        root_cause({0: RankStatus(0, state="stopped", ...), 1: RankStatus(1, state="failed", ...)}).code  # 1
     """
+    status = {rank: RankStatus.of(record) for rank, record in status.items()}
     logs = logs or {}
     if exits is not None:
         exit_codes = {e.rank: e.code for e in exits}
     exit_codes = exit_codes or {}
-    preempted = all(r.get("state") == "preempted" for r in status.values()) if status else \
+    preempted = all(r.state == PREEMPTED for r in status.values()) if status else \
         bool(exit_codes) and all(c == errors.EXIT_PREEMPTED for c in exit_codes.values())
     if preempted:
         return Report(errors.EXIT_PREEMPTED, [
             "paddle_dist: the job stopped on request after saving a checkpoint "
             f"(exit {errors.EXIT_PREEMPTED})"])
-    diverged = sorted((r for r in status.values() if r.get("state") == "diverged"),
-                      key=lambda r: r.get("time", 0))
+    diverged = _earliest(r for r in status.values() if r.state == DIVERGED)
     if diverged:
+        why = diverged[0].error if diverged[0].error is not None else "the ranks diverged"
         return Report(errors.EXIT_DIVERGED, [f"paddle_dist: job failed (exit {errors.EXIT_DIVERGED}). "
-                                             f"Root cause: {diverged[0].get('error', 'the ranks diverged')}"],
-                      diverged=True)
+                                             f"Root cause: {why}"], diverged=True)
     breach = _breach(status, exit_codes, exits, logs, machines)
     if breach is not None:
         return breach
-    bad = sorted((r for r in status.values() if r.get("state") in ENDED_BADLY),
-                 key=lambda r: r.get("time", 0))
+    bad = _earliest(r for r in status.values() if r.state in ENDED_BADLY)
     if bad:
         cause = bad[0]
-        refusal = _refused(cause, logs) if cause["state"] == "refused" else None
+        refusal = _refused(cause, logs) if cause.state == REFUSED else None
         if refusal is not None:
             return refusal
-        code = errors.EXIT_HANG if cause["state"] == "hung" else cause.get("exit_code", 1)
+        code = errors.EXIT_HANG if cause.state == HUNG else \
+            (cause.exit_code if cause.exit_code is not None else 1)
         return _report(cause, code, _describe(cause, machines), status, exit_codes, logs, machines)
     elsewhere = _elsewhere(status, exit_codes, machines)
     if elsewhere is not None:
@@ -226,7 +167,7 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
     silent = _died_silently(status, exit_codes, exits, machines)
     if silent is not None:
         rank, code = silent
-        record = status.get(rank, {"rank": rank})
+        record = status.get(rank) or RankStatus(rank)
         refusal = _refused(record, logs) if code == errors.EXIT_USAGE else None
         if refusal is not None:
             return refusal
@@ -242,39 +183,50 @@ def root_cause(status: Dict[int, dict], exit_codes: Optional[Dict[int, int]] = N
                                   "reported its state; see the launcher's logs"])
 
 
-def _refused(record: dict, logs: Dict[int, str]) -> Optional[Report]:
+def _earliest(records) -> List[RankStatus]:
+    """`records` by the time each was written, the earliest first (no time: first of all)."""
+    return sorted(records, key=lambda r: r.time or 0)
+
+
+def _state_of(status: Dict[int, RankStatus], rank: int) -> Optional[str]:
+    """Rank `rank`'s recorded state (None: it has no record)."""
+    record = status.get(rank)
+    return record.state if record is not None else None
+
+
+def _refused(record: RankStatus, logs: Dict[int, str]) -> Optional[Report]:
     """The report of a rank that refused its input (exit 2): the one line it printed
     (errors.REFUSAL_LINE, in its output), else its record's error; None when it said
     neither (a script's own sys.exit(2) or argparse error: its last lines say more). No
     command follows it (with_resume): run as it was, the job would fail the same way.
 
     Example:
-        _refused({"rank": 0, "state": "refused", "error": "unknown config key 'a.b'"}, {}).text
+        _refused(RankStatus(0, state="refused", error="unknown config key 'a.b'"), {}).text
         # "paddle_dist: error: unknown config key 'a.b'"
     """
-    output = logs.get(record.get("rank"))
+    output = logs.get(record.rank)
     said = [line[line.index(REFUSAL_LINE):] for line in (tail_lines(output, 20) if output else [])
             if REFUSAL_LINE in line]
     if said:
         return Report(errors.EXIT_USAGE, [said[-1]])
-    if record.get("state") == "refused" and record.get("error"):
-        return Report(errors.EXIT_USAGE, [f"{REFUSAL_LINE}{record['error']}"])
+    if record.state == REFUSED and record.error:
+        return Report(errors.EXIT_USAGE, [f"{REFUSAL_LINE}{record.error}"])
     return None
 
 
-def _breach(status: Dict[int, dict], exit_codes: Dict[int, int], exits: Optional[Sequence[Exit]],
+def _breach(status: Dict[int, RankStatus], exit_codes: Dict[int, int], exits: Optional[Sequence[Exit]],
             logs: Dict[int, str], machines: Machines) -> Optional[Report]:
     """A rank that ended with the security code (attest.SecurityError, exit 6) is the root
     cause, ahead of whatever failed after it (the gloo errors of ranks that went on): the
     first such rank the launcher saw end, with the line it printed."""
     ranks = {r for r, code in exit_codes.items() if exit_code_of(code) == errors.EXIT_SECURITY}
-    ranks |= {r for r, record in status.items() if record.get("exit_code") == errors.EXIT_SECURITY}
+    ranks |= {r for r, record in status.items() if record.exit_code == errors.EXIT_SECURITY}
     if not ranks:
         return None
     seen = [e.rank for e in sorted(exits or (), key=lambda e: e.at) if e.rank in ranks]
     rank = (seen or sorted(ranks))[0]
-    record = status.get(rank, {"rank": rank})
-    output = logs.get(rank) or record.get("log")
+    record = status.get(rank) or RankStatus(rank)
+    output = logs.get(rank) or record.log
     said = [line.split(attest.SECURITY_LINE, 1)[1] for line in (tail_lines(output, 20) if output else [])
             if attest.SECURITY_LINE in line]
     headline = f"{machines.name(rank, record)} " + (f"found a breach: {said[-1]}" if said else
@@ -282,43 +234,42 @@ def _breach(status: Dict[int, dict], exit_codes: Dict[int, int], exits: Optional
     return _report(record, errors.EXIT_SECURITY, headline, status, exit_codes, logs, machines)
 
 
-def _died_silently(status: Dict[int, dict], exit_codes: Dict[int, int],
+def _died_silently(status: Dict[int, RankStatus], exit_codes: Dict[int, int],
                    exits: Optional[Sequence[Exit]] = None, machines: Machines = ONE_MACHINE):
     """(rank, exit code or None) of a rank that ended without recording why: the first
     to fail by `exits` when the launcher saw them, else the lowest rank."""
     if exits is not None:
-        unrecorded = [e for e in exits if status.get(e.rank, {}).get("state") in (None, "running")]
+        unrecorded = [e for e in exits if _state_of(status, e.rank) in (None, RUNNING)]
         first = first_failure(unrecorded)
         if first is not None:
             return first.rank, first.code
         exit_codes = {}     # every failure here was caused by the launcher
     for rank, code in sorted(exit_codes.items()):
-        state = status.get(rank, {}).get("state")
-        if code != 0 and state in (None, "running"):
+        if code != 0 and _state_of(status, rank) in (None, RUNNING):
             return rank, code
     for rank, record in sorted(status.items()):
-        if record.get("state") == "running" and machines.is_here(record) and not pid_alive(record.get("pid")):
+        if record.state == RUNNING and machines.is_here(record) and not pid_alive(record.pid):
             return rank, None
     return None
 
 
-def _elsewhere(status: Dict[int, dict], exit_codes: Dict[int, int],
+def _elsewhere(status: Dict[int, RankStatus], exit_codes: Dict[int, int],
                machines: Machines) -> Optional[Report]:
     """On several machines, when no rank here failed by itself but ranks here stopped
     because a peer failed (every rank, or the first ones Paddle's launcher saw end: it
     stops the others itself): the machine(s) where the cause must be (the one whose address
     gloo's messages name, else every other one). Only that machine's report can say which
     rank failed and why: this one says where to look."""
-    def by_peer(record: dict) -> bool:
-        return record.get("state") == "stopped" and record.get("exit_code") == errors.EXIT_PEER
+    def by_peer(record: RankStatus) -> bool:
+        return record.state == STOPPED and record.exit_code == errors.EXIT_PEER
     if not machines.several or not any(by_peer(r) for r in status.values()):
         return None
     first_seen = exit_codes and all(code == errors.EXIT_PEER for code in exit_codes.values())
     if not first_seen and not all(by_peer(r) for r in status.values()):
         return None
-    messages = [r.get("error", "") for _, r in sorted(status.items()) if r.get("error")]
+    messages = [r.error for _, r in sorted(status.items()) if r.error]
     died = {int(r) for error in messages for r in DIED_HERE.findall(error)}
-    if any(status.get(r, {}).get("state") in (None, "running") for r in died & set(status)):
+    if any(_state_of(status, r) in (None, RUNNING) for r in died & set(status)):
         return None         # the shared-memory exchange saw a rank of this machine die unrecorded
     named = {address for error in messages for address in PEER_ADDRESS.findall(error)}
     meeting = machines.meeting
@@ -344,103 +295,42 @@ def _elsewhere(status: Dict[int, dict], exit_codes: Dict[int, int],
     return Report(errors.EXIT_PEER, lines)
 
 
-def pid_alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _describe(record: RankStatus, machines: Machines = ONE_MACHINE) -> str:
+    if record.state == HUNG:
+        return record.message if record.message is not None else f"{machines.name(record.rank, record)} hung"
+    error_type = record.error_type if record.error_type is not None else "an error"
+    return f"{machines.name(record.rank, record)} raised {error_type}: {record.error or ''}"
 
 
-def _describe(record: dict, machines: Machines = ONE_MACHINE) -> str:
-    if record["state"] == "hung":
-        return record.get("message", f"{machines.name(record['rank'], record)} hung")
-    return (f"{machines.name(record['rank'], record)} raised {record.get('error_type', 'an error')}: "
-            f"{record.get('error', '')}")
-
-
-def _report(cause: dict, code: int, headline: str, status: Dict[int, dict],
+def _report(cause: RankStatus, code: int, headline: str, status: Dict[int, RankStatus],
             exit_codes: Dict[int, int], logs: Dict[int, str], machines: Machines = ONE_MACHINE) -> Report:
-    rank = cause.get("rank")
+    rank = cause.rank
     lines = [f"paddle_dist: job failed (exit {code}). Root cause: {headline}"]
-    where = [f"last heartbeat at step {cause['step']}" if "step" in cause else "",
-             f"pid {cause['pid']}" if cause.get("pid") else "",
-             f"host {cause['host']}" if cause.get("host") else ""]
+    where = [f"last heartbeat at step {cause.step}" if cause.step is not None else "",
+             f"pid {cause.pid}" if cause.pid else "",
+             f"host {cause.host}" if cause.host else ""]
     if any(where):
         lines.append("  " + ", ".join(w for w in where if w))
-    lines += [f"  log: {log}" for log in (cause.get("log"), logs.get(rank)) if log]
-    title, trace = innermost(cause.get("traceback", ""), 6)
+    lines += [f"  log: {log}" for log in (cause.log, logs.get(rank)) if log]
+    title, trace = innermost(cause.traceback or "", 6)
     if trace:
         lines.append(f"  {title}:")
         lines += [f"  | {line}" for line in trace]
     else:   # no traceback recorded (killed, or not a paddle_dist rank): its last output
-        output = logs.get(rank) or cause.get("log")
+        output = logs.get(rank) or cause.log
         lines += [f"  | {line}" for line in tail_lines(output, 6)] if output else []
     others = sorted((set(status) | set(exit_codes)) - {rank})
     if others:
         lines.append("  stopped as a consequence: " + ", ".join(
-            machines.name(r, status.get(r), _ending(status.get(r, {}), exit_codes.get(r))) for r in others))
+            machines.name(r, status.get(r), _ending(status.get(r), exit_codes.get(r))) for r in others))
     return Report(code, lines)
 
 
-def innermost(text: str, count: int):
-    """(title, lines): the `count` innermost lines of a Python traceback (innermost last),
-    or of a stack that faulthandler dumped (innermost first: the current thread's, which
-    is the one that was stuck; a hang's stack is such a dump).
-
-    Example:
-        innermost("Current thread 0x7f (most recent call first):\n  File ...", 6)[0]
-        # 'stack (innermost first)'
-    """
-    lines = [line for line in text.splitlines() if line.strip()]
-    heads = [i for i, line in enumerate(lines) if line.endswith("(most recent call first):")]
-    if not heads:
-        return "traceback (last lines)", lines[-count:]
-    current = [i for i in heads if lines[i].startswith("Current thread")] or heads
-    start = current[0] + 1
-    end = next((i for i in heads if i > current[0]), len(lines))
-    return "stack (innermost first)", lines[start:min(end, start + count)]
-
-
-def _ending(record: dict, code: Optional[int]) -> str:
+def _ending(record: Optional[RankStatus], code: Optional[int]) -> str:
     """How a rank stopped as a consequence ended, when it says more than its status."""
-    if record.get("state") in ("stopped", "preempted") or code in (None, 0, errors.EXIT_PEER):
+    if (record is not None and record.state in (STOPPED, PREEMPTED)) or code in (None, 0, errors.EXIT_PEER):
         return ""
     return how_it_ended(code)
-
-
-def is_noise(line: str) -> bool:
-    """Paddle's lines that tell a user nothing: the "Modified FLAGS detected" banner (its
-    rule lines and FLAGS(...) entries) and glog INFO lines (I1125 05:44:38.1 ...)."""
-    text = line.strip()
-    return (text.startswith("=====") or text.startswith("FLAGS(name=")
-            or (len(text) > 5 and text[0] == "I" and text[1:5].isdigit()))
-
-
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
-
-
-def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
-    """The last `count` lines of a text file that are not noise ([] when it cannot be
-    read). When the first exception line among the last `reach` lines is not in them (a
-    process's threads left several tracebacks, the cause's first), it comes first.
-
-    Example:
-        tail_lines("log/workerlog.1", 6)
-        # ['SystemError: (Fatal) DataLoader process (pid 10144) exited is killed ...', ..., 'KeyError: 9']
-    """
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    kept = [line for line in lines if not is_noise(line)]
-    tail = kept[-count:]
-    first = next((line for line in kept[-reach:] if EXCEPTION_LINE.match(line)), None)
-    return ([first] if first is not None and first not in tail else []) + tail
 
 
 def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
@@ -449,8 +339,8 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
     rank's record, then print the root cause."""
     deadline = time.monotonic() + wait_s
     while True:
-        status = read_status(run_dir)
-        settled = any(r.get("state") in ENDED_BADLY for r in status.values()) or \
+        status = read_all(run_dir)
+        settled = any(r.state in ENDED_BADLY for r in status.values()) or \
             _died_silently(status, {}) is not None
         if settled or time.monotonic() > deadline:
             break
@@ -469,7 +359,7 @@ def _after_divergence(run_dir: Optional[Path]) -> str:
 
 
 def with_resume(report: Report, run_dir: Optional[Path], rerun: Sequence[str] = ()) -> Report:
-    """`report` ending with the exact command that continues the run (rundir.resume_command),
+    """`report` ending with the exact command that continues the run (commands.resume_command),
     when the job can be continued and the command is known; otherwise, when given, with
     `rerun`, the command that runs the job again (a user's script that keeps no run). A
     job that failed on its input (exit 2: a refused record, a typo in the script's config)
@@ -485,7 +375,7 @@ def with_resume(report: Report, run_dir: Optional[Path], rerun: Sequence[str] = 
     if report.diverged:          # never continued, nor run again as it was
         report.lines.append(_after_divergence(run_dir))
         return report
-    command = rundir.resume_command(run_dir) if run_dir else ""
+    command = resume_command(run_dir) if run_dir else ""
     if command:
         report.lines.append(f"paddle_dist: to continue this run, run: {command}")
     elif rerun:

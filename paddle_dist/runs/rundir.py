@@ -21,7 +21,7 @@ the run with an flock on `<run>/.lock` until it exits, and chooses while holding
 `<output.root>/.lock`: two jobs started at the same time never share a run directory.
 
 Example:
-    choice = choose(cfg, world_size=2, command=invoking_command())
+    choice = choose(cfg, world_size=2, command=commands.invoking_command())
     choice.path, choice.note     # runs/mnist_lenet-20261123-061500, "continuing ..." or ""
 """
 
@@ -30,18 +30,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shlex
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
 from ..security import private
 from ..config import config_hash, evaluates_only
 from ..errors import UserError
-from ..procfs import cmdline, parent_of
+from . import status
 
 RUN_FILE = "run.json"
 LOCK = ".lock"
@@ -238,13 +235,10 @@ def diverged(path: Path) -> str:
         diverged(Path("runs/mnist_lenet-20261123-061500"))
         # "the ranks' weights differ at step 12: 'fc.weight' is one value on rank 0 and ..."
     """
-    for record in sorted((Path(path) / "status").glob("rank*.json")):
-        try:
-            info = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict) and info.get("state") == "diverged":
-            return str(info.get("error") or "the ranks' weights differ")
+    for file in status.files(path):
+        record = status.read(file)
+        if record is not None and record.state == status.DIVERGED:
+            return str(record.error or "the ranks' weights differ")
     return ""
 
 
@@ -266,10 +260,10 @@ def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
     own ranks' records, never another machine's on shared storage)."""
     if ranks is not None:
         for rank in ranks:
-            (Path(path) / "status" / f"rank{rank}.json").unlink(missing_ok=True)
+            status.path_of(path, rank).unlink(missing_ok=True)
         return
-    for record in (Path(path) / "status").glob("rank*.json"):
-        record.unlink(missing_ok=True)
+    for file in status.files(path):
+        file.unlink(missing_ok=True)
 
 
 def node_run_dir(cfg, name: str) -> Path:
@@ -312,108 +306,6 @@ def _record(path: Path, identity: dict, command: Sequence[str], continues: bool)
     tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, path / RUN_FILE)
-
-
-def resume_command(path: Path) -> str:
-    """The exact command that continues run `path` ("" when unknown, or when the run
-    diverged: it is never continued): the command that started it, when that finds the
-    run again by itself; otherwise that command naming the run (`-o output.run_dir=...`)
-    and, when there is a checkpoint, resuming from it.
-
-    Example:
-        resume_command(Path("runs/mnist_lenet-20261123-061500"))   # 'python train.py -o dist.nprocs=2'
-    """
-    info = read_run(path)
-    command = [str(word) for word in info.get("command", [])]
-    if not command or diverged(path):
-        return ""
-    if not info.get("same_command_continues"):
-        command = drop_overrides(command, ("output.run_dir", "checkpoint.resume"))
-        command += ["-o", f"output.run_dir={Path(path).resolve()}"]
-        if any((Path(path) / "checkpoints").glob("ckpt_*")):
-            command += ["-o", "checkpoint.resume=auto"]
-    return shlex.join(command)
-
-
-def drop_overrides(argv: Sequence[str], keys: Sequence[str]) -> List[str]:
-    """`argv` without the overrides (-o KEY=..., -oKEY=..., --override KEY=...,
-    --override=KEY=...) of `keys`."""
-    kept: List[str] = []
-    i = 0
-    while i < len(argv):
-        word, pair, width = argv[i], None, 1
-        if word in ("-o", "--override") and i + 1 < len(argv):
-            pair, width = argv[i + 1], 2
-        elif word.startswith("--override="):
-            pair = word.split("=", 1)[1]
-        elif word.startswith("-o") and not word.startswith("--") and len(word) > 2:
-            pair = word[2:]
-        if pair is None or pair.split("=", 1)[0].strip() not in keys:
-            kept += argv[i:i + width]
-        i += width
-    return kept
-
-
-def main_module() -> str:
-    """The module this process was started as (`python -m NAME`: "NAME"); "" for a script,
-    `-c` or an interactive interpreter. (sys.argv[0] is then the module's file, which
-    must not be run again as a script: see launcher.python_args.)
-
-    Example:
-        main_module()     # 'paddle_dist.train' under `python -m paddle_dist.train`
-    """
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec.name if spec is not None else ""
-
-
-def own_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
-    """This process's command line as a shell would run it: `python train.py -o ...`, or
-    `python -m paddle_dist.train -o ...` for `module`. Without `argv`: this process's
-    own (sys.argv and main_module()).
-
-    Example:
-        own_command(["/x/paddle_dist/train.py", "-o", "a=1"], "paddle_dist.train")
-        # ['python', '-m', 'paddle_dist.train', '-o', 'a=1']
-    """
-    if argv is None:
-        argv, module = sys.argv, main_module()
-    argv = list(argv)
-    if module:
-        return [_python(), "-m", module] + argv[1:]
-    return [_python()] + argv if argv and argv[0].endswith(".py") else argv
-
-
-def invoking_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:
-    """The command line that started this job: under launchers that run the script (or
-    `-m module`) on each rank (paddle.distributed.launch, mpirun, paddle_dist.launch), the
-    outermost of the parent processes, one above the other, whose commands name this
-    script (or module); else this process's own (own_command). Without `argv`: this
-    process's own (sys.argv and main_module())."""
-    if argv is None:
-        argv, module = sys.argv, main_module()
-    argv = list(argv)
-    script = os.path.basename(argv[0]) if argv else ""
-
-    def names_it(words: List[str]) -> bool:
-        return module in words if module else any(os.path.basename(w) == script for w in words)
-
-    found: List[str] = []
-    pid = os.getppid()
-    for _ in range(4):
-        words = cmdline(pid) if pid > 1 and (module or script.endswith(".py")) else []
-        if not names_it(words):
-            break
-        found, pid = words, parent_of(pid)
-    return found or own_command(argv, module)
-
-
-def _python() -> str:
-    """How this interpreter is named on the command line: `python` or `python3` when that
-    finds it on PATH, else its full path."""
-    for name in ("python", "python3"):
-        if shutil.which(name) == sys.executable:
-            return name
-    return sys.executable
 
 
 # ------------------------------------------------------------------ locks

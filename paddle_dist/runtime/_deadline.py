@@ -28,7 +28,6 @@ died). The rank starts them in a process group of their own, so a terminal's Ctr
 starting.
 """
 
-import json
 import mmap
 import os
 import select
@@ -39,11 +38,14 @@ import time
 
 try:
     from . import gloocheck, watchdog
-except ImportError:            # run as a script: its folder is on sys.path, and what gloocheck imports
-    PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # sits above it
-    sys.path[1:1] = [PACKAGE, os.path.join(PACKAGE, "security")]
+    from ..runs.status import FAILED, HUNG, RankStatus
+except ImportError:            # run as a script: its folder is on sys.path; what gloocheck imports sits
+    PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # above it, and the
+    sys.path[1:1] = [PACKAGE, os.path.join(PACKAGE, "security"),              # record's type in runs/
+                     os.path.join(PACKAGE, "runs")]
     import gloocheck
     import watchdog
+    from status import FAILED, HUNG, RankStatus
 
 EXIT_RENDEZVOUS = 3
 EXIT_SECURITY = 6              # errors.EXIT_SECURITY
@@ -67,9 +69,8 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
         sys.stderr.write(f"paddle_dist: {message}\n")
     sys.stderr.flush()
     if status_file:
-        _record(status_file, {"rank": int(rank), "pid": pid, "host": socket.gethostname(),
-                              "state": "failed", "step": 0, "time": time.time(),
-                              "error_type": kind, "error": error, "exit_code": code})
+        RankStatus(int(rank), pid=pid, host=socket.gethostname(), state=FAILED, step=0, time=time.time(),
+                   error_type=kind, error=error, exit_code=code).write(status_file)
     _end(pid)
     return 0
 
@@ -142,10 +143,9 @@ def _stop_hung(pid: int, beat, message: str, status_file: str, stack_fd: int, lo
     """Record and print why the job is hung, with this rank's stack, and SIGKILL the rank."""
     stack = "" if beat.state in watchdog.STOPPED_STATES else _stack_of(pid, stack_fd)
     if status_file:
-        _record(status_file, {"rank": beat.rank, "pid": pid, "host": socket.gethostname(),
-                              "state": "hung", "step": beat.step, "epoch": beat.epoch, "phase": "train",
-                              "collective": beat.kind, "time": time.time(), "log": log,
-                              "message": message, "traceback": stack[-4000:]})
+        RankStatus(beat.rank, pid=pid, host=socket.gethostname(), state=HUNG, step=beat.step, epoch=beat.epoch,
+                   phase="train", collective=beat.kind, time=time.time(), log=log, message=message,
+                   traceback=stack[-4000:]).write(status_file)
     sys.stderr.write(f"paddle_dist: {message}; stopping rank {beat.rank}\n{stack}")
     sys.stderr.flush()
     os.kill(pid, signal.SIGKILL)
@@ -181,15 +181,6 @@ def _size(fd: int) -> int:
         return os.fstat(fd).st_size
     except OSError:
         return 0
-
-
-def _record(status_file: str, record: dict) -> None:
-    """Write a rank status record (faults.Monitor's format) atomically."""
-    os.makedirs(os.path.dirname(status_file), exist_ok=True)
-    tmp = f"{status_file}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, status_file)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """What each rank does so that failures are fast, named and survivable.
 
-- A status file per rank, `<run>/status/rank<N>.json`: pid, state (running, done,
-  failed, refused, stopped, hung, preempted, diverged), step, phase, last progress time,
-  and for a failure the exception and its traceback. Launchers read these to name the root
-  cause. "refused" is a rank that ended on a user error (a config, a data sample, a
-  checkpoint: errors.UserError): the run is not offered to be continued as it was.
+- A status file per rank, `<run>/status/rank<N>.json` (runs/status.py, RankStatus): pid,
+  state (running, done, failed, refused, stopped, hung, preempted, diverged), step, phase,
+  last progress time, and for a failure the exception and its traceback. Launchers read
+  these to name the root cause. "refused" is a rank that ended on a user error (a config,
+  a data sample, a checkpoint: errors.UserError): the run is not offered to be continued
+  as it was.
 - A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
   seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
   in another collective than the rest: hangs.judge) has its stack logged and recorded, and
@@ -17,13 +18,8 @@
   report EXIT_RENDEZVOUS).
 - SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
   step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
-- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above:
-  raise, exit (code 1), kill (SIGKILL), hang (stall in training code), nativehang (stall
-  in a C call that holds the GIL), slowsave (the checkpoint of that step takes
-  SLOW_SAVE_S longer to write), slow (SLOW_STEPS steps from STEP take SLOW_STEP_S longer
-  each, with progress: slow but alive), perturb (PERTURBATION is added to the first
-  trainable parameter of that rank's model: its weights then differ from its peers', which
-  the ranks' weights check must catch, trainer/agreement.py).
+- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above
+  (inject.py): step(), save_delay() and perturb() act on it.
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
@@ -36,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
-import json
 import mmap
 import os
 import signal
@@ -44,22 +39,18 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
-from ..errors import EXIT_FAILED, EXIT_RENDEZVOUS, exit_code_of
-
+from ..errors import EXIT_RENDEZVOUS, exit_code_of
+from ..runs import status
 from ..security import auth, private
 from . import watchdog as hangs
+from .inject import Injector
 
 GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
-SLOW_SAVE_S = 35.0       # longer than that
-SLOW_STEP_S = 5.0        # the injected slow steps: each this much longer,
-SLOW_STEPS = 3           # this many of them
-PERTURBATION = 1e-3      # the injected perturb: added to one parameter of one rank
 
 
 def stop_watchdog(watchdog: subprocess.Popen) -> None:
@@ -72,14 +63,6 @@ def stop_watchdog(watchdog: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         watchdog.stdin.close()
     watchdog.wait()
-
-
-def parse_fault(spec: str):
-    """'raise:1:5' -> ('raise', 1, 5): rank 1 raises after its 5th step. '' -> None."""
-    if not spec:
-        return None
-    kind, rank, step = spec.split(":")
-    return kind, int(rank), int(step)
 
 
 def stop_signals():
@@ -138,9 +121,9 @@ class Monitor:
 
     def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
         self.env, self.hang_timeout = env, hang_timeout
-        self.path = Path(run_dir) / "status" / f"rank{env.global_rank}.json" if run_dir else None
+        self.path = status.path_of(run_dir, env.global_rank) if run_dir else None
         self.log_path = str(Path(run_dir) / "logs" / f"rank{env.global_rank}.log") if run_dir else ""
-        self.fault = parse_fault(fault)
+        self.injector = Injector(fault, env.global_rank)
         self.step_no, self.epoch, self.phase_name = 0, 0, "setup"
         self.last_progress = time.monotonic()
         self.stop_asked = False
@@ -158,7 +141,7 @@ class Monitor:
         """Install signal handlers and the hang watchdog for the duration of training."""
         old = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals()}
         self.phase_name = "train"
-        self._write("running", force=True)
+        self._write(status.RUNNING, force=True)
         watchdog = self._start_watchdog() if self.hang_timeout else None
         try:
             yield self
@@ -218,32 +201,17 @@ class Monitor:
         progress): progress for the watchdog, then any injected fault."""
         self.step_no, self.epoch = step, epoch + 1    # 1-based, as the console prints it
         self._beat()
-        self._write("running")
-        if self._fault_due(step) and self.fault[2] == step:
-            self._inject(self.fault[0])
-        if self._fault_due(step) and self.fault[0] == "slow" and step < self.fault[2] + SLOW_STEPS:
-            self._slow_step()
-
-    def _fault_due(self, step: int) -> bool:
-        return bool(self.fault) and self.fault[1] == self.env.global_rank and step >= self.fault[2]
+        self._write(status.RUNNING)
+        self.injector.after_step(step, self._beat)
 
     def save_delay(self, step: int) -> Optional[Callable[[], None]]:
-        """The injected slow save, for the checkpoint of exactly that step."""
-        if self._fault_due(step) and self.fault[0] == "slowsave" and step == self.fault[2]:
-            return lambda: time.sleep(SLOW_SAVE_S)
-        return None
+        """The injected slow save, for the checkpoint of exactly that step (inject.py)."""
+        return self.injector.save_delay(step)
 
     def perturb(self, model, step: int) -> None:
-        """The injected perturb, after optimizer step `step`: PERTURBATION added to the
-        first trainable parameter of this rank's `model`, so that its weights differ from
-        its peers' from then on (the gradients stay averaged: the difference stays)."""
-        if not (self._fault_due(step) and self.fault[0] == "perturb" and step == self.fault[2]):
-            return
-        import paddle
-
-        param = next(p for p in model.parameters() if not p.stop_gradient)
-        with paddle.no_grad():
-            param.set_value(param + PERTURBATION)
+        """The injected perturb, after optimizer step `step` (inject.py): this rank's
+        weights then differ from its peers'."""
+        self.injector.perturb(model, step)
 
     def beat(self) -> None:
         """Progress that is not an optimizer step (an evaluation batch)."""
@@ -270,29 +238,6 @@ class Monitor:
                 self._last_collective, self._collective = self._collective, ()
             self._beat()
 
-    def _inject(self, kind: str) -> None:
-        if kind == "raise":
-            raise RuntimeError(f"injected fault: rank {self.env.global_rank} raises at step {self.step_no}")
-        if kind == "exit":
-            os._exit(EXIT_FAILED)
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "hang":
-            threading.Event().wait()   # a stall in user code: no progress, no collective
-        if kind == "nativehang":       # a C call that never returns and keeps the GIL
-            libc = ctypes.PyDLL(None)
-            while True:
-                libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
-        # slowsave acts in save_delay(); slow in step()
-
-    def _slow_step(self) -> None:
-        """SLOW_STEP_S more for this step, with progress all along: a rank slower than its
-        peers but alive (its evaluation batches, say), which must not be called hung."""
-        end = time.monotonic() + SLOW_STEP_S
-        while time.monotonic() < end:
-            time.sleep(0.25)
-            self._beat()
-
     # ------------------------------------------------------------ outcomes
     def finish(self, state: str, error: Optional[BaseException] = None, message: str = "",
                **extra: Any) -> None:
@@ -306,9 +251,9 @@ class Monitor:
                     "traceback": "".join(traceback.format_exception(error))[-4000:]}
         if message:
             info["message"] = message
-        held_up = self._held_up_by(error) if state == "stopped" else None
+        held_up = self._held_up_by(error) if state == status.STOPPED else None
         if held_up:          # the root cause as this rank saw it: nobody's watchdog had fired
-            state, info["message"] = "hung", held_up
+            state, info["message"] = status.HUNG, held_up
         self._write(state, force=True, **info)
 
     def _held_up_by(self, error: Optional[BaseException]) -> str:
@@ -339,15 +284,10 @@ class Monitor:
         if not force and now - self._written < 1.0:   # progress: at most once a second
             return
         self._written = now
-        record: Dict[str, Any] = {"rank": self.env.global_rank, "local_rank": self.env.local_rank,
-                                  "host": socket.gethostname(), "pid": os.getpid(), "state": state,
-                                  "step": self.step_no, "epoch": self.epoch, "phase": self.phase_name,
-                                  "time": now, "log": self.log_path}
-        record.update(extra)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path)
+        status.RankStatus.make(rank=self.env.global_rank, local_rank=self.env.local_rank,
+                               host=socket.gethostname(), pid=os.getpid(), state=state, step=self.step_no,
+                               epoch=self.epoch, phase=self.phase_name, time=now, log=self.log_path,
+                               **extra).write(self.path)
 
 
 @contextlib.contextmanager

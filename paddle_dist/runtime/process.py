@@ -23,10 +23,10 @@ import paddle
 import paddle.distributed as dist
 
 from .. import compat
-from . import env as envlib
+from . import env as envlib, protocol, variables as varlib
 from ..security import attest, auth
 from . import monitor, gloocheck, netcheck
-from ..runs import rundir
+from ..runs import commands, rundir
 from ..launch import supervisor
 from ..sync.collectives import PeerFailure, first_line
 from ..errors import UserError
@@ -49,17 +49,17 @@ def setup(cfg) -> envlib.DistEnv:
             supervisor.die_with_parent()
         elif env.launcher in ("paddle_launch", "spawn"):
             supervisor.die_with_parent(signal.SIGTERM)
-        envlib.prepare_process_group(env, cfg.dist.nccl)
+        varlib.prepare_process_group(env, cfg.dist.nccl)
         _check_network(env, cfg)
         paddle.set_device(env.device)
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).
-            store = "{}:{}".format(*envlib.store_endpoint())
+            store = "{}:{}".format(*varlib.store_endpoint())
             with quiet_paddle(), monitor.deadline(cfg.dist.rendezvous_timeout, _lost(env, cfg),
                                                  _status_file(env, cfg), env.global_rank, store, env.world_size):
                 if env.global_rank != 0:
-                    wait_for_store(*envlib.store_endpoint())
+                    wait_for_store(*varlib.store_endpoint())
                 try:
                     dist.init_parallel_env()
                 except Exception:
@@ -91,7 +91,7 @@ def wait_for_store(host: str, port: int) -> None:
 def _name_outsiders(env) -> None:
     """The process group failed to form: when something outside the job took part in
     gloo's connections here (gloocheck.py), end the rank for that (exit 6), in one line."""
-    host, port = envlib.store_endpoint()
+    host, port = varlib.store_endpoint()
     try:
         seen = gloocheck.outsiders(host, port, env.world_size, env.global_rank)
     except Exception:        # noqa: BLE001  (never hide Paddle's own error behind the check's)
@@ -109,7 +109,7 @@ def _attest(env, cfg) -> None:
     token_file = env.token_file or cfg.dist.token_file
     if not token_file:
         return
-    where = "{}:{}".format(*envlib.store_endpoint())
+    where = "{}:{}".format(*varlib.store_endpoint())
     attest.check(where, auth.read_token(token_file), env.job or env.master, env.global_rank,
                  env.world_size, cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout or 300.0)
 
@@ -122,7 +122,7 @@ def _check_network(env, cfg) -> None:
     if not env.is_distributed or not host or host == "localhost" or host.startswith("127."):
         return
     interface = netcheck.check(env.master, cfg.dist.nccl.socket_ifname)
-    envlib.export({"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}, keep_existing=True)
+    varlib.export({"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}, keep_existing=True)
 
 
 def _lost(env, cfg) -> str:
@@ -183,12 +183,12 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     Under `python -m paddle_dist.launch`, rank 0 also tells the launcher where the run is
     (env.run_pointer), for its report and the command that continues the run; so does the
     first rank of every other machine, whose launcher reports from its own ranks' records."""
-    pointer = envlib.run_pointer()
+    pointer = protocol.run_pointer()
     if env.supervised and cfg.output.run_dir and not pointer:     # train.py's launcher chose it
         return rundir.choose(cfg, env.world_size, hold=False, extra=identity).path
 
     def decide() -> str:
-        choice = rundir.choose(cfg, env.world_size, rundir.invoking_command(), extra=identity)
+        choice = rundir.choose(cfg, env.world_size, commands.invoking_command(), extra=identity)
         if choice.note:
             print(f"paddle_dist: {choice.note}", flush=True)
         rundir.point_to(choice.path, pointer)

@@ -1,1 +1,23 @@
-"""sync"""
+"""Gradients between ranks: averaged at every optimizer step, at both API levels.
+
+- grad_sync: `GradSync`, the averaging in the optimizer's step() and minimize(), its modes;
+- checks: the mode a config runs as, the layout every rank must share, what is refused;
+- wiring: the optimizer's class and paddle.DataParallel, its reducer on or off;
+- overlap: buckets sent during backward(); reducers, shm: the CPU transports;
+- collectives: collective calls that fail as a `PeerFailure` and that the watchdog sees.
+
+Example:
+    check_optimizer(optimizer, net, cfg.sync.mode)
+    grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase)
+    agree_on_layout(optimizer, net, env)        # collective, before anything starts
+    grad_sync.attach(optimizer, net)
+    model = wrap(net, env, grad_sync)
+"""
+
+from .checks import agree_on_layout, check_optimizer, resolve_mode
+from .collectives import PeerFailure, collective, first_line
+from .grad_sync import GradSync
+from .wiring import disable_reducer, wrap
+
+__all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "disable_reducer",
+           "first_line", "resolve_mode", "wrap"]

@@ -1,10 +1,11 @@
 """Collective calls that fail as Python exceptions, and that the hang watchdog can see.
 
-The lowest layer of the gradient sync (sync.py, reducers.py and overlap.py use it): a
+The lowest layer of the gradient sync (grad_sync, checks, reducers and overlap use it): a
 collective whose peer died, hung or lost its connection raises `PeerFailure`, which the
 trainer records and the supervisor's report names as a consequence, not a root cause.
-Each one is marked in the rank's heartbeat (its kind, number and size: hangs.py), and so
-are the training code's own calls of paddle.distributed's collectives while `watched()`.
+Each one is marked in the rank's heartbeat (its kind, number and size:
+runtime/watchdog.py), and so are the training code's own calls of paddle.distributed's
+collectives while `watched()`.
 
 Example:
     collective(dist.all_reduce, tensor, phase=monitor.phase, what="all-reduce of metrics")
@@ -21,7 +22,7 @@ from typing import Callable
 
 from ..errors import PeerFailure
 
-# paddle.distributed's collectives, and the kinds their waits are reported as (hangs.py)
+# paddle.distributed's collectives, and the kinds their waits are reported as (runtime/watchdog.py)
 KINDS = {"all_reduce": "all-reduce", "broadcast": "broadcast", "reduce": "reduce",
          "all_gather": "all-gather", "all_gather_object": "all-gather-object", "barrier": "barrier",
          "scatter": "scatter", "reduce_scatter": "reduce-scatter", "alltoall": "all-to-all",
@@ -39,7 +40,7 @@ def collective(fn, *args, phase=None, what: str = "collective", read: Callable =
     """Run a collective call, turning a peer's failure into PeerFailure. `read`: what
     reads its result back on the host (e.g. `tensor.numpy`), run inside the same phase and
     returned: over NCCL the call returns at once and the host waits at the read, so a
-    hang there must count as one in this collective (hangs.py names the ranks by it)."""
+    hang there must count as one in this collective (runtime/watchdog.py names the ranks by it)."""
     kind = KINDS.get(getattr(fn, "__name__", ""), "collective")
     guard = phase("comm", kind, nbytes(args)) if phase else contextlib.nullcontext()
     with guard:

@@ -39,18 +39,20 @@ Modes (config `sync.mode`):
 Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
 hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
 
+Before anything starts, every rank agrees on the layout and the optimizer is checked
+(checks.py); the optimizer's class and paddle.DataParallel are wired in wiring.py.
+
 Example:
     sync = GradSync.from_config(env, cfg.sync, monitor.phase)
-    agree_on_layout(optimizer, net, env)   # before anything starts; collective
+    agree_on_layout(optimizer, net, env)   # before anything starts; collective (checks.py)
     sync.attach(optimizer, net)     # before the first step; collective
-    model = wrap(net, env, sync)    # DataParallel with its reducer off
+    model = wrap(net, env, sync)    # DataParallel with its reducer off (wiring.py)
     ...; optimizer.step(); if sync.stop_requested: ...
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -59,20 +61,15 @@ import paddle
 import paddle.distributed as dist
 
 from . import reducers, shm
+from .checks import resolve_mode, stop_check_interval, trainable
 from .collectives import PeerFailure, collective, first_line
 from ..config import check_compress
 from ..errors import ConfigError
 from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad, sixteen_bit_mean_first)
+from .wiring import install, uninstall
 
-__all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "wrap",
-           "disable_reducer", "layout_mismatch", "resolve_mode", "stop_check_interval"]
+__all__ = ["GradSync"]
 DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
-
-# sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
-# exchange it about once every STOP_CHECK_S seconds (and at most STOP_CHECK_MAX steps
-# apart): an extra collective at every step would cost a small model several percent.
-STOP_CHECK_S = 1.0
-STOP_CHECK_MAX = 1000
 HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 
 
@@ -125,7 +122,7 @@ class GradSync:
         same point, after `agree_on_layout` (and `check_optimizer`, before anything starts)."""
         self.optimizer, self.params = optimizer, trainable(optimizer)
         self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
-        _install(optimizer, self)
+        install(optimizer, self)
         if self.env.is_distributed and self.mode != "dataparallel":
             self._setup(self.params)
 
@@ -172,7 +169,7 @@ class GradSync:
             self.overlap.close()
             self.overlap = None
         if self.optimizer is not None:
-            _uninstall(self.optimizer, self)
+            uninstall(self.optimizer, self)
 
     def _stop_value(self) -> float:
         return 1.0 if self.want_stop() else 0.0
@@ -366,163 +363,3 @@ class GradSync:
     def _all_reduce(self, tensor, what: str, read=None):
         self.calls += 1
         return collective(dist.all_reduce, tensor, phase=self.phase, what=what, read=read)
-
-
-def trainable(optimizer) -> list:
-    """The optimizer's trainable parameters, every parameter group's, each once, in order."""
-    params = optimizer._parameter_list
-    if params and isinstance(params[0], dict):
-        params = [p for group in params for p in group["params"]]
-    seen, out = set(), []
-    for p in params:
-        if not p.stop_gradient and id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
-
-
-def agree_on_layout(optimizer, net, env) -> None:
-    """Before anything starts (collective, one all-gather): the exchange's layout (the
-    optimizer's trainable parameters: names, shapes and dtypes, in order) and `net`'s whole
-    state (what buffer averaging and the weights check exchange) must be the same on every
-    rank; else a ConfigError naming the first parameter that differs and the ranks."""
-    if not env.is_distributed:
-        return
-    names = {id(p): name for name, p in net.named_parameters()}
-
-    def entry(name, tensor):
-        return name, list(tensor.shape), str(tensor.dtype).replace("paddle.", "")
-
-    mine = [[entry(names.get(id(p), p.name), p) for p in trainable(optimizer)],
-            [entry(name, t) for name, t in net.state_dict().items()]]
-    found: list = []
-    collective(dist.all_gather_object, found, mine, what="parameter layout check")
-    for index in (0, 1):
-        problem = layout_mismatch([layouts[index] for layouts in found])
-        if problem:
-            raise ConfigError(f"the ranks' models differ: {problem}; every rank must build the same "
-                              "model and optimizer (a rank-dependent layer, freeze or parameter group?)")
-
-
-def layout_mismatch(layouts: List[list]) -> str:
-    """'' when every rank's list of (name, shape, dtype) is the same; else where the first
-    difference is, naming the parameter and the ranks.
-
-    Example:
-        layout_mismatch([[("w", [2], "float32")], [("w", [3], "float32")]])
-        # "parameter 'w' is [2] float32 on rank 0 but [3] float32 on rank 1"
-    """
-    def text(entry):
-        return f"{entry[1]} {entry[2]}" if entry is not None else "absent"
-
-    for i in range(max(len(layout) for layout in layouts)):
-        entries = [tuple(map(str, layout[i])) if i < len(layout) else None for layout in layouts]
-        if len(set(entries)) > 1:
-            first = entries[0]
-            other = next(r for r, e in enumerate(entries) if e != first)
-            name = (first or entries[other])[0]
-            if first is not None and entries[other] is not None and first[0] != entries[other][0]:
-                return (f"trainable parameter {i} is '{first[0]}' {text(first)} on rank 0 but "
-                        f"'{entries[other][0]}' {text(entries[other])} on rank {other}")
-            return f"parameter '{name}' is {text(first)} on rank 0 but {text(entries[other])} on rank {other}"
-    return ""
-
-
-def check_optimizer(optimizer, net=None, mode: str = "auto") -> None:
-    """Refuse, before anything starts, what this averaging cannot serve exactly."""
-    if isinstance(optimizer, getattr(paddle.optimizer, "LBFGS", ())):
-        raise ConfigError("paddle.optimizer.LBFGS evaluates the loss and its gradients again inside "
-                          "step(closure), which data parallelism cannot average; use another optimizer")
-    if net is None or mode == "dataparallel":
-        return
-    for name, layer in net.named_sublayers(include_self=True):
-        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False):
-            raise ConfigError(f"embedding '{name or type(net).__name__}' has sparse=True: its gradient "
-                              "holds only the looked-up rows, which paddle_dist's exchange does not "
-                              "average; build it with sparse=False, or use sync.mode=dataparallel")
-
-
-@functools.lru_cache(maxsize=None)
-def _synced_class(cls):
-    """`cls` with step() and minimize() that average the gradients first: the class an
-    attached optimizer takes on (named as its own, so it reads the same everywhere)."""
-    def step(self, *args, **kwargs):
-        self._paddle_dist_sync.before_update()
-        return cls.step(self, *args, **kwargs)
-
-    def minimize(self, loss, startup_program=None, parameters=None, no_grad_set=None):
-        self._paddle_dist_sync.before_update()
-        if parameters is None and no_grad_set is None and _grouped(self):
-            # Paddle's minimize() cannot read parameter groups (it hands the list of dicts
-            # to get_all_grads: TypeError), yet paddle.Model.fit calls it: step() can.
-            cls.step(self)
-            return [], [(p, p.grad) for p in trainable(self) if p.grad is not None]
-        return cls.minimize(self, loss, startup_program, parameters, no_grad_set)
-
-    return type(cls.__name__, (cls,), {"step": step, "minimize": minimize, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__, "_paddle_dist_base": cls})
-
-
-def _grouped(optimizer) -> bool:
-    groups = optimizer._param_groups
-    return bool(groups) and isinstance(groups[0], dict)
-
-
-def _install(optimizer, sync: GradSync) -> None:
-    optimizer._paddle_dist_sync = sync
-    base = getattr(type(optimizer), "_paddle_dist_base", type(optimizer))
-    optimizer.__class__ = _synced_class(base)
-
-
-def _uninstall(optimizer, sync: GradSync) -> None:
-    if getattr(optimizer, "_paddle_dist_sync", None) is sync:
-        optimizer.__class__ = type(optimizer)._paddle_dist_base
-        del optimizer._paddle_dist_sync
-
-
-def resolve_mode(mode: str, device: str, compress: str = "none", bucket_mb: float = 0.0,
-                 transport: str = "auto") -> str:
-    """sync.mode as it runs on `device`: `auto` on a GPU is Paddle's own reducer
-    (`dataparallel`), unless an option only paddle_dist's exchange has is set
-    (sync.compress, bucket_mb, transport), which keeps auto's own choice; every other
-    case is unchanged.
-
-    Example:
-        resolve_mode("auto", "gpu:0")                    # 'dataparallel'
-        resolve_mode("auto", "cpu")                      # 'auto' (fused or overlap at attach)
-        resolve_mode("auto", "gpu:0", compress="bf16")   # 'auto'
-    """
-    own_options = compress != "none" or bool(bucket_mb) or transport != "auto"
-    if mode == "auto" and device.startswith("gpu") and not own_options:
-        return "dataparallel"
-    return mode
-
-
-def stop_check_interval(seconds_per_step: float) -> int:
-    """Steps between two stop-flag exchanges: about STOP_CHECK_S seconds' worth."""
-    if seconds_per_step <= 0:
-        return STOP_CHECK_MAX
-    return max(1, min(STOP_CHECK_MAX, round(STOP_CHECK_S / seconds_per_step)))
-
-
-def wrap(net, env, sync: GradSync):
-    """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
-    reducer switched off unless sync.mode=dataparallel, where it also averages the
-    gradients of parameters some rank's batch did not reach (sync.find_unused_parameters);
-    `net` itself on a single process."""
-    if not env.is_distributed:
-        return net
-    if sync.mode == "dataparallel":
-        return paddle.DataParallel(net, find_unused_parameters=sync.find_unused)
-    model = paddle.DataParallel(net)
-    disable_reducer(model)
-    return model
-
-
-def disable_reducer(data_parallel) -> None:
-    """Stop paddle.DataParallel's in-backward all-reduce; GradSync does the averaging.
-
-    (Were this ever ignored by a future Paddle, results stay correct: averaging gradients
-    that are already equal on every rank leaves them unchanged.)
-    """
-    data_parallel.grad_need_sync = False

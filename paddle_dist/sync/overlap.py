@@ -15,7 +15,7 @@ while backward() goes on computing the earlier layers' gradients. The optimizer 
 
 Each bucket carries one presence number per parameter before its gradients (a missing
 gradient travels as zeros): after the exchange, a parameter this rank has no gradient
-for gets the mean when some rank had one (`give_missing`), as sync.py describes.
+for gets the mean when some rank had one (`give_missing`), as grad_sync.py describes.
 
 With gradient accumulation only the group's last backward() is armed (`arm`): the
 micro-batches before it launch nothing, so a group still communicates once. A failed

@@ -19,7 +19,7 @@ from paddle.static import InputSpec
 
 from .amp import install_autocast
 from ..runtime.process import quiet_paddle
-from ..sync.grad_sync import disable_reducer
+from ..sync import disable_reducer
 from .common import Session, to_float, train_loader
 from .feed import Feed
 

@@ -34,7 +34,7 @@ from ..runs import report, rundir
 from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
-from ..sync.grad_sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
+from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,

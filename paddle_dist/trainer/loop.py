@@ -16,7 +16,7 @@ from typing import Callable
 import paddle
 
 from .amp import AmpPlan, autocast
-from ..sync.grad_sync import wrap
+from ..sync import wrap
 from .common import Session, train_loader
 from .feed import Feed
 

@@ -17,7 +17,7 @@ from paddle.optimizer.lr import LRScheduler
 
 from .. import errors
 from .. import config as configlib
-from ..runtime import env as envlib
+from ..runtime import protocol
 from ..runtime import process as runtime
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
@@ -63,7 +63,7 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
     (errors.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
     """
     if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
-        given_path, given = envlib.launch_options()
+        given_path, given = protocol.launch_options()
         cfg = configlib.load(given_path, given, fit_record=True) if given_path \
             else configlib.with_overrides(given)
     else:

@@ -8,7 +8,7 @@ fails before any training, so each job here takes a few seconds.
 
 import pytest
 
-from paddle_dist.runs.report import is_noise
+from paddle_dist.runs.logs import is_noise
 
 from .procs import ROOT, run
 
@@ -18,7 +18,7 @@ LINE = "paddle_dist: error: unknown config key 'train.epoch'; did you mean train
 
 
 def _said(text: str):
-    """The lines of an output that are not Paddle's noise (report.is_noise), nor its
+    """The lines of an output that are not Paddle's noise (logs.is_noise), nor its
     warning that ccache is missing (Paddle 2.6 prints it whatever paddle_dist filters)."""
     return [line for line in text.splitlines()
             if line.strip() and not is_noise(line) and "ccache" not in line and "warnings.warn" not in line]

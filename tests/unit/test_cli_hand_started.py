@@ -4,7 +4,7 @@ what the command line hands the environment layer, without starting a job."""
 import pytest
 
 from paddle_dist.launch import job as cli
-from paddle_dist.runtime import env as envlib
+from paddle_dist.runtime import variables as varlib
 from paddle_dist.errors import UserError
 
 HAND = ["--master", "10.0.0.1:6170", "--world-size", "2", "--rank", "1"]
@@ -14,7 +14,7 @@ HAND = ["--master", "10.0.0.1:6170", "--world-size", "2", "--rank", "1"]
 def exported(monkeypatch):
     """The variables train_main would export (nothing is exported), and no job runs."""
     seen = {}
-    monkeypatch.setattr(envlib, "export", lambda variables, keep_existing=False: seen.update(variables) or {})
+    monkeypatch.setattr(varlib, "export", lambda variables, keep_existing=False: seen.update(variables) or {})
     monkeypatch.setattr(cli, "_run_job", lambda cfg, **kwargs: 0)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from paddle_dist import config
-from paddle_dist.config import CONFIG_DIR, Config, dump, from_dict, load, parse_override
+from paddle_dist import config, config_keys
+from paddle_dist.config import CONFIG_DIR, Config, dump, from_dict, load
+from paddle_dist.config_keys import parse_override
 from paddle_dist.errors import ConfigError
 
 BUNDLED = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -39,7 +40,7 @@ def test_keys_not_in_the_file_keep_their_typed_defaults():
 
 
 def test_train_api_and_epochs_keys_exist():
-    keys = config._all_keys()
+    keys = config_keys._all_keys()
     assert "train.api" in keys
     assert "train.epochs" in keys
     cfg = load(overrides=["train.api=hapi", "train.epochs=2"])

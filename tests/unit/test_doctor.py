@@ -25,7 +25,7 @@ from paddle_dist.launch import preflight as pf
 from paddle_dist.config import load
 from paddle_dist.doctor.facts import format_report, mask_credentials, report
 from paddle_dist.launch.preflight import (Problem, bypasses_proxy, interface_problems, port_holder, preflight, proxy_problems, shm_problems)
-from paddle_dist.runtime.env import GpuInfo
+from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.errors import UserError
 
 from tests.conftest import REPO_ROOT

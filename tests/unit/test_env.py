@@ -10,11 +10,13 @@ import re
 
 import pytest
 
-from paddle_dist.runtime import env as envlib
+from paddle_dist.runtime import devices as devicelib, engines, env as envlib, protocol, variables as varlib
 from paddle_dist.config import load
 from paddle_dist.schema import NcclConfig
 from paddle_dist.runtime.engines import first_host, tasks_per_node
-from paddle_dist.runtime.env import (DistEnv, GpuInfo, check_gpus, detect, paddle_variables, parse_gpus)
+from paddle_dist.runtime.devices import GpuInfo, check_gpus, parse_gpus
+from paddle_dist.runtime.env import DistEnv, detect
+from paddle_dist.runtime.variables import paddle_variables
 from paddle_dist.errors import DeviceError, UserError
 
 from tests.conftest import environ_diff
@@ -373,7 +375,7 @@ def test_check_gpus_reads_os_environ_by_default(standalone_process, monkeypatch)
 ])
 def test_visible_gpus(listed, visible):
     environ = {} if listed is None else {"CUDA_VISIBLE_DEVICES": listed}
-    assert envlib.visible_gpus(FOUR_GPUS, environ) == visible
+    assert devicelib.visible_gpus(FOUR_GPUS, environ) == visible
 
 
 # ---------------------------------------------------------------- variables for children
@@ -381,7 +383,7 @@ def test_nccl_variables_maps_every_set_field():
     nccl = NcclConfig(socket_ifname="eth0", ib_hca="mlx5_0,mlx5_1", ib_disable=True,
                       p2p_disable=False, debug="INFO", debug_subsys="INIT,NET",
                       extra={"NCCL_ALGO": "Ring"})
-    assert envlib.nccl_variables(nccl) == {
+    assert varlib.nccl_variables(nccl) == {
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_IB_HCA": "mlx5_0,mlx5_1",
         "NCCL_IB_DISABLE": "1",
@@ -393,45 +395,45 @@ def test_nccl_variables_maps_every_set_field():
 
 
 def test_nccl_variables_omits_unset_fields():
-    assert envlib.nccl_variables(NcclConfig()) == {}
-    assert envlib.nccl_variables(NcclConfig(ib_disable=False)) == {"NCCL_IB_DISABLE": "0"}
-    assert envlib.nccl_variables(NcclConfig(debug="WARN")) == {"NCCL_DEBUG": "WARN"}
+    assert varlib.nccl_variables(NcclConfig()) == {}
+    assert varlib.nccl_variables(NcclConfig(ib_disable=False)) == {"NCCL_IB_DISABLE": "0"}
+    assert varlib.nccl_variables(NcclConfig(debug="WARN")) == {"NCCL_DEBUG": "WARN"}
 
 
 def test_nccl_variables_from_a_loaded_config():
     cfg = load(overrides=["dist.nccl.socket_ifname=^lo,docker", "dist.nccl.ib_disable=true"])
-    assert envlib.nccl_variables(cfg.dist.nccl) == {"NCCL_SOCKET_IFNAME": "^lo,docker",
+    assert varlib.nccl_variables(cfg.dist.nccl) == {"NCCL_SOCKET_IFNAME": "^lo,docker",
                                                     "NCCL_IB_DISABLE": "1"}
 
 
 @pytest.mark.parametrize("cores, nprocs, threads", [(8, 2, "4"), (8, 3, "2"), (3, 4, "1"),
                                                     (1, 1, "1"), (16, 1, "16")])
 def test_worker_variables_shares_cores_between_ranks(cores, nprocs, threads):
-    out = envlib.worker_variables(load().dist.nccl, nprocs, cpu_count=cores, environ={})
+    out = varlib.worker_variables(load().dist.nccl, nprocs, cpu_count=cores, environ={})
     assert out == {"OMP_NUM_THREADS": threads}
 
 
 def test_worker_variables_keeps_the_users_omp_num_threads():
-    out = envlib.worker_variables(load().dist.nccl, 2, cpu_count=8, environ={"OMP_NUM_THREADS": "3"})
+    out = varlib.worker_variables(load().dist.nccl, 2, cpu_count=8, environ={"OMP_NUM_THREADS": "3"})
     assert "OMP_NUM_THREADS" not in out
 
 
 def test_worker_variables_includes_nccl_settings():
     cfg = load(overrides=["dist.nccl.debug=INFO", "dist.nccl.extra={NCCL_ALGO: Tree}"])
-    out = envlib.worker_variables(cfg.dist.nccl, 2, cpu_count=4, environ={})
+    out = varlib.worker_variables(cfg.dist.nccl, 2, cpu_count=4, environ={})
     assert out == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree", "OMP_NUM_THREADS": "2"}
 
 
 def test_worker_variables_shares_cores_when_the_user_did_not_set_omp(environ_before_paddle):
     if "OMP_NUM_THREADS" in environ_before_paddle:
         pytest.skip("OMP_NUM_THREADS was set when the tests started")
-    out = envlib.worker_variables(load().dist.nccl, 2, cpu_count=8)   # the real os.environ
+    out = varlib.worker_variables(load().dist.nccl, 2, cpu_count=8)   # the real os.environ
     assert out.get("OMP_NUM_THREADS") == "4"
 
 
 def test_child_environ_adds_to_ours(monkeypatch):
     monkeypatch.setenv("PADDLE_DIST_TEST_KEEP", "y")
-    child = envlib.child_environ({"PADDLE_DIST_TEST_NEW": "1"})
+    child = varlib.child_environ({"PADDLE_DIST_TEST_NEW": "1"})
     assert child["PADDLE_DIST_TEST_NEW"] == "1"
     assert child["PADDLE_DIST_TEST_KEEP"] == "y"
     assert "PADDLE_DIST_TEST_NEW" not in os.environ
@@ -440,18 +442,18 @@ def test_child_environ_adds_to_ours(monkeypatch):
 def test_child_environ_leaves_out_an_inherited_flags_selected_gpus(monkeypatch):
     # The launcher places its ranks itself; under mpirun they pick their GPU by local rank.
     monkeypatch.setenv("FLAGS_selected_gpus", "0")
-    assert "FLAGS_selected_gpus" not in envlib.child_environ({"PADDLE_DIST_TEST_NEW": "1"})
-    assert envlib.child_environ({"FLAGS_selected_gpus": "1"})["FLAGS_selected_gpus"] == "1"
+    assert "FLAGS_selected_gpus" not in varlib.child_environ({"PADDLE_DIST_TEST_NEW": "1"})
+    assert varlib.child_environ({"FLAGS_selected_gpus": "1"})["FLAGS_selected_gpus"] == "1"
 
 
 def test_export_and_restore_round_trip(monkeypatch):
     monkeypatch.delenv("PADDLE_DIST_TEST_NEW", raising=False)
     monkeypatch.setenv("PADDLE_DIST_TEST_OLD", "before")
-    old = envlib.export({"PADDLE_DIST_TEST_NEW": 3, "PADDLE_DIST_TEST_OLD": "after"})
+    old = varlib.export({"PADDLE_DIST_TEST_NEW": 3, "PADDLE_DIST_TEST_OLD": "after"})
     assert old == {"PADDLE_DIST_TEST_NEW": None, "PADDLE_DIST_TEST_OLD": "before"}
     assert os.environ["PADDLE_DIST_TEST_NEW"] == "3"
     assert os.environ["PADDLE_DIST_TEST_OLD"] == "after"
-    envlib.restore(old)
+    varlib.restore(old)
     assert "PADDLE_DIST_TEST_NEW" not in os.environ
     assert os.environ["PADDLE_DIST_TEST_OLD"] == "before"
 
@@ -477,7 +479,7 @@ def test_prepare_process_group_on_gpu(process_group_variables):
                           "dist.nccl.extra={NCCL_ALGO: Ring}"])
     env = DistEnv(launcher="paddle_launch", global_rank=1, local_rank=1, world_size=2,
                   local_world_size=2, device="gpu:1", backend="nccl")
-    envlib.prepare_process_group(env, cfg.dist.nccl)
+    varlib.prepare_process_group(env, cfg.dist.nccl)
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "nccl"
     assert os.environ["FLAGS_selected_gpus"] == "1"
     assert os.environ["NCCL_SOCKET_IFNAME"] == "eth0"
@@ -488,7 +490,7 @@ def test_prepare_process_group_on_gpu(process_group_variables):
 def test_prepare_process_group_on_cpu(process_group_variables):
     env = DistEnv(launcher="spawn", global_rank=0, world_size=2, local_world_size=2,
                   device="cpu", backend="gloo")
-    envlib.prepare_process_group(env, load().dist.nccl)
+    varlib.prepare_process_group(env, load().dist.nccl)
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "gloo"
     assert "FLAGS_selected_gpus" not in os.environ
     assert "NCCL_SOCKET_IFNAME" not in os.environ
@@ -496,7 +498,7 @@ def test_prepare_process_group_on_cpu(process_group_variables):
 
 def test_prepare_process_group_standalone_sets_nothing(process_group_variables):
     before = dict(os.environ)
-    envlib.prepare_process_group(DistEnv(), load().dist.nccl)
+    varlib.prepare_process_group(DistEnv(), load().dist.nccl)
     assert environ_diff(before, os.environ) == []
 
 
@@ -766,10 +768,10 @@ def test_slurm_needs_procid_ntasks_and_a_step(missing):
 
 
 def test_engine_order():
-    names = [c.name for c in envlib.CLUSTER_ENVIRONMENTS]
+    names = [c.name for c in engines.CLUSTER_ENVIRONMENTS]
     assert names == ["paddle_launch", "spawn", "torchrun", "openmpi", "slurm", "torchrun",
                      "standalone"]
-    assert set(envlib.EXTERNAL_ENGINES) == {"openmpi", "slurm", "torchrun"}
+    assert set(engines.EXTERNAL_ENGINES) == {"openmpi", "slurm", "torchrun"}
 
 
 # ---------------------------------------------------------------- Slurm lists
@@ -964,7 +966,7 @@ def test_malformed_master_is_a_user_error(master):
 
 def test_prepare_process_group_exports_the_translation(process_group_variables):
     env = detect(gpu_info=FOUR_GPUS, environ=MPIRUN_2x2_RANK3)
-    envlib.prepare_process_group(env, load().dist.nccl)
+    varlib.prepare_process_group(env, load().dist.nccl)
     assert os.environ["PADDLE_TRAINER_ID"] == "3"
     assert os.environ["PADDLE_TRAINERS_NUM"] == "4"
     assert os.environ["PADDLE_MASTER"] == "10.0.0.1:29500"
@@ -978,20 +980,20 @@ def test_prepare_process_group_exports_nothing_when_the_master_is_missing(proces
     env = detect(gpu_info=CPU_BUILD, environ=environ)
     before = dict(os.environ)
     with pytest.raises(UserError, match="MASTER_ADDR"):
-        envlib.prepare_process_group(env, load().dist.nccl)
+        varlib.prepare_process_group(env, load().dist.nccl)
     assert environ_diff(before, os.environ) == []
 
 
 def test_prepare_process_group_under_paddle_launch_adds_no_ranks(process_group_variables):
     env = detect(gpu_info=CPU_BUILD, environ=LAUNCH_2x2_RANK3)
-    envlib.prepare_process_group(env, load().dist.nccl)
+    varlib.prepare_process_group(env, load().dist.nccl)
     assert "PADDLE_TRAINER_ID" not in os.environ
     assert os.environ["PADDLE_DISTRI_BACKEND"] == "gloo"
 
 
 # ---------------------------------------------------------------- this machine
 def test_real_detect_on_this_machine_is_standalone_cpu(standalone_process):
-    if envlib.probe_gpus().count:
+    if devicelib.probe_gpus().count:
         pytest.skip("this machine has GPUs")
     env = detect()
     assert env.launcher == "standalone"
@@ -1001,7 +1003,7 @@ def test_real_detect_on_this_machine_is_standalone_cpu(standalone_process):
 def test_probe_gpus_matches_the_paddle_build():
     import paddle
 
-    info = envlib.probe_gpus()
+    info = devicelib.probe_gpus()
     assert info.compiled_with_cuda == paddle.is_compiled_with_cuda()
     if not info.compiled_with_cuda:
         assert info == GpuInfo(False, 0)
@@ -1077,7 +1079,7 @@ def test_leak_guard_fails_raw_changes_but_not_monkeypatch(pytester, monkeypatch)
 
 
 def test_the_launchers_config_options_travel_through_the_environment():
-    variables = envlib.launch_variables("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
-    assert envlib.launch_options(variables) == ("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
-    assert envlib.launch_options({}) == (None, [])
-    assert envlib.launch_options({envlib.LAUNCH_OVERRIDES: "not json"}) == (None, [])
+    variables = protocol.launch_variables("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
+    assert protocol.launch_options(variables) == ("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
+    assert protocol.launch_options({}) == (None, [])
+    assert protocol.launch_options({protocol.LAUNCH_OVERRIDES: "not json"}) == (None, [])

@@ -6,6 +6,9 @@ first, whatever the code says); a package's __init__ importing its submodules do
 """
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -102,3 +105,88 @@ def test_command_lines_are_imported_by_no_library_module():
     allowed = {"paddle_dist.launch", "paddle_dist.train"}
     assert {name: [n for n in found if n not in allowed] for name, found in importers.items()
             if [n for n in found if n not in allowed]} == {}
+
+
+# ---------------------------------------------------------------- the layers (docs/architecture.md)
+# What a rank runs: its entry point, the trainer, and who it is (runtime/). The parent side
+# (the launcher and the doctor) starts and watches ranks; no rank ever needs its code.
+RANK_ENTRIES = ("paddle_dist.worker", "paddle_dist.trainer", "paddle_dist.runtime")
+PARENT_SIDE = ("paddle_dist.launch", "paddle_dist.doctor")
+# Imported by launchers before any rank starts, or by commands that never train: no paddle
+# (about a second to import) at module level.
+PADDLE_FREE = ("paddle_dist.launch", "paddle_dist.runs", "paddle_dist.security", "paddle_dist.doctor")
+MAX_LINES = 400          # a module
+MAX_FACE_LINES = 40      # a package's __init__.py: a docstring, re-exports, __all__
+
+
+def reachable(graph: Dict[str, Set[str]], roots) -> Set[str]:
+    """Every module that importing the modules named by `roots` (or inside them) can import."""
+    todo = [name for name in graph if any(name == r or name.startswith(f"{r}.") for r in roots)]
+    seen: Set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return seen
+
+
+def parent_side_reached(graph: Dict[str, Set[str]], entries=RANK_ENTRIES, parent=PARENT_SIDE) -> List[str]:
+    return sorted(n for n in reachable(graph, entries) if any(n == p or n.startswith(f"{p}.") for p in parent))
+
+
+def importing_paddle(modules: List[str], path: Path) -> List[str]:
+    """The modules among `modules` whose import loads `paddle`, imported one after another
+    in one fresh interpreter with `path` first on sys.path: the first that does, or []."""
+    probe = ("import importlib, sys\n"
+             "for name in sys.argv[1:]:\n"
+             "    importlib.import_module(name)\n"
+             "    if 'paddle' in sys.modules:\n"
+             "        sys.exit(print(name) or 3)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *modules], cwd=path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(path)})
+    assert done.returncode in (0, 3), done.stderr
+    return done.stdout.split()
+
+
+def test_the_rank_side_never_imports_the_parent_side():
+    """A rank imports neither the launcher nor the doctor, even inside a function."""
+    assert parent_side_reached(import_graph(PACKAGE)) == []
+
+
+def test_a_rank_module_reaching_the_launcher_is_found(tmp_path):
+    """The check can fail: worker -> runtime.process -> (in a function) launch.supervisor."""
+    graph = {"p.worker": {"p.runtime.process"}, "p.runtime.process": {"p.launch.supervisor"},
+             "p.launch.supervisor": set(), "p.launch": set()}
+    assert parent_side_reached(graph, ("p.worker",), ("p.launch",)) == ["p.launch.supervisor"]
+
+
+def test_the_launcher_side_and_the_runtime_face_import_no_paddle():
+    modules = sorted(n for n in import_graph(PACKAGE)
+                     if any(n == p or n.startswith(f"{p}.") for p in PADDLE_FREE) or n == "paddle_dist.runtime")
+    assert len(modules) > 30
+    assert importing_paddle(modules, PACKAGE.parent) == []
+
+
+def test_a_module_importing_paddle_is_found(tmp_path):
+    """The check can fail: a stand-in `paddle` package imported by one module of two."""
+    (tmp_path / "paddle").mkdir()
+    (tmp_path / "paddle" / "__init__.py").write_text("")
+    (tmp_path / "clean.py").write_text("import json\n")
+    (tmp_path / "heavy.py").write_text("import paddle\n")
+    (tmp_path / "later.py").write_text("import heavy\n")
+    assert importing_paddle(["clean", "heavy", "later"], tmp_path) == ["heavy"]
+    assert importing_paddle(["clean"], tmp_path) == []
+
+
+def sizes(root: Path) -> Dict[str, int]:
+    return {str(path.relative_to(root.parent)): len(path.read_text().splitlines())
+            for path in sorted(root.rglob("*.py"))}
+
+
+def test_no_module_is_over_400_lines_and_every_face_is_thin():
+    found = sizes(PACKAGE)
+    assert {name: n for name, n in found.items() if n > MAX_LINES} == {}
+    faces = {name: n for name, n in found.items()
+             if name.endswith("/__init__.py") and name != "paddle_dist/__init__.py"}
+    assert len(faces) >= 9 and {name: n for name, n in faces.items() if n > MAX_FACE_LINES} == {}

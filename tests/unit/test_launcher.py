@@ -12,7 +12,8 @@ import pytest
 from paddle_dist.launch import launcher
 from paddle_dist.security import rankgate
 from paddle_dist.config import load
-from paddle_dist.runtime.env import DistEnv, GpuInfo, detect
+from paddle_dist.runtime.devices import GpuInfo
+from paddle_dist.runtime.env import DistEnv, detect
 from paddle_dist.errors import ConfigError, DeviceError
 from paddle_dist.launch.launcher import LaunchPlan, plan, resolve_devices
 

@@ -3,14 +3,14 @@ described as that module (`python -m paddle_dist.train ...`), never as the modul
 run as a script, whose directory would come first on sys.path and shadow other modules.
 
 The ranks' argv is launcher.plan's (tests/unit/test_launcher.py); here: which command this
-process is (rundir.main_module, own_command, invoking_command) and what cli prints.
+process is (commands.main_module, own_command, invoking_command) and what cli prints.
 """
 
 import subprocess
 import sys
 
 from paddle_dist.launch import job as cli
-from paddle_dist.runs import rundir
+from paddle_dist.runs import commands
 from paddle_dist.config import load
 
 from tests.conftest import REPO_ROOT
@@ -27,42 +27,42 @@ def _run(args, cwd):
 
 def test_main_module_and_own_command_of_a_process_started_with_dash_m(tmp_path):
     (tmp_path / "probe_mod.py").write_text(
-        "from paddle_dist.runs import rundir\nprint(rundir.main_module())\nprint(rundir.own_command()[1:])\n")
+        "from paddle_dist.runs import commands\nprint(commands.main_module())\nprint(commands.own_command()[1:])\n")
     out = _run(["-m", "probe_mod", "-o", "a=1"], tmp_path)
     assert out.stdout.splitlines() == ["probe_mod", "['-m', 'probe_mod', '-o', 'a=1']"], out.stderr
 
 
 def test_a_script_has_no_main_module(tmp_path):
     (tmp_path / "probe.py").write_text(
-        "from paddle_dist.runs import rundir\nprint(repr(rundir.main_module()))\nprint(rundir.own_command()[1:])\n")
+        "from paddle_dist.runs import commands\nprint(repr(commands.main_module()))\nprint(commands.own_command()[1:])\n")
     out = _run(["probe.py", "-o", "a=1"], tmp_path)
     assert out.stdout.splitlines() == ["''", "['probe.py', '-o', 'a=1']"], out.stderr
 
 
 def test_own_command_of_a_module_names_the_module_not_its_file():
-    command = rundir.own_command([TRAIN_FILE, "-o", "dist.nprocs=2"], "paddle_dist.train")
+    command = commands.own_command([TRAIN_FILE, "-o", "dist.nprocs=2"], "paddle_dist.train")
     assert command[1:] == ["-m", "paddle_dist.train", "-o", "dist.nprocs=2"]
-    assert rundir.own_command(["train.py", "-o", "x=1"])[1:] == ["train.py", "-o", "x=1"]
+    assert commands.own_command(["train.py", "-o", "x=1"])[1:] == ["train.py", "-o", "x=1"]
 
 
 def test_invoking_command_of_a_module_rank_is_the_outermost_command_running_the_module():
     """A rank of `mpirun -n 2 python -m paddle_dist.train` (a parent whose words name the
     module): that parent's command is the one to run again."""
-    child = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); from paddle_dist.runs import rundir; " \
-            f"print(rundir.invoking_command([{TRAIN_FILE!r}, '-o', 'a=1'], 'paddle_dist.train'))"
+    child = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); from paddle_dist.runs import commands; " \
+            f"print(commands.invoking_command([{TRAIN_FILE!r}, '-o', 'a=1'], 'paddle_dist.train'))"
     outer = [PY, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)",
              "-n", "2", "python", "-m", "paddle_dist.train", "-o", "a=1"]
     out = subprocess.run(outer, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == str(outer), out.stderr
     # Started by hand: its own command, as the module.
-    alone = rundir.invoking_command([TRAIN_FILE, "-o", "b=2"], "paddle_dist.train")
+    alone = commands.invoking_command([TRAIN_FILE, "-o", "b=2"], "paddle_dist.train")
     assert alone[1:] == ["-m", "paddle_dist.train", "-o", "b=2"]
 
 
 def test_this_command_is_the_module_under_dash_m(monkeypatch):
-    monkeypatch.setattr(rundir, "main_module", lambda: "paddle_dist.train")
+    monkeypatch.setattr(commands, "main_module", lambda: "paddle_dist.train")
     assert cli._this_command() == ("", "paddle_dist.train")
-    monkeypatch.setattr(rundir, "main_module", lambda: "")
+    monkeypatch.setattr(commands, "main_module", lambda: "")
     monkeypatch.setattr(sys, "argv", ["train.py", "-o", "x=1"])
     script, module = cli._this_command()
     assert script.endswith("/train.py") and script.startswith("/") and module == ""

@@ -17,7 +17,8 @@ from paddle_dist.trainer import progress
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.launch.jobprocs import place_of
 from paddle_dist.launch.rendezvous import Meeting, Node
-from paddle_dist.runs.report import Exit, Machines, root_cause
+from paddle_dist.runs.report import Exit, root_cause
+from paddle_dist.runs.topology import Machines
 
 KILL = -9
 TWO_BY_TWO = Meeting("job-1", {0: Node(2, "198.18.0.1", "nodeA"), 1: Node(2, "198.18.0.2", "nodeB")}, 0)

@@ -15,7 +15,8 @@ import pytest
 from paddle_dist import errors
 from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
 from paddle_dist.config import load
-from paddle_dist.runtime.env import DistEnv, GpuInfo
+from paddle_dist.runtime.devices import GpuInfo
+from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
 
 

@@ -12,7 +12,7 @@ from paddle import inference
 
 from paddle_dist.runtime import env as envlib
 from paddle_dist import predict
-from paddle_dist.runtime.env import GpuInfo
+from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.errors import UserError
 
 # Everything env.detect() reads, cleared so that the test's own variables alone decide.

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from paddle_dist import config as configlib
-from paddle_dist.runs import rundir
+from paddle_dist.runs import commands, rundir
 from paddle_dist.errors import UserError
 
 PY = sys.executable
@@ -80,7 +80,7 @@ def test_a_diverged_run_is_never_continued_nor_offered(tmp_path):
                                                  'weights differ at step 4: ..."}')
     (first / "checkpoints" / "ckpt_000000002").mkdir(parents=True)
     assert rundir.diverged(first).startswith("the ranks' weights differ at step 4")
-    assert rundir.resume_command(first) == ""
+    assert commands.resume_command(first) == ""
     again = choose(cfg_for(tmp_path))
     assert again.path != first and len(runs(tmp_path)) == 2
     assert again.note == (f"not continuing the last run of this config, {first}: its ranks' weights "
@@ -208,37 +208,37 @@ def test_a_machine_clears_only_its_own_ranks_status(tmp_path):
 def test_resume_command_is_the_same_command_when_it_finds_the_run(tmp_path):
     command = ["python", "train.py", "-o", "dist.nprocs=2", "-o", "train.lr=0.1 "]
     path = choose(cfg_for(tmp_path), command=command).path
-    assert shlex.split(rundir.resume_command(path)) == command
+    assert shlex.split(commands.resume_command(path)) == command
 
 
 def test_resume_command_names_a_run_the_command_would_not_find(tmp_path):
     command = ["python", "train.py", "-o", "checkpoint.resume=none", "--override=output.run_dir=x"]
     path = choose(cfg_for(tmp_path, "checkpoint.resume=none"), command=command).path
-    assert shlex.split(rundir.resume_command(path)) == ["python", "train.py", "-o", f"output.run_dir={path}"]
+    assert shlex.split(commands.resume_command(path)) == ["python", "train.py", "-o", f"output.run_dir={path}"]
     (path / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
-    assert shlex.split(rundir.resume_command(path))[-2:] == ["-o", "checkpoint.resume=auto"]
-    assert rundir.resume_command(tmp_path) == ""        # no run.json: nothing to say
+    assert shlex.split(commands.resume_command(path))[-2:] == ["-o", "checkpoint.resume=auto"]
+    assert commands.resume_command(tmp_path) == ""        # no run.json: nothing to say
 
 
 def test_drop_overrides_knows_every_spelling():
     argv = ["a.py", "-o", "x.y=1", "-ox.y=2", "--override", "x.y=3", "--override=x.y=4",
             "-o", "x.z=5", "-c", "cfg"]
-    assert rundir.drop_overrides(argv, ["x.y"]) == ["a.py", "-o", "x.z=5", "-c", "cfg"]
+    assert commands.drop_overrides(argv, ["x.y"]) == ["a.py", "-o", "x.z=5", "-c", "cfg"]
 
 
 def test_invoking_command_is_the_outermost_launcher_that_runs_the_script(tmp_path):
     """A rank under launchers that name the script (paddle_dist.launch starting
     paddle.distributed.launch starting the rank): the outermost command is the one to run
     again."""
-    child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist.runs import rundir; " \
-            "print(rundir.invoking_command(['probe.py', '-o', 'a=1']))"
+    child = f"import sys; sys.path.insert(0, {ROOT!r}); from paddle_dist.runs import commands; " \
+            "print(commands.invoking_command(['probe.py', '-o', 'a=1']))"
     inner = [PY, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], timeout=30)",
              "--nproc_per_node", "2", "probe.py", "-o", "a=1"]
     outer = [PY, "-c", f"import subprocess; subprocess.run({inner!r}, timeout=30)", "--nprocs", "2", "probe.py"]
     out = subprocess.run(outer, capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == str(outer)
     # Run by hand: its own command.
-    assert rundir.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
+    assert commands.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
 
 
 FIT = {"model": "SmallCNN", "parameters": 2970, "parameters_digest": "d725e7ad494b2d75",

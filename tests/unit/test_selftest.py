@@ -238,7 +238,7 @@ def test_every_check_has_a_deadline_and_a_unique_name():
 def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     """The ranks are run by launcher.launch as train.py's are: python rank.py FOLDER once
     per rank, with the variables Paddle's launcher would give them, on CPU with gloo."""
-    from paddle_dist.runtime.env import GpuInfo
+    from paddle_dist.runtime.devices import GpuInfo
 
     cfg = selftest.job_config(2, None, [])
     p = selftest.prepare(cfg, DistEnv(), tmp_path, environ={}, gpu_info=GpuInfo(False, 0), cpu_count=2)

@@ -5,7 +5,8 @@ the CUDA_VISIBLE_DEVICES each binding mode leaves (no GPU needed)."""
 import pytest
 
 from paddle_dist.runtime import engines as clusters
-from paddle_dist.runtime.env import GpuInfo, detect
+from paddle_dist.runtime.devices import GpuInfo
+from paddle_dist.runtime.env import detect
 from paddle_dist.errors import DeviceError
 
 from ..integration.procs import ROOT

@@ -7,7 +7,7 @@ import pytest
 
 from paddle_dist import errors
 from paddle_dist.launch import jobprocs, supervisor
-from paddle_dist.runs import report
+from paddle_dist.runs import logs
 from paddle_dist.runs.report import Exit, first_failure, root_cause, with_resume
 
 KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
@@ -133,10 +133,10 @@ def test_a_hangs_stack_shows_the_stuck_threads_innermost_frames():
     dump = ("Thread 0x00007f01 (most recent call first):\n  File \"overlap.py\", line 9 in _serve\n\n"
             "Current thread 0x00007f00 (most recent call first):\n  File \"shm.py\", line 247 in _wait\n"
             "  File \"shm.py\", line 190 in all_reduce\n  File \"train.py\", line 3 in <module>\n")
-    assert report.innermost(dump, 2) == ("stack (innermost first)", [
+    assert logs.innermost(dump, 2) == ("stack (innermost first)", [
         '  File "shm.py", line 247 in _wait', '  File "shm.py", line 190 in all_reduce'])
     trace = "Traceback (most recent call last):\n  File \"a.py\", line 1\n  x()\nRuntimeError: boom\n"
-    assert report.innermost(trace, 2) == ("traceback (last lines)", ["  x()", "RuntimeError: boom"])
+    assert logs.innermost(trace, 2) == ("traceback (last lines)", ["  x()", "RuntimeError: boom"])
 
 
 def test_a_rank_logs_first_exception_comes_with_its_last_lines(tmp_path):
@@ -146,8 +146,8 @@ def test_a_rank_logs_first_exception_comes_with_its_last_lines(tmp_path):
     log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                    "SystemError: (Fatal) DataLoader process (pid 1) exited is killed by signal: Killed.\n"
                    + "".join(f"  frame {i}\n" for i in range(8)) + "KeyError: 9\n")
-    lines = report.tail_lines(str(log), 6)
+    lines = logs.tail_lines(str(log), 6)
     assert lines[0].startswith("SystemError: (Fatal) DataLoader process") and lines[-1] == "KeyError: 9"
     assert len(lines) == 7
     log.write_text("a\nb\nValueError: bad\n")
-    assert report.tail_lines(str(log), 6) == ["a", "b", "ValueError: bad"]
+    assert logs.tail_lines(str(log), 6) == ["a", "b", "ValueError: bad"]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddle_dist.sync import grad_sync as sync
+from paddle_dist.sync import checks, grad_sync as sync
 
 
 class Clock:
@@ -77,10 +77,10 @@ def test_the_other_ranks_follow_rank_0s_schedule(clock):
 
 
 def test_stop_check_interval_bounds():
-    assert sync.stop_check_interval(0.025) == 40
-    assert sync.stop_check_interval(3.0) == 1
-    assert sync.stop_check_interval(0.0) == sync.STOP_CHECK_MAX
-    assert sync.stop_check_interval(1e-9) == sync.STOP_CHECK_MAX
+    assert checks.stop_check_interval(0.025) == 40
+    assert checks.stop_check_interval(3.0) == 1
+    assert checks.stop_check_interval(0.0) == checks.STOP_CHECK_MAX
+    assert checks.stop_check_interval(1e-9) == checks.STOP_CHECK_MAX
 
 
 def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatch):
@@ -98,15 +98,15 @@ def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatc
 
 def test_a_layout_difference_names_the_parameter_and_the_ranks():
     same = [("a.weight", [2, 3], "float32"), ("a.bias", [3], "float32")]
-    assert sync.layout_mismatch([same, list(same), list(same)]) == ""
+    assert checks.layout_mismatch([same, list(same), list(same)]) == ""
     wider = [same[0], ("a.bias", [4], "float32")]
-    assert sync.layout_mismatch([same, same, wider]) == \
+    assert checks.layout_mismatch([same, same, wider]) == \
         "parameter 'a.bias' is [3] float32 on rank 0 but [4] float32 on rank 2"
-    assert sync.layout_mismatch([same, same[:1]]) == \
+    assert checks.layout_mismatch([same, same[:1]]) == \
         "parameter 'a.bias' is [3] float32 on rank 0 but absent on rank 1"
     renamed = [same[0], ("b.bias", [3], "float32")]
     assert "is 'a.bias' [3] float32 on rank 0 but 'b.bias' [3] float32 on rank 1" in \
-        sync.layout_mismatch([same, renamed])
+        checks.layout_mismatch([same, renamed])
 
 
 def test_what_cannot_be_averaged_is_refused_before_anything_starts():
@@ -116,10 +116,10 @@ def test_what_cannot_be_averaged_is_refused_before_anything_starts():
 
     net = paddle.nn.Sequential(paddle.nn.Embedding(10, 4, sparse=True), paddle.nn.Linear(4, 2))
     with pytest.raises(ConfigError, match="embedding '0' has sparse=True"):
-        sync.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net)
-    sync.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net, "dataparallel")
+        checks.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net)
+    checks.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net, "dataparallel")
     with pytest.raises(ConfigError, match="LBFGS"):
-        sync.check_optimizer(paddle.optimizer.LBFGS(parameters=net[1].parameters()), net[1])
+        checks.check_optimizer(paddle.optimizer.LBFGS(parameters=net[1].parameters()), net[1])
 
 
 def test_the_optimizer_averages_at_step_and_minimize_and_gets_its_class_back():
@@ -157,7 +157,7 @@ def test_a_parameter_unfrozen_after_the_start_is_refused_not_left_unaveraged():
     opt = paddle.optimizer.SGD(0.1, parameters=net.parameters())
     env = SimpleNamespace(is_distributed=True, global_rank=0, backend="gloo", device="cpu")
     grad_sync = sync.GradSync(env, mode="fused")
-    grad_sync.optimizer, grad_sync.params = opt, sync.trainable(opt)
+    grad_sync.optimizer, grad_sync.params = opt, checks.trainable(opt)
     grad_sync.names = {id(p): n for n, p in net.named_parameters()}
     grad_sync._check_unchanged()
     net[0].weight.stop_gradient = False
@@ -180,7 +180,7 @@ def _launched(rank, **extra):
 
 
 def test_auto_on_gpus_is_paddles_reducer_and_the_start_line_says_so():
-    from paddle_dist.runtime.env import GpuInfo
+    from paddle_dist.runtime.devices import GpuInfo
 
     env, gpu = _sync_for(GpuInfo(True, 2), _launched(1, FLAGS_selected_gpus="1"))
     assert (env.device, env.backend, gpu.mode) == ("gpu:1", "nccl", "dataparallel")

@@ -17,7 +17,8 @@ from paddle_dist.runs import listing as runs
 from paddle_dist.launch import supervisor
 from paddle_dist.errors import ConfigError, DataError, UserError
 from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
-from paddle_dist.runs.report import Exit, read_status, root_cause, with_resume
+from paddle_dist.runs.report import Exit, root_cause, with_resume
+from paddle_dist.runs.status import read_all as read_status
 
 from .test_runs import _run_dir
 

@@ -12,8 +12,8 @@ import paddle.distributed as dist
 import pytest
 
 from paddle_dist import errors
-from paddle_dist.runtime import monitor as faults
-from paddle_dist.runs import report, listing as runs
+from paddle_dist.runtime import inject, monitor as faults
+from paddle_dist.runs import report, status, listing as runs
 from paddle_dist.trainer import agreement
 from paddle_dist.trainer.agreement import digests, disagreement, rank_words
 
@@ -119,7 +119,7 @@ def test_perturb_moves_the_first_trainable_parameter_of_that_rank_at_that_step(r
     changed = [k for k in before if not np.array_equal(before[k], after[k].numpy())]
     assert changed == (["0.bias"] if moved else [])
     if moved:
-        assert np.allclose(after["0.bias"].numpy() - before["0.bias"], faults.PERTURBATION)
+        assert np.allclose(after["0.bias"].numpy() - before["0.bias"], inject.PERTURBATION)
 
 
 # ------------------------------------------------------------------ how a diverged job ends
@@ -143,7 +143,7 @@ def test_the_report_is_the_one_line_and_offers_no_command_to_continue(tmp_path):
                                       '"same_command_continues": true}')
     (run_dir / "checkpoints" / "ckpt_000000002").mkdir(parents=True)
     exits = [report.Exit(0, 7, 10.0), report.Exit(1, 7, 10.01)]
-    found = report.with_resume(report.root_cause(report.read_status(run_dir), exits=exits), run_dir,
+    found = report.with_resume(report.root_cause(status.read_all(run_dir), exits=exits), run_dir,
                                rerun=["python", "-m", "paddle_dist.launch", "x.py"])
     assert found.code == 7 and found.diverged
     assert found.lines[0] == f"paddle_dist: job failed (exit 7). Root cause: {LINE}"

@@ -1,0 +1,66 @@
+"""What a report quotes from a rank's output: the last lines of its log that say something
+(Paddle's banners and glog INFO lines left out), and the innermost frames of a traceback or
+of a stack that faulthandler dumped.
+
+Example:
+    tail_lines("runs/mnist_lenet-20261123-061500/logs/rank1.log", 6)   # [..., 'KeyError: 9']
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List, Tuple
+
+# The first line of an exception as Python prints it: "ValueError: bad", "KeyboardInterrupt: ...".
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
+
+
+def is_noise(line: str) -> bool:
+    """Paddle's lines that tell a user nothing: the "Modified FLAGS detected" banner (its
+    rule lines and FLAGS(...) entries) and glog INFO lines (I1125 05:44:38.1 ...).
+
+    Example:
+        is_noise("I1125 05:44:38.123 tcp_utils.cc:181] ...")     # True
+    """
+    text = line.strip()
+    return (text.startswith("=====") or text.startswith("FLAGS(name=")
+            or (len(text) > 5 and text[0] == "I" and text[1:5].isdigit()))
+
+
+def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
+    """The last `count` lines of a text file that are not noise ([] when it cannot be
+    read). When the first exception line among the last `reach` lines is not in them (a
+    process's threads left several tracebacks, the cause's first), it comes first.
+
+    Example:
+        tail_lines("log/workerlog.1", 6)
+        # ['SystemError: (Fatal) DataLoader process (pid 10144) exited is killed ...', ..., 'KeyError: 9']
+    """
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    kept = [line for line in lines if not is_noise(line)]
+    tail = kept[-count:]
+    first = next((line for line in kept[-reach:] if EXCEPTION_LINE.match(line)), None)
+    return ([first] if first is not None and first not in tail else []) + tail
+
+
+def innermost(text: str, count: int) -> Tuple[str, List[str]]:
+    """(title, lines): the `count` innermost lines of a Python traceback (innermost last),
+    or of a stack that faulthandler dumped (innermost first: the current thread's, which
+    is the one that was stuck; a hang's stack is such a dump).
+
+    Example:
+        innermost("Current thread 0x7f (most recent call first):\\n  File ...", 6)[0]
+        # 'stack (innermost first)'
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    heads = [i for i, line in enumerate(lines) if line.endswith("(most recent call first):")]
+    if not heads:
+        return "traceback (last lines)", lines[-count:]
+    current = [i for i in heads if lines[i].startswith("Current thread")] or heads
+    start = current[0] + 1
+    end = next((i for i in heads if i > current[0]), len(lines))
+    return "stack (innermost first)", lines[start:min(end, start + count)]

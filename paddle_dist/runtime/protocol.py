@@ -1,0 +1,67 @@
+"""paddle_dist's own variables: what its launcher tells the ranks it starts (PADDLE_DIST_*).
+
+Written by the launcher (launch/launcher.py, launch/job.py) into the children's environment,
+read here by the ranks: `detect()` for SUPERVISED and the job's gate, `launch_options()` for
+a script's -c and -o, `run_pointer()` for where rank 0 names its run directory.
+
+Example:
+    launch_options({"PADDLE_DIST_CONFIG": "configs/mnist_mlp.yaml"})   # ('configs/mnist_mlp.yaml', [])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Mapping, Optional, Tuple
+
+SUPERVISED = "PADDLE_DIST_SUPERVISED"   # set for the ranks that paddle_dist's launcher starts
+# `python -m paddle_dist.launch -c CONFIG -o KEY=VALUE ... script.py`: for the script's
+# paddle_dist.load_config() and fit() (launch_options()).
+LAUNCH_CONFIG, LAUNCH_OVERRIDES = "PADDLE_DIST_CONFIG", "PADDLE_DIST_OVERRIDES"
+# `python -m paddle_dist.launch script.py`: a file where the script's fit() (rank 0) writes
+# the run directory it chose, so that the launcher can read the ranks' status records and
+# name the command that continues the run (run_pointer()).
+RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
+# A rank that paddle_dist's launcher admitted (rankgate.py): the job, and the path of the
+# file holding its token (never the token), for the rank's attestation (attest.py).
+JOB, TOKEN_FILE = "PADDLE_DIST_JOB", "PADDLE_DIST_TOKEN_FILE"
+# The job's private directory in /dev/shm, made by its launcher (private.py).
+JOB_DIR = "PADDLE_DIST_JOB_DIR"
+
+
+def launch_variables(config: Optional[str], overrides: List[str]) -> Dict[str, str]:
+    """What `python -m paddle_dist.launch` hands the script's ranks of its -c and -o.
+
+    Example:
+        launch_variables(None, ["train.epochs=1"])   # {'PADDLE_DIST_OVERRIDES': '["train.epochs=1"]'}
+    """
+    out = {LAUNCH_OVERRIDES: json.dumps(list(overrides))} if overrides else {}
+    if config:
+        out[LAUNCH_CONFIG] = config
+    return out
+
+
+def launch_options(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], List[str]]:
+    """(config path or None, overrides) given to `python -m paddle_dist.launch` for this
+    script; (None, []) otherwise.
+
+    Example:
+        launch_options({"PADDLE_DIST_OVERRIDES": '["train.epochs=1"]'})   # (None, ['train.epochs=1'])
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        overrides = json.loads(environ.get(LAUNCH_OVERRIDES, "[]"))
+    except ValueError:
+        overrides = []
+    return environ.get(LAUNCH_CONFIG) or None, [str(item) for item in overrides]
+
+
+def run_pointer(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The file in which rank 0 of a `fit()` under `python -m paddle_dist.launch` writes its
+    run directory ("" when no paddle_dist launcher asked for it).
+
+    Example:
+        run_pointer({"PADDLE_DIST_RUN_POINTER": "log/run_dir"})   # 'log/run_dir'
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get(RUN_POINTER, "")
