@@ -4,7 +4,7 @@ Runs in one process, as a rank under `python -m paddle.distributed.launch ... tr
 or, with `-o dist.nprocs=2`, launches its own ranks.
 """
 
-from paddle_dist.launch.job import train_main
+from paddle_dist.train import train_main
 from paddle_dist.options import run
 
 if __name__ == "__main__":

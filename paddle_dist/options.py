@@ -1,10 +1,11 @@
-"""What every command line shares: a parser whose errors are one line, the -c/-o options,
-and how a command's end becomes its exit code. Entry points import this, never cli.
+"""What every command line shares: a parser whose errors are one line, the -c/-o options
+(and --eval-only, --nprocs, --gpus) read into one config, and how a command's end becomes
+its exit code.
 
 Example:
     parser = ArgParser(prog="python -m paddle_dist.doctor")
     add_config_options(parser)
-    run(main)                 # exits with main's code, or the failure's (monitor.EXIT_*)
+    run(main)                 # exits with main's code, or the failure's (errors.EXIT_*)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import traceback
 from typing import List, Optional
 
+from . import config as configlib
 from . import errors
 from .errors import UserError
 
@@ -32,10 +34,45 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override a config value, e.g. -o train.api=hapi (repeatable)")
 
 
+def add_eval_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--eval-only", action="store_true",
+                        help="evaluate the checkpoint given by -o checkpoint.resume=PATH on the "
+                             "test set and write metrics.json; train nothing (train.eval_only)")
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nprocs", type=int, default=None,
+                        help="processes on this machine (default: one per --gpus id, else dist.nprocs)")
+    parser.add_argument("--gpus", default=None,
+                        help="GPU ids, e.g. 0,1 (physical ids, members of CUDA_VISIBLE_DEVICES)")
+
+
+def config_from_args(args, extra: List[str] = ()) -> configlib.Config:
+    """The config a command line asks for: -c, then -o, then what --eval-only, --nprocs and
+    --gpus (where the parser has them) and `extra` say.
+
+    Example:
+        cfg = config_from_args(parser.parse_args(["-o", "train.epochs=1", "--nprocs", "2"]))
+    """
+    overrides = list(args.override) + list(extra)
+    if getattr(args, "eval_only", False):
+        overrides.append("train.eval_only=true")
+    nprocs, gpus = getattr(args, "nprocs", None), getattr(args, "gpus", None)
+    if nprocs is not None:
+        if nprocs < 1:
+            raise UserError(f"--nprocs must be >= 1 (got {nprocs}); use 2 for two processes")
+        overrides.append(f"dist.nprocs={nprocs}")
+    if gpus is not None:
+        if not gpus.strip():
+            raise UserError("--gpus is empty; give GPU ids such as 0,1, or drop --gpus to train on CPU")
+        overrides.append(f"dist.gpus={gpus}")
+    return configlib.load(args.config, overrides)
+
+
 def rank_exit_code(exc: BaseException) -> int:
     """Say how a command or rank ended, in one place: a user error is one line; a peer's
     failure and a stop request were logged by the trainer already; anything else gets its
-    traceback. Returns the exit code (monitor.EXIT_*)."""
+    traceback. Returns the exit code (errors.EXIT_*)."""
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else 1
     code = errors.exit_code_of(exc)

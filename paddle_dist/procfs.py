@@ -1,6 +1,10 @@
 """Processes as Linux's /proc describes them: found by their relations (parent, session),
-never matched by name. Each function returns nothing rather than raise when a process is
-gone or /proc is missing.
+never matched by name, and who holds or uses a TCP port. Each function returns nothing
+rather than raise when a process is gone or /proc is missing. Also the one request a
+child makes of the kernel about its parent (die_with_parent).
+
+The standard library only: the hang watchdog (runtime/_deadline.py, a plain script) imports
+this file through runtime/gloocheck.py.
 
 Example:
     [pid for pid, state, parent, session in process_table() if parent == os.getpid()]
@@ -9,10 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
+import signal
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+PR_SET_PDEATHSIG = 1
+TCP_LISTEN = "0A"                 # the `st` column of /proc/net/tcp (include/net/tcp_states.h)
 
 
 def _stat(pid) -> Optional[List[str]]:
@@ -31,6 +40,11 @@ def process_table() -> Iterator[Tuple[int, str, int, int]]:
             yield int(entry.name), fields[0], int(fields[1]), int(fields[3])
 
 
+def children_of(pid: int) -> List[int]:
+    """Direct children of `pid`."""
+    return [child for child, _, parent, _ in process_table() if parent == pid]
+
+
 def parent_of(pid: int) -> int:
     """The parent's pid (0 when unknown)."""
     fields = _stat(pid)
@@ -44,6 +58,38 @@ def cmdline(pid: int) -> List[str]:
     except OSError:
         return []
     return [word.decode(errors="replace") for word in raw.split(b"\0") if word]
+
+
+def start_time(pid: int) -> str:
+    """When `pid` started (clock ticks since boot; "" when gone): a pid and its start time
+    name one process, even after the pid is reused."""
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else ""
+
+
+def is_zombie(pid: int) -> bool:
+    """Whether `pid` has ended and waits to be reaped (True when it is gone altogether)."""
+    fields = _stat(pid)
+    return fields[0] == "Z" if fields else True
+
+
+def environ_of(pid: int) -> Optional[Dict[bytes, bytes]]:
+    """The variables `pid` was started with (None when they cannot be read: gone, or
+    another user's process)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child, before exec: the kernel sends it `sig` if its parent dies (Linux), so a
+    job's processes never outlive a launcher that was itself killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        pass
 
 
 def pid_alive(pid) -> bool:
@@ -128,3 +174,58 @@ def peers_of(port: int) -> List[Tuple[str, int, int]]:
         if local[1] == port and state == "01":                       # 01: ESTABLISHED
             out.append((_ip(ip), number, owners.get(by_local.get((_ip(ip), number), ""), 0)))
     return out
+
+
+def port_holder(port: int, proc: str = "/proc") -> Optional[Tuple[int, str]]:
+    """(pid, command line) of a process listening on TCP `port`, or None when there is none
+    or it is not visible to us (another user's process, another PID namespace).
+
+    Example:
+        port_holder(6170)   # (1234, 'python -m http.server 6170')
+    """
+    inodes = _listening_inodes(port, Path(proc))
+    return _socket_owner(inodes, Path(proc)) if inodes else None
+
+
+def _listening_inodes(port: int, proc: Path) -> Set[str]:
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            fields = row.split()
+            if (len(fields) > 9 and fields[3] == TCP_LISTEN and fields[9] != "0"
+                    and int(fields[1].rpartition(":")[2], 16) == port):
+                found.add(fields[9])
+    return found
+
+
+def _socket_owner(inodes: Set[str], proc: Path) -> Optional[Tuple[int, str]]:
+    links = {f"socket:[{inode}]" for inode in inodes}
+    # Lowest pid first: after a fork parent and children share the socket; name the parent.
+    for pid in sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit()):
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:   # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir / fd) in links:
+                    return pid, _command_text(proc / str(pid))
+            except OSError:
+                continue
+    return None
+
+
+def _command_text(pid_dir: Path, limit: int = 200) -> str:
+    """A process's command line as one line of at most `limit` characters ("?" when unknown)."""
+    try:
+        words = (pid_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode(errors="replace") for w in words if w) or "?"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,6 +12,7 @@ from . import config as configlib
 from .data import datasets as data
 from . import models, trainer
 from .runtime import process as runtime
+from .security import private
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
@@ -50,6 +51,15 @@ def main(cfg) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
     env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
     return trainer.train(build_parts(cfg), cfg, env)
+
+
+def run_resolved(cfg_dict: dict) -> int:
+    """A rank of the built-in job started by paddle_dist's launcher: the config it resolved
+    (runtime/protocol.py), run as it is; nothing on the rank's command line is read again."""
+    cfg = configlib.from_dict(cfg_dict)
+    private.closed_umask(cfg.output.share)
+    main(cfg)
+    return 0
 
 
 def spawn_entry(cfg_dict) -> None:

@@ -56,8 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from paddle_dist.launch.launcher import free_port  # noqa: E402  (paddle-free)
-from paddle_dist.procfs import process_table  # noqa: E402  (paddle-free)
-from paddle_dist.launch.supervisor import die_with_parent  # noqa: E402  (paddle-free)
+from paddle_dist.procfs import die_with_parent, process_table  # noqa: E402  (paddle-free)
 
 PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddle_dist.launch.job import spawn_main  # noqa: E402
+from paddle_dist.train import spawn_main  # noqa: E402
 from paddle_dist.options import run  # noqa: E402
 
 if __name__ == "__main__":

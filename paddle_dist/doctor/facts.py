@@ -37,7 +37,7 @@ from ..security import exposure
 from ..runtime import netcheck
 from ..runtime import devices as devicelib, env as envlib, variables as varlib
 from ..errors import UserError
-from ..launch.preflight import ERROR, SHM_PATH, Problem, StatVfs, _bytes, preflight, shm_facts
+from ..launch.preflight import ERROR, SHM_PATH, Problem, StatVfs, preflight, readable_bytes, shm_facts
 
 NVIDIA_SMI_TIMEOUT = 10.0         # seconds; a wedged driver makes nvidia-smi hang
 PROXY_NAMES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
@@ -227,15 +227,15 @@ def _rows(section: str, value: Mapping[str, Any]) -> List[Tuple[str, str]]:
     if section == "shm":
         if not value.get("present"):
             return [("path", f"{value['path']} (missing)")]
-        return [("path", value["path"]), ("size", _bytes(value["size"])),
-                ("free", _bytes(value["free"]))]
+        return [("path", value["path"]), ("size", readable_bytes(value["size"])),
+                ("free", readable_bytes(value["free"]))]
     if section == "network":
         return [(name, ", ".join(addrs) or "(no IPv4 address)") for name, addrs in value.items()]
     if section in ("variables", "proxies") and not value:
         return [("(none set)", "")]
     if section == "versions":
         return [row for key, v in value.items() for row in _version_rows(key, v)]
-    return [(key, _bytes(v) if key == "memory_total" else _text(v)) for key, v in value.items()]
+    return [(key, readable_bytes(v) if key == "memory_total" else _text(v)) for key, v in value.items()]
 
 
 def _version_rows(key: str, value: Any) -> List[Tuple[str, str]]:

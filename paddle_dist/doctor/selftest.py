@@ -4,10 +4,11 @@ table of what it found.
 The job runs on the visible GPUs (NCCL), or on N CPU ranks (gloo; 2 when nothing says
 otherwise), started the way train.py starts its ranks: `launcher.plan` then
 `launcher.launch`, so the ranks meet through the real process-group path under
-paddle_dist's supervisor. Each rank runs the checks of selftest_checks.py and writes its
-rows to a folder of its own; this process reads them and prints one row per check:
-all-reduce per dtype, gradient sync (fused, overlap) against a one-process replay,
-checkpoint and RNG round trip, mixed precision (GPUs), export and Paddle Inference.
+paddle_dist's supervisor. Each rank runs the checks of paddle_dist/selftest_checks.py (in
+the order and with the deadlines of selftest_plan.py) and writes its rows to a folder of
+its own; this process reads them and prints one row per check: all-reduce per dtype,
+gradient sync (fused, overlap) against a one-process replay, checkpoint and RNG round
+trip, mixed precision (GPUs), export and Paddle Inference.
 
 Nothing waits forever: each check has a deadline on every rank (a watchdog process ends
 a rank that hangs, see selftest_rank.run_check), the rendezvous has its own, and the
@@ -43,7 +44,7 @@ from .. import config as configlib
 from ..runtime import devices as devicelib, env as envlib, variables as varlib
 from ..launch import launcher
 from ..errors import UserError
-from .selftest_rank import CHECKS, CONFIG_FILE, SETUP
+from .selftest_plan import CONFIG_FILE, PLAN, SETUP
 
 RENDEZVOUS_S = 60.0       # the ranks' dist.rendezvous_timeout
 MARGIN_S = 60.0           # the whole job's deadline: every check's, the rendezvous's and this
@@ -118,7 +119,7 @@ def job_config(nprocs: Optional[int], gpus: Optional[str], visible: Sequence[str
 
 def job_deadline() -> float:
     """Seconds the whole job may take: every check's deadline, the rendezvous and a margin."""
-    return sum(c.seconds for c in CHECKS) + RENDEZVOUS_S + MARGIN_S
+    return sum(c.seconds for c in PLAN) + RENDEZVOUS_S + MARGIN_S
 
 
 def describe(p: launcher.LaunchPlan) -> str:
@@ -178,7 +179,7 @@ def assemble(ranks: Dict[int, Dict[str, Any]], world: int, expired: bool = False
     """One Line per check, from every rank's rows: FAIL when a rank failed it, hung or
     died in it, or when the ranks' weights differ; NOT RUN after a rank stopped."""
     lines = [_line(SETUP, ranks, list(range(world)), expired)]
-    for check in CHECKS:
+    for check in PLAN:
         who = [0] if check.first_only else list(range(world))
         lines.append(_line(check.name, ranks, who, expired))
     return lines

@@ -1,13 +1,17 @@
 """The self-test's rank side: what each rank of the job runs (selftest.py starts the job
-and prints the table; the checks are in selftest_checks.py).
+and prints the table; the checks are in paddle_dist/selftest_checks.py).
 
 Each rank sets up exactly as a training rank does (`runtime.setup`: device, process
-group, seed), then runs CHECKS in order. Every check runs under a deadline
-(`monitor.deadline()`: a watchdog process ends a rank that hangs, even inside native code
-that holds the GIL), and after every check the rank rewrites <dir>/rank<N>.json with its
-rows so far and the check it is in, so that the parent can say which check hung or
-crashed. A check's exception is a FAIL row, and the rank's last: after a failure the
-ranks' collectives no longer line up, so the later checks are NOT RUN.
+group, seed), then runs CHECKS in order (selftest_plan.PLAN, each bound to its function).
+Every check runs under a deadline (`monitor.deadline()`: a watchdog process ends a rank
+that hangs, even inside native code that holds the GIL), and after every check the rank
+rewrites <dir>/rank<N>.json with its rows so far and the check it is in, so that the
+parent can say which check hung or crashed. A check's exception is a FAIL row, and the
+rank's last: after a failure the ranks' collectives no longer line up, so the later
+checks are NOT RUN.
+
+What brings paddle (runtime.process, the checks, sync's collectives) is imported by the
+functions that a rank runs, never at module level: doctor/ imports no paddle when loaded.
 
 Example (what selftest.py's generated script runs in every rank):
     sys.exit(selftest_rank.main(["/tmp/paddle_dist-selftest-x"]))
@@ -24,16 +28,15 @@ import traceback
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from .. import config as configlib
 from ..runtime import env as envlib
-from ..runtime import monitor, process as runtime
-from ..sync.collectives import first_line
-from .selftest_checks import (DTYPES, FAIL, PASS, Job, Row, all_reduce, amp_step, checkpoint_round_trip, export_predict, grad_sync, side_stream_overlap)
+from ..runtime import monitor
+from .selftest_plan import CONFIG_FILE, PLAN, SETUP
 
-SETUP = "process group"       # the first row: runtime.setup, under its own (rendezvous) deadline
-CONFIG_FILE = "config.json"   # in the job's folder: the config, as selftest.py wrote it
+if TYPE_CHECKING:
+    from ..selftest_checks import Job, Row
 
 
 @dataclass(frozen=True)
@@ -44,15 +47,13 @@ class Check:
     first_only: bool = False            # global rank 0 alone (the others report nothing)
 
 
-CHECKS = ([Check(f"all-reduce {d}", 30, partial(all_reduce, d)) for d in DTYPES]
-          + [Check("grad sync fused", 60, partial(grad_sync, "fused")),
-             Check("grad sync overlap", 60, partial(grad_sync, "overlap")),
-             Check("grad sync dataparallel", 60, partial(grad_sync, "dataparallel")),
-             Check("checkpoint + RNG", 60, checkpoint_round_trip)]
-          + [Check(f"AMP {d} {level}" + (" + GradScaler" if d == "float16" else ""), 120,
-                   partial(amp_step, d, level)) for level in ("O1", "O2") for d in ("float16", "bfloat16")]
-          + [Check("export + predict", 120, export_predict, first_only=True),
-             Check("overlap on a CUDA side stream", 60, side_stream_overlap, first_only=True)])
+def _call(function: str, args: Tuple[str, ...], job: Job) -> Row:
+    """selftest_checks.<function>(*args, job), imported when a rank runs its first check."""
+    from .. import selftest_checks
+    return getattr(selftest_checks, function)(*args, job)
+
+
+CHECKS = [Check(c.name, c.seconds, partial(_call, c.function, c.args), c.first_only) for c in PLAN]
 
 
 # ---------------------------------------------------------------- the rank
@@ -84,6 +85,8 @@ class Recorder:
 def run_check(check: Check, job: Job) -> Row:
     """One check under its deadline; an exception is a FAIL row (its traceback goes to
     this rank's log)."""
+    from ..selftest_checks import FAIL, Row
+    from ..sync.collectives import first_line
     message = f"self-test: {check.name} gave no result within {check.seconds:g} s"
     with monitor.deadline(check.seconds, message, job.scratch.parent / f"hung{job.env.global_rank}.json",
                          job.env.global_rank):
@@ -99,6 +102,9 @@ def run_check(check: Check, job: Job) -> Row:
 
 def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
     """runtime.setup, as every training rank does it, recorded as the first row."""
+    from ..runtime import process as runtime
+    from ..selftest_checks import FAIL, PASS, Row
+    from ..sync.collectives import first_line
     recorder.start(SETUP)
     started = time.perf_counter()
     try:
@@ -115,6 +121,7 @@ def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
 
 def main(argv: List[str]) -> int:
     """A rank of the self-test; argv: the folder holding config.json, where rank<N>.json goes."""
+    from ..selftest_checks import FAIL, Job
     folder = Path(argv[0])
     cfg = configlib.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
     rank = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend).global_rank

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..procfs import process_table
+from ..procfs import environ_of, is_zombie, process_table, start_time
 from ..runs.report import Exit
 
 SHM = Path("/dev/shm")
@@ -48,25 +48,14 @@ def place_of(pid: int) -> Optional[Tuple[int, int, int]]:
     Example:
         place_of(4711)        # (0, 2, 2): the first rank here is rank 2 of a job on 2 nodes
     """
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
+    found = environ_of(pid)
+    if found is None:
         return None
-    found = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     try:
         return (int(found[b"PADDLE_LOCAL_RANK"]), int(found[b"PADDLE_TRAINER_ID"]),
                 int(found.get(b"PADDLE_NNODES", b"1")))
     except (KeyError, ValueError):
         return None
-
-
-def _start_time(pid: int) -> str:
-    """When `pid` started (clock ticks since boot; "" when gone): a pid and its start time
-    name one process, even after the pid is reused."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def _has_exited(pid: int) -> bool:
@@ -126,7 +115,7 @@ class Ranks:
                 rank = ranks.get(session) if self.sessions else None
                 rank = rank if rank is not None else known.get(parent)
                 if rank is not None and pid not in self.members:
-                    self.members[pid] = (rank, _start_time(pid))
+                    self.members[pid] = (rank, start_time(pid))
                     known[pid] = rank
 
     def signal(self, sig: int, ranks: Optional[Iterable[int]] = None, group: bool = True) -> None:
@@ -157,7 +146,7 @@ class Ranks:
             pass
         if group and not self.sessions:       # spawn: the rank's own children, by pid
             for member, (owner, started) in list(self.members.items()):
-                if owner == rank and member != pid and started and _start_time(member) == started:
+                if owner == rank and member != pid and started and start_time(member) == started:
                     signal_pids([member], sig)
 
     def kill_everything(self) -> None:
@@ -166,14 +155,7 @@ class Ranks:
 
     def alive_members(self) -> List[int]:
         return [pid for pid, (_, started) in self.members.items()
-                if started and _start_time(pid) == started and not _is_zombie(pid)]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+                if started and start_time(pid) == started and not is_zombie(pid)]
 
 
 def remove_segments(pids: Iterable[int], folder: Path = SHM) -> List[str]:

@@ -29,16 +29,15 @@ import dataclasses
 import logging
 import os
 import shutil
-import signal
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import errors
 from ..security import auth, private, rankgate
-from . import jobprocs, rendezvous as nodes, supervisor
+from . import jobprocs, mpirun, rendezvous as nodes, supervisor
+from .meeting import wait_for_machines
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
 from ..errors import DeviceError, UserError
@@ -70,7 +69,7 @@ class LaunchPlan:
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
-    gate: Optional[nodes.Gate] = None   # multi-node launch: where the machines meet first
+    gate: Optional[nodes.MeetingPlace] = None   # multi-node launch: where the machines meet first
     token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
 
 
@@ -98,11 +97,13 @@ def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequenc
 def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
          gpu_info: Optional[devicelib.GpuInfo] = None, log_dir: str = "",
          cpu_count: Optional[int] = None, environ=None, always: bool = False,
-         module: str = "") -> LaunchPlan:
+         module: str = "", job_config: Optional[dict] = None) -> LaunchPlan:
     """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
 
     `always`: start processes even for one rank (a script cannot run in this process).
     `module`: the ranks run `python -m module script_args` instead of the script.
+    `job_config`: the built-in job's resolved config, which its ranks run instead of
+    reading their command line again (protocol.JOB_CONFIG; launch() hands each attempt's).
 
     Example:
         plan(cfg, DistEnv(), script="train.py").argv
@@ -115,7 +116,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     devicelib.select_backend(cfg.dist.backend, "gpu" if gpus else devicelib.CPU, nprocs)  # checks it
     mode = cfg.dist.launcher
     if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
-        nprocs = hostfile_slots(cfg.dist.hostfile)
+        nprocs = mpirun.hostfile_slots(cfg.dist.hostfile)
     alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
     if env.launcher != "standalone":          # its ranks are started already: run right here
         check_started_outside(cfg.dist.nprocs, env)
@@ -124,6 +125,8 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{protocol.SUPERVISED: "1"})
     variables.update(varlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
+    if job_config is not None:
+        variables.update(protocol.job_config(job_config))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
@@ -134,8 +137,8 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
     elif mode == "launch":
         argv = launch_argv(nprocs, gpus, script, script_args, log_dir, nodes_of(cfg), module)
     elif mode == "mpirun":
-        variables.update(mpirun_master(cfg))
-        argv = mpirun_argv(nprocs, cfg.dist.hostfile, variables, script, script_args, module)
+        variables.update(mpirun.master_variables(cfg))
+        argv = mpirun.mpirun_argv(nprocs, cfg.dist.hostfile, variables, python_args(script, module), script_args)
     # Paddle's launcher gives a rank its GPU's position among the visible ones.
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
     return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
@@ -146,13 +149,13 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
 
-def gate_of(cfg, nprocs: int) -> Optional[nodes.Gate]:
+def gate_of(cfg, nprocs: int) -> Optional[nodes.MeetingPlace]:
     """Where the machines of a multi-node launch meet before Paddle's launcher starts."""
     d = cfg.dist
     if d.nnodes == 1:
         return None
-    return nodes.Gate(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout, token_file=d.token_file,
-                      tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
+    return nodes.MeetingPlace(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout,
+                              token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
 
 
 def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
@@ -261,66 +264,32 @@ def _launched_program(script: str, module: str) -> Tuple[str, ...]:
     return (sys.executable, "-u", "-m", module) if module else (script,)
 
 
-def _hostfile_entries(path: str):
-    """The word lists of an OpenMPI hostfile's lines, comments and blank lines left out."""
-    for line in open(path).read().splitlines():
-        words = line.split("#")[0].split()
-        if words:
-            yield words
-
-
-def hostfile_slots(path: str) -> int:
-    """Total slots of an OpenMPI hostfile ("node1 slots=8" lines; a bare host is 1 slot)."""
-    total = 0
-    for words in _hostfile_entries(path):
-        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))]
-        total += int(slots[0]) if slots and slots[0].isdigit() else 1
-    return max(total, 1)
-
-
-def hostfile_first_host(path: str) -> str:
-    return next((words[0] for words in _hostfile_entries(path)), "127.0.0.1")
-
-
-def mpirun_master(cfg) -> Dict[str, str]:
-    """MASTER_ADDR/MASTER_PORT for mpirun ranks: `dist.master` (the CLI fills in a free
-    port on the hostfile's first host when it is not given)."""
-    host, _, port = cfg.dist.master.rpartition(":")
-    return {"MASTER_ADDR": host, "MASTER_PORT": port}
-
-
-def mpirun_argv(nprocs: int, hostfile: str, variables: Dict[str, str], script: str,
-                script_args: Sequence[str], module: str = "") -> Tuple[str, ...]:
-    # --allow-run-as-root: containers often run as root, where mpirun refuses to start
-    # otherwise; for other users the option changes nothing.
-    argv = ["mpirun", "-n", str(nprocs), "--allow-run-as-root"]
-    if hostfile:
-        argv += ["--hostfile", hostfile]
-    for name in sorted(variables):
-        argv += ["-x", name]                 # mpirun passes only the variables it is told to
-    return tuple(argv + [sys.executable, *python_args(script, module), *script_args])
-
-
-
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
            run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None,
-           met: Optional[nodes.Meeting] = None) -> int:
+           met: Optional[nodes.Meeting] = None, job_config: Optional[dict] = None,
+           log_dir: str = "") -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;
     `script`: the ranks run a user's script (python -m paddle_dist.launch); `met`: what the
     machines of a multi-node launch learnt when they met, if they have met already
-    (meeting()); the report names the ranks' hosts from it."""
+    (wait_for_machines()); the report names the ranks' hosts from it. `job_config`: this
+    attempt's config for the built-in job's ranks (plan()); `log_dir`: where the ranks'
+    logs go, when known only now (in the run directory, named when the machines met)."""
+    if job_config is not None:
+        p = dataclasses.replace(p, env=dict(p.env, **protocol.job_config(job_config)))
+    if log_dir:
+        p = _logging_to(p, log_dir)
     with job_files(p.token_file) as (folder, token_file):
         private_env = {protocol.JOB_DIR: folder}
         if p.direct:
-            with rankgate.Gate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
+            with rankgate.RankGate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
                 child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
                 return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                                   script=script)
         if p.mode in ("launch", "mpirun"):
             if p.gate is not None and met is None:
-                code, met = meeting(p.gate)
+                code, met = wait_for_machines(p.gate)
                 if code:
                     return code
             try:
@@ -335,6 +304,14 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
             p = dataclasses.replace(p, env=dict(p.env, **job))
             return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
+
+
+def _logging_to(p: LaunchPlan, log_dir: str) -> LaunchPlan:
+    """Plan `p` with its ranks' logs in `log_dir`: Paddle's launcher is told so first."""
+    argv = p.argv
+    if p.mode == "launch" and not p.direct:      # python -m paddle.distributed.launch ...
+        argv = argv[:3] + ("--log_dir", log_dir) + argv[3:]
+    return dataclasses.replace(p, argv=argv, log_dir=log_dir)
 
 
 @contextlib.contextmanager
@@ -356,52 +333,6 @@ def job_files(given_token: str = ""):
         gone = [pid for pid in private.noted_workers(folder) if not pid_alive(pid)]
         jobprocs.remove_segments(gone)      # what killed DataLoader workers left
         shutil.rmtree(folder, ignore_errors=True)
-
-
-class _StopRequested(Exception):
-    pass
-
-
-def _raise_stop(signum, frame):
-    raise _StopRequested()
-
-
-def meet(gate: nodes.Gate) -> int:
-    """Wait for the other machines (nodes.meet); 0 when all arrived, else the job's exit
-    code after one line: 3 (a node missing), 143 (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing
-    has started yet, so a stop request ends the wait at once: there is nothing to save."""
-    return meeting(gate)[0]
-
-
-def meeting(gate: nodes.Gate) -> Tuple[int, Optional[nodes.Meeting]]:
-    """meet(), and what the machines learnt (None when they did not all meet).
-
-    Example:
-        code, met = meeting(gate)     # 0, Meeting(run='mnist_lenet-...', nodes={0: ..., 1: ...})
-    """
-    who = "the other machines" if gate.node_rank == 0 else "node 0 and the other machines"
-    limit = f" (up to {gate.timeout:g} s)" if gate.timeout > 0 else ""
-    old = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
-            old[sig] = signal.signal(sig, _raise_stop)
-        print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
-        return 0, nodes.meet(gate)
-    except nodes.NodesMissing as e:
-        print(e, file=sys.stderr, flush=True)
-        return errors.EXIT_RENDEZVOUS, None
-    except _StopRequested:
-        code = 128 + signal.SIGTERM
-        print(f"paddle_dist: stopped on request while waiting for the other machines (exit {code}); "
-              "no rank had started: run the same command again to start the job", file=sys.stderr, flush=True)
-        return code, None
-    except KeyboardInterrupt:
-        print("paddle_dist: interrupted while waiting for the other machines; no rank had started",
-              file=sys.stderr, flush=True)
-        return errors.EXIT_INTERRUPTED, None
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):

@@ -17,26 +17,23 @@ Example:
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
-import re
 import socket
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..runtime import devices as devicelib, variables as varlib
 from ..security import auth, tls
 from ..runtime import netcheck
 from ..runtime.engines import CLUSTER_ENVIRONMENTS
 from ..errors import UserError
+from ..procfs import port_holder
+from .proxies import bypasses_proxy, proxy_setting
 
 ERROR, WARNING = "error", "warning"
 SHM_PATH = "/dev/shm"
 SHM_MIN = 1 << 30                 # below this, NCCL's shared-memory transport runs out
-TCP_LISTEN = "0A"                 # the `st` column of /proc/net/tcp (include/net/tcp_states.h)
 CHECK_HINT = "run python -m paddle_dist.doctor --check"
-NO_PROXY_ENTRY = re.compile(r"(.*?)(?::(\d+))?")   # host[:port]
 
 StatVfs = Callable[[str], Any]
 
@@ -208,60 +205,6 @@ def bind_error(port: int) -> Optional[OSError]:
     return None
 
 
-def port_holder(port: int, proc: str = "/proc") -> Optional[Tuple[int, str]]:
-    """(pid, command line) of a process listening on TCP `port`, or None when there is none
-    or it is not visible to us (another user's process, another PID namespace).
-
-    Example:
-        port_holder(6170)   # (1234, 'python -m http.server 6170')
-    """
-    inodes = _listening_inodes(port, Path(proc))
-    return _socket_owner(inodes, Path(proc)) if inodes else None
-
-
-def _listening_inodes(port: int, proc: Path) -> Set[str]:
-    found = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = (proc / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
-            fields = row.split()
-            if (len(fields) > 9 and fields[3] == TCP_LISTEN and fields[9] != "0"
-                    and int(fields[1].rpartition(":")[2], 16) == port):
-                found.add(fields[9])
-    return found
-
-
-def _socket_owner(inodes: Set[str], proc: Path) -> Optional[Tuple[int, str]]:
-    links = {f"socket:[{inode}]" for inode in inodes}
-    # Lowest pid first: after a fork parent and children share the socket; name the parent.
-    for pid in sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit()):
-        fd_dir = proc / str(pid) / "fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:   # gone, or another user's
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd_dir / fd) in links:
-                    return pid, _cmdline(proc / str(pid))
-            except OSError:
-                continue
-    return None
-
-
-def _cmdline(pid_dir: Path, limit: int = 200) -> str:
-    try:
-        words = (pid_dir / "cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    text = " ".join(w.decode(errors="replace") for w in words if w) or "?"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 # ------------------------------------------------ /dev/shm
 def shm_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
                  statvfs: StatVfs = os.statvfs, path: str = SHM_PATH,
@@ -280,8 +223,8 @@ def shm_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
                                   f"-o size=8G tmpfs {path} (docker: --shm-size=8g)")]
     if facts["free"] >= minimum:
         return []
-    state = (f"{path} has {_bytes(facts['free'])} free of {_bytes(facts['size'])}, "
-             f"below {_bytes(minimum)}")
+    state = (f"{path} has {readable_bytes(facts['free'])} free of {readable_bytes(facts['size'])}, "
+             f"below {readable_bytes(minimum)}")
     if facts["size"] >= minimum:   # big enough, but full: stale segments of earlier jobs
         return [Problem(severity, f"{state}: {why}; remove stale files there (ls -la {path}) "
                                   f"or enlarge it with {enlarge}")]
@@ -310,56 +253,6 @@ def proxy_problems(cfg, environ: Mapping[str, str]) -> List[Problem]:
     return [Problem(ERROR, f"{setting[0]} is set and dist.master host {host} is not in no_proxy"
                            f"{note}: the rendezvous would go through the proxy and hang; "
                            f"export no_proxy={host}{keep} or unset {setting[0]}")]
-
-
-def proxy_setting(environ: Mapping[str, str], scheme: str) -> Optional[Tuple[str, str]]:
-    """(variable name, value) of the `<scheme>_proxy` setting in effect, or None.
-
-    As urllib.request.getproxies (which httpx uses): the lower-case variable wins, and
-    setting it empty cancels the upper-case one.
-    """
-    lower = f"{scheme}_proxy"
-    if lower in environ:
-        return (lower, environ[lower]) if environ[lower] else None
-    upper = lower.upper()
-    return (upper, environ[upper]) if environ.get(upper) else None
-
-
-def bypasses_proxy(host: str, port: int, no_proxy: str) -> bool:
-    """Whether `no_proxy` exempts http://host:port, by httpx's rules.
-
-    Example:
-        bypasses_proxy("10.0.0.1", 6170, "localhost,10.0.0.1")   # True
-        bypasses_proxy("n1.lab", 6170, ".lab")                    # True (suffix)
-        bypasses_proxy("10.0.0.1", 6170, "10.0.0.0/8")            # False: httpx has no ranges
-    """
-    host = host.lower()
-    for entry in (e.strip().lower() for e in no_proxy.split(",")):
-        if entry == "*":
-            return True
-        scheme, _, rest = entry.rpartition("://")
-        if scheme not in ("", "http", "all"):
-            continue                    # https://HOST exempts https:// URLs only
-        name, entry_port = NO_PROXY_ENTRY.fullmatch(rest).groups()
-        if not name or (entry_port and int(entry_port) != port):
-            continue
-        if _is_ipv4(name.split("/")[0]) or name == "localhost":
-            hit = host == name.split("/")[0]
-        elif name.startswith("."):
-            hit = host.endswith(name)
-        else:
-            hit = host == name or host.endswith("." + name)
-        if hit:
-            return True
-    return False
-
-
-def _is_ipv4(text: str) -> bool:
-    try:
-        ipaddress.IPv4Address(text)
-    except ValueError:
-        return False
-    return True
 
 
 # ------------------------------------------------ the route to the master
@@ -405,7 +298,8 @@ def shm_facts(statvfs: StatVfs = os.statvfs, path: str = SHM_PATH) -> Dict[str, 
             "free": st.f_frsize * st.f_bavail}
 
 
-def _bytes(n: Optional[int]) -> str:
+def readable_bytes(n: Optional[int]) -> str:
+    """`n` bytes as people read them: "512 B", "1.5 GiB" ("-" when unknown)."""
     if n is None:
         return "-"
     if n < 1024:

@@ -10,11 +10,10 @@
   process of the job is left behind, nor its shared memory in /dev/shm.
 - Ctrl+C stops every rank at once; SIGTERM / SIGUSR1 ask the ranks to save a checkpoint
   and stop (preemption), and whatever has not stopped after `dist.stop_timeout` is killed.
-- The end of a failed job is explained once (report.py): which rank failed first and how,
-  and the ranks stopped as a consequence, by global rank (Paddle's launcher numbers the
-  ranks of each machine from 0: each is mapped to the rank it is in the job) and, on
-  several machines, with their host. The job's exit code is the root cause's, not the
-  launcher's.
+- The end of a failed job is explained once (outcome.py, report.py): which rank failed
+  first and how, and the ranks stopped as a consequence. The job's exit code is the root
+  cause's, not the launcher's.
+- Rank 0's output goes to this terminal as it comes (console.py), every rank's to its log.
 
 Example:
     code = supervise_launch(plan.argv, child_env, run_dir, stop_timeout=60)
@@ -22,33 +21,27 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
 import os
-import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .. import errors
-from ..errors import REFUSAL_LINE
+from .console import Console, tee
 from .jobprocs import Ranks, place_of, remove_segments, signal_pids
-from ..procfs import process_table
-from ..runs.logs import is_noise, tail_lines
-from ..runs.report import POLL_S, Exit, Report, exit_code_of, first_failure, how_it_ended, root_cause, with_resume
-from ..runs.status import read_all as read_status
-from ..runs.topology import ONE_MACHINE, Machines, Meeting
+from .outcome import finish, global_ranks, launcher_exit_codes, machines_of, pointed_run, unstarted
+from ..procfs import children_of, die_with_parent
+from ..runs.report import POLL_S
+from ..runs.topology import Meeting
 
-PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
                          # every job: time to stop after Ctrl+C before SIGKILL
 SCRIPT_NOTICE_S = 1.0    # a user's script: time to fail by itself (its own message) before SIGTERM
 SCRIPT_GRACE_S = 5.0     # a user's script: time between SIGTERM and SIGKILL
+
 
 @dataclass(frozen=True)
 class UserScript:
@@ -57,20 +50,6 @@ class UserScript:
     directory it chose, if it keeps one."""
     command: Tuple[str, ...] = ()
     run_pointer: Optional[Path] = None
-
-
-def children_of(pid: int) -> List[int]:
-    """Direct children of `pid`."""
-    return [child for child, _, parent, _ in process_table() if parent == pid]
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """In a child, before exec: the kernel sends it `sig` if its parent dies (Linux), so a
-    job's processes never outlive a launcher that was itself killed."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
-    except (OSError, AttributeError):
-        pass
 
 
 class _Requests:
@@ -181,18 +160,6 @@ def _end(ranks: Ranks) -> List[str]:
     return remove_segments(set(ranks.members) | set(ranks.pids))
 
 
-CONTAINER_FAILED = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
-
-
-def launcher_exit_codes(stderr_file: Path) -> Dict[int, int]:
-    """The real exit codes Paddle's launcher saw ("Container rank 1 ... code -9")."""
-    try:
-        text = stderr_file.read_text(errors="replace")
-    except OSError:
-        return {}
-    return {int(m.group(1)): int(m.group(2)) for m in CONTAINER_FAILED.finditer(text)}
-
-
 def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
                      stop_timeout: float, log_dir: Path, start_timeout: float = 0,
                      meeting: Optional[Meeting] = None) -> int:
@@ -242,66 +209,13 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     if code == 0 and not request:
         return 0
     if not ranks and (late or request):
-        return _unstarted(request, start_timeout, err_path, meeting)
+        return unstarted(request, start_timeout, err_path, meeting)
     number = global_ranks(places.values(), meeting)
     logs = {number(r): str(log_dir / f"workerlog.{r}") for r in range(64)
             if (log_dir / f"workerlog.{r}").exists()}
     codes = {number(r): c for r, c in launcher_exit_codes(err_path).items()}
-    return _finish(request, run_dir, logs, exit_codes=codes, launcher_code=code or 1,
-                   launcher_log=err_path, machines=_machines(places.values(), meeting, number))
-
-
-def global_ranks(places, meeting: Optional[Meeting] = None) -> Callable[[int], int]:
-    """local rank -> global rank of this machine's ranks under Paddle's launcher: from the
-    ranks' own variables (jobprocs.place_of), else from the meeting's numbering (a rank
-    that ended before its variables were read), else unchanged (one machine).
-
-    Example:
-        global_ranks([(0, 2, 2), (1, 3, 2)])(1)      # 3
-    """
-    found = {local: rank for local, rank, _ in places}
-    block = meeting.ranks_of(meeting.node_rank) if meeting else range(0)
-
-    def number(local: int) -> int:
-        if local in found:
-            return found[local]
-        return block[local] if local < len(block) else local
-    return number
-
-
-def _machines(places, meeting: Optional[Meeting], number: Callable[[int], int]) -> Machines:
-    """Where this machine's ranks run, for the report (topology.Machines)."""
-    places = list(places)
-    nnodes = max([n for _, _, n in places] + [len(meeting.nodes) if meeting else 1])
-    if nnodes <= 1:
-        return ONE_MACHINE
-    local = {rank for _, rank, _ in places} | set(meeting.ranks_of(meeting.node_rank) if meeting else ())
-    return Machines(socket.gethostname(), tuple(sorted(local)), nnodes, meeting)
-
-
-def _unstarted(request: Optional[str], start_timeout: float, err_path: Path,
-               meeting: Optional[Meeting] = None) -> int:
-    """The end of a launcher that started no rank: stopped on request, or too late (with
-    what node 0's rendezvous refused meanwhile, kvserver.py)."""
-    if request == "interrupt":
-        code, line = errors.EXIT_INTERRUPTED, "paddle_dist: interrupted; no rank had started"
-    elif request:
-        code = exit_code_of(-signal.SIGTERM)
-        line = (f"paddle_dist: stopped on request before any rank started (exit {code}); "
-                "run the same command again to start the job")
-    else:
-        code = errors.EXIT_RENDEZVOUS
-        refused = meeting.rendezvous.refusals() if meeting is not None and meeting.rendezvous else []
-        if refused:
-            why = (f"the key-value rendezvous at dist.master refused {'; '.join(refused)}: something "
-                   "outside the job took part in it (docs/security.md)")
-        else:
-            why = ("check that every machine reaches node 0 at dist.master (node 0's report names anything "
-                   f"outside the job that took part in the key-value rendezvous there), and read {err_path}")
-        line = (f"paddle_dist: Paddle's launcher started no rank within {start_timeout:g} s although every "
-                f"machine had arrived; {why}")
-    print(line, file=sys.stderr, flush=True)
-    return code
+    return finish(request, run_dir, logs, exit_codes=codes, launcher_code=code or 1,
+                  launcher_log=err_path, machines=machines_of(places.values(), meeting, number))
 
 
 def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
@@ -313,8 +227,8 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
     `script`: the ranks run a user's script (its own grace, report and command)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
-    console = _Console(filtered=script is not None)
-    tee = None
+    console = Console(filtered=script is not None)
+    tee_thread = None
     ranks = None
     try:
         for rank, extra in enumerate(rank_envs):
@@ -324,9 +238,9 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
                     stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=die_with_parent))
             if rank == 0:
-                tee = threading.Thread(target=_tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
-                                       daemon=True)
-                tee.start()
+                tee_thread = threading.Thread(target=tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
+                                              daemon=True)
+                tee_thread.start()
         ranks = Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
         stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if script else _Stop(GRACE_S, stop_timeout)
         request = _watch(ranks, stop, stop_timeout, on_interrupt=console.mute)
@@ -340,72 +254,15 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
         if ranks is not None:
             ranks.collect(0)
             _end(ranks)
-        if tee is not None:
-            tee.join(timeout=5)
+        if tee_thread is not None:
+            tee_thread.join(timeout=5)
     exits = [ranks.exits[r] for r in sorted(ranks.exits)]
     if not request and all(e.code == 0 for e in exits):
         return 0
     logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in range(len(procs))}
     if script is not None and run_dir is None:
-        run_dir = _pointed_run(script.run_pointer)
-    return _finish(request, run_dir, logs, exits=exits, script=script)
-
-
-def _pointed_run(pointer: Optional[Path]) -> Optional[Path]:
-    """The run directory a fit() wrote into `pointer` (None when it wrote none)."""
-    try:
-        text = pointer.read_text().strip() if pointer else ""
-    except OSError:
-        return None
-    return Path(text) if text and Path(text).is_dir() else None
-
-
-class _Console:
-    """Rank 0's output on this terminal: for a user's script without Paddle's noise
-    (logs.is_noise; its log keeps everything) nor its user error's line (a typo in its
-    config: errors.REFUSAL_LINE), which the report says once, and nothing once Ctrl+C was
-    pressed (the ranks' KeyboardInterrupt tracebacks say nothing the one line does not)."""
-
-    def __init__(self, filtered: bool):
-        self.filtered, self.muted, self.partial = filtered, False, b""
-
-    def mute(self) -> None:
-        self.muted = True
-
-    def write(self, chunk: bytes) -> None:
-        if self.filtered:       # whole lines only: a line may come in two chunks
-            lines = (self.partial + chunk).split(b"\n")
-            self.partial = lines.pop()
-            chunk = b"".join(line + b"\n" for line in lines if not self._noise(line))
-        self._out(chunk)
-
-    def close(self) -> None:
-        rest, self.partial = self.partial, b""
-        if rest and not self._noise(rest):
-            self._out(rest)
-
-    def _noise(self, line: bytes) -> bool:
-        text = line.decode(errors="replace")
-        return is_noise(text) or text.startswith(REFUSAL_LINE)
-
-    def _out(self, data: bytes) -> None:
-        if self.muted or not data:
-            return
-        try:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def _tee(stream, path: Path, console: _Console) -> None:
-    """Copy a rank's output to this terminal and to its log file as it comes."""
-    with open(path, "ab") as log:
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            log.write(chunk)
-            log.flush()
-            console.write(chunk)
-    console.close()
+        run_dir = pointed_run(script.run_pointer)
+    return finish(request, run_dir, logs, exits=exits, rerun=script.command if script else ())
 
 
 def _join_code(p) -> int:
@@ -431,37 +288,4 @@ def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
     exits = [ranks.exits[r] for r in sorted(ranks.exits)]
     if not request and all(e.code == 0 for e in exits):
         return 0
-    return _finish(request, run_dir, {}, exits=exits)
-
-
-def _finish(request: Optional[str], run_dir: Optional[Path], logs: Dict[int, str],
-            exits: Optional[List[Exit]] = None, exit_codes: Optional[Dict[int, int]] = None,
-            launcher_code: int = 1, launcher_log: Optional[Path] = None,
-            script: Optional[UserScript] = None, machines: Machines = ONE_MACHINE) -> int:
-    """Print the report of a job that failed or was stopped; return its exit code."""
-    status = read_status(run_dir)
-    rerun = script.command if script else ()
-    if request == "interrupt":
-        report = Report(errors.EXIT_INTERRUPTED, ["paddle_dist: interrupted; every rank was stopped"])
-        if script is not None and run_dir is None:
-            rerun = ()                     # Ctrl+C by a user's script: one line
-    else:
-        report = root_cause(status, exit_codes, launcher_code=launcher_code, logs=logs, exits=exits,
-                            machines=machines)
-        if request == "stop" and exits and report.code != errors.EXIT_PREEMPTED and \
-                first_failure(exits) is None and not status:
-            report = _stopped_unsaved(exits)
-        if not status and not exit_codes and not exits and launcher_log is not None:
-            report.lines += [f"  launcher log: {launcher_log}"] + \
-                [f"  | {line}" for line in tail_lines(str(launcher_log), 8)]
-    print(with_resume(report, run_dir, rerun).text, file=sys.stderr, flush=True)
-    return report.code
-
-
-def _stopped_unsaved(exits: List[Exit]) -> Report:
-    """Stopped on request (the launcher got SIGTERM or SIGUSR1 and passed SIGUSR1 on), but
-    the ranks did not end with 75: a script that does not handle it dies of the signal."""
-    ended = ", ".join(f"rank {e.rank} {how_it_ended(e.code)}" for e in exits)
-    code = exit_code_of(-signal.SIGTERM)
-    return Report(code, [f"paddle_dist: the job was stopped on request (exit {code}); its ranks did "
-                         f"not save and exit {errors.EXIT_PREEMPTED}: {ended}"])
+    return finish(request, run_dir, {}, exits=exits)

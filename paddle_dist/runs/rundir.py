@@ -51,14 +51,12 @@ class Choice:
     note: str = ""               # what to tell the user (a continued run, a finished one)
 
 
-def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
-           extra: Optional[dict] = None) -> Choice:
+def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[dict] = None) -> Choice:
     """The run directory for `cfg` (module docstring), created if new.
 
     The chooser locks the run and records run.json (identity and the command that
-    started it). A directory that was named for this process (output.run_dir, or another
-    machine's of a multi-node job) with `hold` False is only checked and created: its
-    launcher holds it. `extra`: more of the run's identity (fit(): {"fit": its record of
+    started it); it runs once per job, in the launcher or, for a script's fit(), in rank 0
+    (the ranks of a launched job take the launcher's: chosen_by_launcher). `extra`: more of the run's identity (fit(): {"fit": its record of
     the script's model, optimizer and data}), so that only the same job continues it.
     """
     named = cfg.output.run_dir
@@ -67,12 +65,11 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), hold: bool = True,
                 **(extra or {})}
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
-        path = _given(Path(named), hold)
+        path = _given(Path(named), hold=True)
         private.restrict(path, cfg.output.share)
-        if hold:
-            if auto:
-                _check_loadable(path, identity)
-            _record(path, identity, command, continues=auto)
+        if auto:
+            _check_loadable(path, identity)
+        _record(path, identity, command, continues=auto)
         return Choice(path.resolve())
     root = Path(cfg.output.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -264,6 +261,15 @@ def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
         return
     for file in status.files(path):
         file.unlink(missing_ok=True)
+
+
+def chosen_by_launcher(cfg) -> Path:
+    """A rank's run directory when the job's launcher chose it (launch/job.py): created on a
+    machine that has none yet (mpirun's other hosts), never chosen or checked again."""
+    path = Path(cfg.output.run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    private.restrict(path, cfg.output.share)
+    return path.resolve()
 
 
 def node_run_dir(cfg, name: str) -> Path:

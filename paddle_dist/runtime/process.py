@@ -27,7 +27,7 @@ from . import env as envlib, protocol, variables as varlib
 from ..security import attest, auth
 from . import monitor, gloocheck, netcheck
 from ..runs import commands, rundir
-from ..launch import supervisor
+from .. import procfs
 from ..sync.collectives import PeerFailure, first_line
 from ..errors import UserError
 
@@ -46,9 +46,9 @@ def setup(cfg) -> envlib.DistEnv:
         # get SIGTERM too, a stop request (checkpoint, exit 75); a hung rank is ended by its
         # hang watchdog. paddle_dist's launcher forwards signals itself, so its ranks go with it.
         if env.supervised:
-            supervisor.die_with_parent()
+            procfs.die_with_parent()
         elif env.launcher in ("paddle_launch", "spawn"):
-            supervisor.die_with_parent(signal.SIGTERM)
+            procfs.die_with_parent(signal.SIGTERM)
         varlib.prepare_process_group(env, cfg.dist.nccl)
         _check_network(env, cfg)
         paddle.set_device(env.device)
@@ -185,7 +185,7 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     first rank of every other machine, whose launcher reports from its own ranks' records."""
     pointer = protocol.run_pointer()
     if env.supervised and cfg.output.run_dir and not pointer:     # train.py's launcher chose it
-        return rundir.choose(cfg, env.world_size, hold=False, extra=identity).path
+        return rundir.chosen_by_launcher(cfg)
 
     def decide() -> str:
         choice = rundir.choose(cfg, env.world_size, commands.invoking_command(), extra=identity)

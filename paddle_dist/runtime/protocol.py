@@ -27,6 +27,9 @@ RUN_POINTER = "PADDLE_DIST_RUN_POINTER"
 JOB, TOKEN_FILE = "PADDLE_DIST_JOB", "PADDLE_DIST_TOKEN_FILE"
 # The job's private directory in /dev/shm, made by its launcher (private.py).
 JOB_DIR = "PADDLE_DIST_JOB_DIR"
+# The built-in job's config as its launcher resolved it (launch/job.py), as JSON: its
+# ranks run this instead of reading their command line's -c and -o again (resolved_config()).
+JOB_CONFIG = "PADDLE_DIST_JOB_CONFIG"
 
 
 def launch_variables(config: Optional[str], overrides: List[str]) -> Dict[str, str]:
@@ -54,6 +57,28 @@ def launch_options(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optiona
     except ValueError:
         overrides = []
     return environ.get(LAUNCH_CONFIG) or None, [str(item) for item in overrides]
+
+
+def job_config(config: dict) -> Dict[str, str]:
+    """What the built-in job's launcher hands its ranks of the config it resolved.
+
+    Example:
+        job_config({"train": {"epochs": 1}})   # {'PADDLE_DIST_JOB_CONFIG': '{"train": {"epochs": 1}}'}
+    """
+    return {JOB_CONFIG: json.dumps(config, sort_keys=True)}
+
+
+def resolved_config(environ: Optional[Mapping[str, str]] = None) -> Optional[dict]:
+    """The config this rank's launcher resolved for it (a dict, as Config.to_dict() gives),
+    or None for any process that paddle_dist's launcher did not start for the built-in job.
+
+    Example:
+        resolved_config({"PADDLE_DIST_SUPERVISED": "1", "PADDLE_DIST_JOB_CONFIG": "{}"})   # {}
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get(SUPERVISED) or JOB_CONFIG not in environ:
+        return None
+    return json.loads(environ[JOB_CONFIG])
 
 
 def run_pointer(environ: Optional[Mapping[str, str]] = None) -> str:

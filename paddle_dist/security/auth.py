@@ -2,9 +2,10 @@
 
 A token is 32 random bytes, kept as 64 hexadecimal digits in a file that only its owner
 can read (`dist.token_file`, the same file on every machine). It never travels: each side
-of the node gate (nodes.py) proves it holds the token with an HMAC-SHA256 of fresh nonces
-from both sides, bound to the job, the node and a direction label, so that a proof cannot
-be replayed on another connection nor reflected back to its sender.
+of the machines' meeting (launch/rendezvous.py) proves it holds the token with an
+HMAC-SHA256 of fresh nonces from both sides, bound to the job, the node and a direction
+label, so that a proof cannot be replayed on another connection nor reflected back to its
+sender.
 
 This module imports nothing but the standard library, so that a rank's admission
 (rankgate.py, run as a plain script before the rank's own program) starts in milliseconds.

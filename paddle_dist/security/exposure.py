@@ -3,7 +3,7 @@ start and the `exposure` section of `python -m paddle_dist.doctor`.
 
 Paddle's TCP store listens on every interface and authenticates nobody, and gloo and
 NCCL neither authenticate nor encrypt: Paddle offers no option for any of that. What
-paddle_dist adds is in front of them (the gates: rankgate.py, nodes.py), after them (the
+paddle_dist adds is in front of them (the gates: rankgate.py, launch/rendezvous.py), after them (the
 ranks' attestation in the store: attest.py), and in place of Paddle's multi-node
 key-value server (kvserver.py: node 0 serves that rendezvous to the machines that met). docs/security.md says the same at length.
 

@@ -1,6 +1,6 @@
 """Paddle's multi-node rendezvous, served by node 0's paddle_dist on the meeting's listener.
 
-After the machines meet (nodes.py), each starts Paddle's launcher, whose machines find
+After the machines meet (launch/rendezvous.py), each starts Paddle's launcher, whose machines find
 each other through an HTTP key-value server at dist.master: each PUTs its entry
 (`/<job>/info/<pod name>/<node rank>`, a JSON object: its ranks, its store candidate and
 endpoints) and GETs the prefix until every machine's entry is there. Paddle's own server
@@ -50,7 +50,7 @@ ENTRY = re.compile(r"^/[^/]+/info/[^/]+/(\d+)$")
 
 
 class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    """The rendezvous for the machines `nodes` ({node rank: nodes.Node}), on `listener`
+    """The rendezvous for the machines `nodes` ({node rank: topology.Node}), on `listener`
     (module docstring)."""
 
     daemon_threads = True

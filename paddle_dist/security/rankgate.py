@@ -19,7 +19,7 @@ Usage (rank side; the launcher sets the variables):
     PADDLE_TRAINER_ID=1 PADDLE_TRAINERS_NUM=2 python -S rankgate.py python train.py ...
 
 Example (launcher side):
-    with Gate(token, job="3f2a...", world=2) as gate:
+    with RankGate(token, job="3f2a...", world=2) as gate:
         gate.address            # '127.0.0.1:40123'
 """
 
@@ -99,7 +99,7 @@ def store_variables(rank: int, world: int, host: str, port: int) -> dict[str, st
 
 
 # ------------------------------------------------------------------ the launcher's side
-class Gate:
+class RankGate:
     """Admits each rank 0..world-1 once, to ranks proving `token` for `job`; serves on
     `host` from a thread of the launcher until closed."""
 
@@ -113,7 +113,7 @@ class Gate:
         self._listener = socket.create_server((host, 0), backlog=128)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
 
-    def __enter__(self) -> "Gate":
+    def __enter__(self) -> "RankGate":
         threading.Thread(target=self._serve, name="paddle_dist-gate", daemon=True).start()
         return self
 

@@ -1,4 +1,4 @@
-"""Mutual TLS for the node gate (nodes.py): who may even speak to node 0.
+"""Mutual TLS for the machines' meeting (launch/rendezvous.py): who may even speak to node 0.
 
 With `dist.tls_ca`, `dist.tls_cert` and `dist.tls_key` (all three or none) the machines of
 a job meet over TLS 1.3, and both sides must show a certificate signed by the job's CA.

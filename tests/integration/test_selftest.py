@@ -62,7 +62,8 @@ def test_self_test_on_two_cpu_ranks_passes():
 
 HANGING_RANK = """import sys, time, dataclasses
 sys.path.insert(0, {root!r})
-from paddle_dist.doctor import selftest_checks, selftest_rank as st
+from paddle_dist import selftest_checks
+from paddle_dist.doctor import selftest_rank as st
 
 def hang(job):
     if job.env.global_rank == 1:

@@ -9,7 +9,7 @@ import yaml
 
 from .procs import ROOT, check, run
 
-BUNDLED = ROOT / "paddle_dist" / "datasets" / "mnist"
+BUNDLED = ROOT / "paddle_dist" / "data" / "bundled" / "mnist"
 
 
 def _outputs_of(run_dir, ranks=2):
@@ -190,7 +190,7 @@ def test_a_paddle_outside_the_range_is_said_once_at_start_up(how, tmp_path):
 
     script = tmp_path / "job.py"
     body = PRETEND_UNSUPPORTED.format(root=str(ROOT)) + {
-        "launcher": ("from paddle_dist.launch.job import train_main\n"
+        "launcher": ("from paddle_dist.train import train_main\n"
                      f"sys.exit(train_main(['-o', 'dist.nprocs=2', '-o', 'train.max_steps=2', "
                      f"'-o', 'output.root={tmp_path / 'runs'}']))\n"),
         "fit": ("import paddle, paddle_dist\n"

@@ -23,7 +23,7 @@ def _token_file(tmp_path, name="job.token", mode=0o600, text=None):
 
 
 def _gate(port, node_rank, token_file="", timeout=10.0):
-    return nodes.Gate(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file)
+    return nodes.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file)
 
 
 # ---------------------------------------------------------------- the token file
@@ -205,4 +205,4 @@ def test_node_0_listens_on_the_masters_address_only():
         socket.create_connection(("127.0.0.2", port), timeout=2).close()
     assert isinstance(host.result(), nodes.NodesMissing)
     with pytest.raises(UserError, match="would have node 0 listen on every interface"):
-        nodes.meet(nodes.Gate(f"0.0.0.0:{port}", 2, 0, 1, 1.0))
+        nodes.meet(nodes.MeetingPlace(f"0.0.0.0:{port}", 2, 0, 1, 1.0))

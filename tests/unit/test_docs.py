@@ -22,7 +22,7 @@ SECTIONS = tuple(Config().to_dict())
 KEY = re.compile(rf"(?<![\w./-])((?:{'|'.join(SECTIONS)})\.[a-z_]+(?:\.[a-z_]+)?)(?![\w/(])")
 FILE_ENDINGS = ("py", "md", "yaml", "json", "npz", "txt", "log", "sh", "pdparams", "pdiparams")
 PATH = re.compile(r"(?<![\w./-])((?:paddle_dist|tools|tests|configs|docs)/[\w./{},*-]*)")
-COMMAND = re.compile(r"python3? (-m paddle_dist\.[\w.]+|train\.py|tools/\w+\.py)((?: +[^|;&`]*)?)")
+COMMAND = re.compile(r"python3? (-m paddle_dist\.[\w.]+|train\.py|tools/\w+\.py)((?: +[^|;&`#]*)?)")   # up to a pipe, a `;`, a comment
 
 
 # Mistakes the docs show on purpose (an error message's example) and placeholders.

@@ -24,7 +24,9 @@ from paddle_dist.runtime import netcheck
 from paddle_dist.launch import preflight as pf
 from paddle_dist.config import load
 from paddle_dist.doctor.facts import format_report, mask_credentials, report
-from paddle_dist.launch.preflight import (Problem, bypasses_proxy, interface_problems, port_holder, preflight, proxy_problems, shm_problems)
+from paddle_dist.launch.preflight import Problem, interface_problems, preflight, proxy_problems, shm_problems
+from paddle_dist.launch.proxies import bypasses_proxy
+from paddle_dist.procfs import port_holder
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.errors import UserError
 

@@ -77,12 +77,12 @@ def test_another_user_keeps_its_uid_inside(outside):
 
 
 def test_a_job_on_several_machines_is_refused_in_one_line():
-    from paddle_dist.launch import job as cli
+    from paddle_dist.launch import job
     from paddle_dist import config
     from paddle_dist.errors import UserError
 
     cfg = config.load(None, ["dist.isolate=true", "dist.nnodes=2", "dist.master=10.0.0.1:6170"])
     with pytest.raises(UserError) as caught:
-        cli._isolate(cfg)
+        job.isolate_if_asked(cfg)
     assert str(caught.value) == ("dist.isolate=true keeps a job inside one machine's private loopback; a job on "
                                  "several machines cannot use it: remove -o dist.isolate=true")

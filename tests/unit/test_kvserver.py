@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from paddle_dist.security import kvserver
-from paddle_dist.launch.rendezvous import Node
+from paddle_dist.runs.topology import Node
 
 
 @pytest.fixture

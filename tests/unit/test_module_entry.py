@@ -9,7 +9,8 @@ process is (commands.main_module, own_command, invoking_command) and what cli pr
 import subprocess
 import sys
 
-from paddle_dist.launch import job as cli
+from paddle_dist import train
+from paddle_dist.launch import job
 from paddle_dist.runs import commands
 from paddle_dist.config import load
 
@@ -61,17 +62,17 @@ def test_invoking_command_of_a_module_rank_is_the_outermost_command_running_the_
 
 def test_this_command_is_the_module_under_dash_m(monkeypatch):
     monkeypatch.setattr(commands, "main_module", lambda: "paddle_dist.train")
-    assert cli._this_command() == ("", "paddle_dist.train")
+    assert train.this_command() == ("", "paddle_dist.train")
     monkeypatch.setattr(commands, "main_module", lambda: "")
     monkeypatch.setattr(sys, "argv", ["train.py", "-o", "x=1"])
-    script, module = cli._this_command()
+    script, module = train.this_command()
     assert script.endswith("/train.py") and script.startswith("/") and module == ""
 
 
 def test_the_other_machines_are_told_the_module_command(capsys):
     cfg = load(overrides=["dist.nnodes=3", "dist.master=10.0.0.1:6170", "dist.nprocs=2"])
     args = ["-o", "dist.nnodes=3", "-o", "dist.node_rank=0", "-o", "dist.master=10.0.0.1:6170"]
-    cli._tell_other_nodes(cfg, "", args, "paddle_dist.train")
+    job.tell_other_nodes(cfg, "", args, "paddle_dist.train")
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == [
         f"  python -m paddle_dist.train -o dist.nnodes=3 -o dist.master=10.0.0.1:6170 "
@@ -81,5 +82,5 @@ def test_the_other_machines_are_told_the_module_command(capsys):
 def test_the_other_machines_are_told_the_script_command(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     cfg = load(overrides=["dist.nnodes=2", "dist.master=10.0.0.1:6170"])
-    cli._tell_other_nodes(cfg, str(tmp_path / "train.py"), ["-o", "dist.node_rank=0"])
+    job.tell_other_nodes(cfg, str(tmp_path / "train.py"), ["-o", "dist.node_rank=0"])
     assert capsys.readouterr().out.splitlines()[1:] == ["  python train.py -o dist.node_rank=1"]

@@ -16,7 +16,7 @@ from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
 from paddle_dist.trainer import progress
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.launch.jobprocs import place_of
-from paddle_dist.launch.rendezvous import Meeting, Node
+from paddle_dist.runs.topology import Meeting, Node
 from paddle_dist.runs.report import Exit, root_cause
 from paddle_dist.runs.topology import Machines
 
@@ -60,8 +60,8 @@ def test_node_0_tells_its_run_name_and_learns_the_hosts():
     port = launcher.free_port("127.0.0.1")
     master = f"127.0.0.1:{port}"
     got0, got1 = [], []
-    threads = [_meet_in_thread(nodes.Gate(master, 2, 0, 2, 10, run="job-20261125-090351", host="nodeA"), got0),
-               _meet_in_thread(nodes.Gate(master, 2, 1, 3, 10, host="nodeB"), got1)]
+    threads = [_meet_in_thread(nodes.MeetingPlace(master, 2, 0, 2, 10, run="job-20261125-090351", host="nodeA"), got0),
+               _meet_in_thread(nodes.MeetingPlace(master, 2, 1, 3, 10, host="nodeB"), got1)]
     for thread in threads:
         thread.join(20)
         assert not thread.is_alive(), "nodes.meet did not return"
@@ -86,7 +86,7 @@ def test_a_go_whose_run_name_is_a_path_is_not_followed():
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
         with pytest.raises(nodes.NodesMissing, match="something answers at dist.master"):
-            nodes.meet(nodes.Gate(f"127.0.0.1:{fake.getsockname()[1]}", 2, 1, 1, 1.0))
+            nodes.meet(nodes.MeetingPlace(f"127.0.0.1:{fake.getsockname()[1]}", 2, 1, 1, 1.0))
         thread.join(10)
 
 

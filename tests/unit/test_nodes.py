@@ -14,6 +14,7 @@ import pytest
 
 from paddle_dist import errors
 from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
+from paddle_dist.launch.meeting import wait_for_machines
 from paddle_dist.config import load
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import DistEnv
@@ -21,7 +22,7 @@ from paddle_dist.errors import UserError
 
 
 def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
-    return nodes.Gate(f"127.0.0.1:{port}", nnodes, node_rank, nprocs, timeout)
+    return nodes.MeetingPlace(f"127.0.0.1:{port}", nnodes, node_rank, nprocs, timeout)
 
 
 class _Node(threading.Thread):
@@ -183,7 +184,7 @@ def test_something_else_at_the_port_is_named():
 
 def test_node_0_must_be_on_the_master_host():
     with pytest.raises(UserError) as e:
-        nodes.meet(nodes.Gate("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
+        nodes.meet(nodes.MeetingPlace("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
     assert "node 0 must run on the machine of dist.master" in str(e.value)
 
 
@@ -193,14 +194,14 @@ def test_meet_turns_sigterm_into_143_at_once(capsys):
     timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGTERM,))
     timer.start()
     started = time.monotonic()
-    assert launcher.meet(_gate(port, 0, timeout=30)) == 143
+    assert wait_for_machines(_gate(port, 0, timeout=30))[0] == 143
     assert time.monotonic() - started < 5
     assert "stopped on request while waiting for the other machines" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_meet_returns_3_with_the_line(capsys):
-    assert launcher.meet(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3)) == errors.EXIT_RENDEZVOUS
+    assert wait_for_machines(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3))[0] == errors.EXIT_RENDEZVOUS
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "node_rank 0 missing" in err[0]
 
@@ -214,7 +215,7 @@ def _plan(overrides, **kwargs):
 def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
     p = _plan(["dist.nnodes=3", "dist.node_rank=2", "dist.master=10.0.0.1:6170", "dist.nprocs=2",
                "dist.rendezvous_timeout=30"])
-    assert p.gate == nodes.Gate("10.0.0.1:6170", 3, 2, 2, 30.0)
+    assert p.gate == nodes.MeetingPlace("10.0.0.1:6170", 3, 2, 2, 30.0)
     assert _plan(["dist.nprocs=2"]).gate is None
     assert _plan(["dist.nnodes=2", "dist.master=10.0.0.1:6170"], always=True).gate is not None
 

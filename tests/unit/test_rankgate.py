@@ -23,7 +23,7 @@ JOB = "job-" + "a" * 16
 @pytest.fixture
 def gate():
     token = os.urandom(32)
-    with rankgate.Gate(token, JOB, world=2) as g:
+    with rankgate.RankGate(token, JOB, world=2) as g:
         yield g
 
 
@@ -171,7 +171,7 @@ def test_the_rank_side_becomes_its_program_with_the_store_or_says_why_not(gate, 
 
 
 def test_after_the_job_nothing_answers_at_the_gate(tmp_path):
-    with rankgate.Gate(os.urandom(32), JOB, world=1) as g:
+    with rankgate.RankGate(os.urandom(32), JOB, world=1) as g:
         address = g.address
     with pytest.raises(rankgate.Refused, match="nothing answers at .*: the job that started this rank has ended"):
         rankgate.admit(address, JOB, 0, g.token)

@@ -10,12 +10,12 @@ import json
 import paddle
 import pytest
 
-from paddle_dist import checkpoint, config
-from paddle_dist.doctor import selftest, selftest_checks, selftest_rank
+from paddle_dist import checkpoint, config, selftest_checks
+from paddle_dist.doctor import selftest, selftest_plan, selftest_rank
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
 from paddle_dist.doctor.selftest import NOT_RUN, Line, assemble, exit_code, format_table
-from paddle_dist.doctor.selftest_checks import Job, Row
+from paddle_dist.selftest_checks import Job, Row
 from paddle_dist.doctor.selftest_rank import CHECKS, SETUP, Check, run_check
 
 NAMES = [SETUP] + [c.name for c in CHECKS]
@@ -37,7 +37,7 @@ def summed_by_two_ranks(tensor):
 
 
 # ---------------------------------------------------------------- rank-side checks
-@pytest.mark.parametrize("dtype", selftest_checks.DTYPES)
+@pytest.mark.parametrize("dtype", selftest_plan.DTYPES)
 def test_all_reduce_passes_on_the_right_sum(tmp_path, dtype):
     row = selftest_checks.all_reduce(dtype, two_rank_job(tmp_path), reduce=summed_by_two_ranks)
     assert (row.check, row.status) == (f"all-reduce {dtype}", "PASS")
@@ -279,7 +279,7 @@ def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
 def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
     """The AMP rows (GPUs only) train at both API levels; here the same path in float32:
     the prepared paddle.Model (trainer.hapi.prepared_model) ends where the replay does."""
-    from paddle_dist.doctor.selftest_checks import TOLERANCE, _max_difference, train_against_replay
+    from paddle_dist.selftest_checks import TOLERANCE, _max_difference, train_against_replay
 
     loop_net, loop_ref, *_ = train_against_replay(job, "fused")
     hapi_net, hapi_ref, *_ = train_against_replay(job, "fused", api="hapi")

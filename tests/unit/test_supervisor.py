@@ -6,7 +6,8 @@ import signal
 import pytest
 
 from paddle_dist import errors
-from paddle_dist.launch import jobprocs, supervisor
+from paddle_dist.launch import jobprocs
+from paddle_dist.launch.console import Console
 from paddle_dist.runs import logs
 from paddle_dist.runs.report import Exit, first_failure, root_cause, with_resume
 
@@ -113,7 +114,7 @@ def test_remove_segments_takes_only_the_jobs_own(tmp_path):
 
 
 def test_the_console_drops_paddles_banner_and_info_lines(capfd):
-    console = supervisor._Console(filtered=True)
+    console = Console(filtered=True)
     for chunk in [b"step 1\n=========== Modified FLAGS detected ====\nFLAGS(name='FLAGS_x', ",
                   b"current_value=True, default_value=False)\n=====\nI1125 05:44:38.1 tcp_store.cc] x\n",
                   b"W1125 05:44:41.4 backward.cc:697] While running Node raises gloo::IoException\n",

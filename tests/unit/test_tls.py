@@ -85,7 +85,7 @@ def pki(tmp_path_factory):
 
 def _gate(port, node_rank, files=None, token_file="", timeout=10.0):
     keys = dict(tls_ca=files.ca, tls_cert=files.cert, tls_key=files.key) if files else {}
-    return nodes.Gate(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file, **keys)
+    return nodes.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file, **keys)
 
 
 def _node_0(files, token_file="", timeout=10.0):

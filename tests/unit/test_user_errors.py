@@ -14,7 +14,7 @@ from paddle_dist import errors
 import paddle_dist
 from paddle_dist.runtime import monitor as faults
 from paddle_dist.runs import listing as runs
-from paddle_dist.launch import supervisor
+from paddle_dist.launch.console import Console
 from paddle_dist.errors import ConfigError, DataError, UserError
 from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
 from paddle_dist.runs.report import Exit, root_cause, with_resume
@@ -121,7 +121,7 @@ def test_runs_lists_a_refused_run_without_a_command(tmp_path):
 
 
 def test_the_console_leaves_a_scripts_refusal_to_the_report(capfd):
-    console = supervisor._Console(filtered=True)
+    console = Console(filtered=True)
     console.write(f"epoch 1\n{REFUSAL_LINE}{TYPO}\nlast\n".encode())
     console.close()
     assert capfd.readouterr().out == "epoch 1\nlast\n"
