@@ -300,10 +300,10 @@ def footer(wrong_total: int, checked: bool, avg_busbw: float) -> List[str]:
 def _start(args):
     """Detect this process, select its device and start the process group (paddle_dist)."""
     from . import config
-    from .runtime import process as runtime
+    from .runtime import process
 
-    with runtime.quiet_paddle():
-        return runtime.setup(config.load())
+    with process.quiet_paddle():
+        return process.setup(config.load())
 
 
 def _devices(bench) -> List[str]:

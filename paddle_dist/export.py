@@ -100,11 +100,11 @@ def preprocessing(cfg: configlib.Config, classes: Optional[List[str]] = None) ->
         preprocessing(configlib.load("mnist_lenet"))["preprocess"]["mean"]   # [0.1307]
     """
     from . import cifar, models
-    from .data import datasets as data, imagefolder
+    from .data import datasets, imagefolder
 
     name = cfg.data.name
     if name == "mnist":
-        pre = {"color": "L", "height": 28, "width": 28, "mean": [data.MNIST_MEAN], "std": [data.MNIST_STD]}
+        pre = {"color": "L", "height": 28, "width": 28, "mean": [datasets.MNIST_MEAN], "std": [datasets.MNIST_STD]}
         classes = [str(d) for d in range(10)]
     elif name == "cifar10":
         pre = {"color": "RGB", "height": 32, "width": 32, "mean": list(cifar.MEAN), "std": list(cifar.STD)}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 from . import config as configlib
-from .data import datasets as data
+from .data import datasets
 from . import models, trainer
-from .runtime import process as runtime
+from .runtime import process
 from .security import private
 from .trainer.common import Parts, default_loss, optimizer_factory
 
@@ -20,20 +20,20 @@ def build_datasets(cfg):
     """(train, eval, class names or None) for `data.name`; one builder for both trainers."""
     d = cfg.data
     if d.name == "imagefolder":
-        return data.imagefolder_datasets(d, cfg.train.seed)
+        return datasets.imagefolder_datasets(d, cfg.train.seed)
     if d.name == "mnist":
         flatten = cfg.model.name == "mlp"
-        return (data.mnist_dataset(d.root, "train", flatten=flatten),
-                data.mnist_dataset(d.root, "test", flatten=flatten), None)
+        return (datasets.mnist_dataset(d.root, "train", flatten=flatten),
+                datasets.mnist_dataset(d.root, "test", flatten=flatten), None)
     if d.name == "cifar10":
-        return (data.cifar10_dataset(d.root, "train", augment=d.augment, seed=cfg.train.seed),
-                data.cifar10_dataset(d.root, "test"), None)
+        return (datasets.cifar10_dataset(d.root, "train", augment=d.augment, seed=cfg.train.seed),
+                datasets.cifar10_dataset(d.root, "test"), None)
     if d.name == "synthetic":
         shape = models.input_shape(cfg.model.name)
-        return (data.synthetic_classification(d.num_samples, shape, seed=d.seed),
-                data.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1), None)
-    return (data.linear_regression(d.num_samples, seed=d.seed),
-            data.linear_regression(d.num_eval_samples, seed=d.seed + 1), None)
+        return (datasets.synthetic_classification(d.num_samples, shape, seed=d.seed),
+                datasets.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1), None)
+    return (datasets.linear_regression(d.num_samples, seed=d.seed),
+            datasets.linear_regression(d.num_eval_samples, seed=d.seed + 1), None)
 
 
 def build_parts(cfg) -> Parts:
@@ -49,7 +49,7 @@ def build_parts(cfg) -> Parts:
 
 def main(cfg) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
-    env = runtime.setup(cfg)          # seeds before the model is built: same weights everywhere
+    env = process.setup(cfg)          # seeds before the model is built: same weights everywhere
     return trainer.train(build_parts(cfg), cfg, env)
 
 

@@ -378,7 +378,7 @@ class RawRecipe:
         import paddle
         import paddle.distributed as dist
 
-        from paddle_dist.data import datasets as data
+        from paddle_dist.data import datasets
         from paddle_dist import models
 
         world = _world()
@@ -387,7 +387,7 @@ class RawRecipe:
         paddle.seed(2024)
         net = models.build(args.model)
         self.model = paddle.DataParallel(net) if world > 1 else net
-        dataset = data.synthetic_classification(_num_samples(args, total))
+        dataset = datasets.synthetic_classification(_num_samples(args, total))
         sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=args.batch, shuffle=True,
                                                     drop_last=True)
         self.loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
@@ -412,7 +412,7 @@ def _torch_worker(args, total: int) -> List[float]:
     import torch.distributed as tdist
     from torch import nn
 
-    from paddle_dist.data import datasets as data
+    from paddle_dist.data import datasets
 
     torch.set_num_threads(1)
     world = _world()
@@ -427,7 +427,7 @@ def _torch_worker(args, total: int) -> List[float]:
                             nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
                             nn.Linear(84, 10))
     model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
-    ds = data.synthetic_classification(_num_samples(args, total))
+    ds = datasets.synthetic_classification(_num_samples(args, total))
     dataset = torch.utils.data.TensorDataset(torch.from_numpy(ds.x), torch.from_numpy(ds.y[:, 0]))
     sampler = (torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True, drop_last=True)
                if world > 1 else torch.utils.data.RandomSampler(dataset))

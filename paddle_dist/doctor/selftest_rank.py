@@ -102,14 +102,14 @@ def run_check(check: Check, job: Job) -> Row:
 
 def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
     """runtime.setup, as every training rank does it, recorded as the first row."""
-    from ..runtime import process as runtime
+    from ..runtime import process
     from ..selftest_checks import FAIL, PASS, Row
     from ..sync.collectives import first_line
     recorder.start(SETUP)
     started = time.perf_counter()
     try:
-        with runtime.quiet_paddle():
-            env = runtime.setup(cfg)
+        with process.quiet_paddle():
+            env = process.setup(cfg)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         recorder.add(Row(SETUP, FAIL, time.perf_counter() - started, f"{type(exc).__name__}: {first_line(exc)}"))

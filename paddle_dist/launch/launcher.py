@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..security import auth, private, rankgate
-from . import jobprocs, mpirun, rendezvous as nodes, supervisor
+from . import jobprocs, mpirun, rendezvous, supervisor
 from .meeting import wait_for_machines
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
@@ -69,7 +69,7 @@ class LaunchPlan:
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
-    gate: Optional[nodes.MeetingPlace] = None   # multi-node launch: where the machines meet first
+    gate: Optional[rendezvous.MeetingPlace] = None   # multi-node launch: where the machines meet first
     token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
 
 
@@ -149,13 +149,13 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
 
-def gate_of(cfg, nprocs: int) -> Optional[nodes.MeetingPlace]:
+def gate_of(cfg, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
     """Where the machines of a multi-node launch meet before Paddle's launcher starts."""
     d = cfg.dist
     if d.nnodes == 1:
         return None
-    return nodes.MeetingPlace(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout,
-                              token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
+    return rendezvous.MeetingPlace(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout,
+                                   token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
 
 
 def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
@@ -266,7 +266,7 @@ def _launched_program(script: str, module: str) -> Tuple[str, ...]:
 
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
            run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None,
-           met: Optional[nodes.Meeting] = None, job_config: Optional[dict] = None,
+           met: Optional[rendezvous.Meeting] = None, job_config: Optional[dict] = None,
            log_dir: str = "") -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;

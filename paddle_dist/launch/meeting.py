@@ -12,7 +12,7 @@ import sys
 from typing import Optional, Tuple
 
 from .. import errors
-from . import rendezvous as nodes
+from . import rendezvous
 
 
 class _StopRequested(Exception):
@@ -23,7 +23,7 @@ def _raise_stop(signum, frame):
     raise _StopRequested()
 
 
-def wait_for_machines(gate: nodes.MeetingPlace) -> Tuple[int, Optional[nodes.Meeting]]:
+def wait_for_machines(gate: rendezvous.MeetingPlace) -> Tuple[int, Optional[rendezvous.Meeting]]:
     """Wait for the other machines (rendezvous.meet): (0, what they learnt) when all
     arrived, else (the job's exit code, None) after one line: 3 (a node missing), 143
     (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing has started yet, so a stop request ends the
@@ -39,8 +39,8 @@ def wait_for_machines(gate: nodes.MeetingPlace) -> Tuple[int, Optional[nodes.Mee
         for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
             old[sig] = signal.signal(sig, _raise_stop)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
-        return 0, nodes.meet(gate)
-    except nodes.NodesMissing as e:
+        return 0, rendezvous.meet(gate)
+    except rendezvous.NodesMissing as e:
         print(e, file=sys.stderr, flush=True)
         return errors.EXIT_RENDEZVOUS, None
     except _StopRequested:

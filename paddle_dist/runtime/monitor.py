@@ -8,7 +8,7 @@
   as it was.
 - A hang watchdog: when no rank of the job has made progress for `dist.hang_timeout`
   seconds, the job is hung; the rank to blame (stopped, silent outside any collective, or
-  in another collective than the rest: hangs.judge) has its stack logged and recorded, and
+  in another collective than the rest: watchdog.judge) has its stack logged and recorded, and
   is stopped (reported as EXIT_HANG), with one line naming every rank's step and the
   collective it waits in. The watchdog is a process of its own (paddle_dist/runtime/_deadline.py)
   reading the ranks' heartbeats from shared memory, so a rank stuck in native code that
@@ -47,22 +47,22 @@ from typing import Any, Callable, Optional, Tuple
 from ..errors import EXIT_RENDEZVOUS, exit_code_of
 from ..runs import status
 from ..security import auth, private
-from . import watchdog as hangs
+from . import watchdog
 from .inject import Injector
 
 GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
 
 
-def stop_watchdog(watchdog: subprocess.Popen) -> None:
+def stop_watchdog(watchdog_proc: subprocess.Popen) -> None:
     """End a _deadline.py watchdog quietly and wait for it: a line on its stdin, then the
     pipe's end (which alone never comes while a forked child, such as a DataLoader
     worker, holds a copy of the pipe)."""
     with contextlib.suppress(OSError):      # a watchdog that has ended reads nothing
-        watchdog.stdin.write(b"stop\n")
-        watchdog.stdin.flush()
+        watchdog_proc.stdin.write(b"stop\n")
+        watchdog_proc.stdin.flush()
     with contextlib.suppress(OSError):
-        watchdog.stdin.close()
-    watchdog.wait()
+        watchdog_proc.stdin.close()
+    watchdog_proc.wait()
 
 
 def stop_signals():
@@ -71,16 +71,16 @@ def stop_signals():
 
 class Heartbeat:
     """A rank's progress where its watchdog process, and its peers' on the same machine,
-    read it: a few bytes of shared memory (hangs.BEAT_FORMAT) in the job's private
-    directory (hangs.beat_path). Writing is one struct.pack_into, cheap enough for every
+    read it: a few bytes of shared memory (watchdog.BEAT_FORMAT) in the job's private
+    directory (watchdog.beat_path). Writing is one struct.pack_into, cheap enough for every
     step and every collective. `fd` stays open for the watchdog, which is handed it."""
 
     def __init__(self, folder: str, rank: int, progress: float):
-        self.path = hangs.beat_path(folder, rank, os.getpid())
+        self.path = watchdog.beat_path(folder, rank, os.getpid())
         fd, made = tempfile.mkstemp(prefix=f".new-{os.getpid()}-", dir=folder)   # O_EXCL, 0600
         try:
-            os.ftruncate(fd, hangs.BEAT_SIZE)
-            self.map = mmap.mmap(fd, hangs.BEAT_SIZE)
+            os.ftruncate(fd, watchdog.BEAT_SIZE)
+            self.map = mmap.mmap(fd, watchdog.BEAT_SIZE)
         except BaseException:
             os.close(fd)
             os.unlink(made)
@@ -91,7 +91,7 @@ class Heartbeat:
 
     def write(self, progress: float, step: int, epoch: int, collective: tuple = ()) -> None:
         """`collective`: (kind, number, size in bytes, since) while in one."""
-        hangs.pack(self.map, progress, step, epoch, *collective)
+        watchdog.pack(self.map, progress, step, epoch, *collective)
 
     def close(self) -> None:
         self.map.close()
@@ -142,12 +142,12 @@ class Monitor:
         old = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals()}
         self.phase_name = "train"
         self._write(status.RUNNING, force=True)
-        watchdog = self._start_watchdog() if self.hang_timeout else None
+        watchdog_proc = self._start_watchdog() if self.hang_timeout else None
         try:
             yield self
         finally:
-            if watchdog is not None:
-                self._stop_watchdog(watchdog)
+            if watchdog_proc is not None:
+                self._stop_watchdog(watchdog_proc)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
@@ -171,8 +171,8 @@ class Monitor:
              self.folder if self.shared else "", str(self.env.world_size), *map(str, fds)],
             stdin=subprocess.PIPE, preexec_fn=os.setpgrp, pass_fds=fds)
 
-    def _stop_watchdog(self, watchdog: subprocess.Popen) -> None:
-        stop_watchdog(watchdog)
+    def _stop_watchdog(self, watchdog_proc: subprocess.Popen) -> None:
+        stop_watchdog(watchdog_proc)
         faulthandler.unregister(signal.SIGUSR2)
         self._stacks.close()
         with contextlib.suppress(OSError):
@@ -221,7 +221,7 @@ class Monitor:
     def phase(self, name: str, kind: str = "", size: int = 0):
         """Mark time spent waiting for other ranks ("comm": a collective of `kind`, e.g.
         "all-reduce", moving `size` bytes): its heartbeat says which collective this rank
-        waits in (hangs.py). A collective inside a collective is the same wait."""
+        waits in (watchdog.py). A collective inside a collective is the same wait."""
         if name == "comm" and self._collective:
             yield
             return
@@ -258,7 +258,7 @@ class Monitor:
 
     def _held_up_by(self, error: Optional[BaseException]) -> str:
         """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
-        dist.hang_timeout), who held the job up, from the heartbeats (hangs.judge); ''
+        dist.hang_timeout), who held the job up, from the heartbeats (watchdog.judge); ''
         when that is not why this rank stopped, or no rank seen here is to blame (a peer
         on another machine that died also ends in gloo's TIMEOUT)."""
         if not self.shared or "TIMEOUT" not in str(getattr(error, "__cause__", None) or error):
@@ -267,11 +267,11 @@ class Monitor:
             return ""
         # This rank as it was until gloo gave up: in that collective since it entered it.
         kind, count, size, since = self._last_collective
-        me = hangs.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
-                        kind, count, size, since)
-        peers = [b for b in hangs.read_beats(self.folder) if b.rank != me.rank]
+        me = watchdog.Beat(self.env.global_rank, os.getpid(), since, self.step_no, self.epoch,
+                           kind, count, size, since)
+        peers = [b for b in watchdog.read_beats(self.folder) if b.rank != me.rank]
         seconds = min(self.hang_timeout or GLOO_TIMEOUT_S, GLOO_TIMEOUT_S) * 0.8
-        verdict = hangs.judge(peers + [me], time.monotonic(), seconds, self.env.world_size)
+        verdict = watchdog.judge(peers + [me], time.monotonic(), seconds, self.env.world_size)
         if verdict is None or not verdict.names_a_rank:     # a dead peer elsewhere times out too
             return ""
         return f"{verdict.message} (gloo gave up after {GLOO_TIMEOUT_S:g} s)"
@@ -310,14 +310,14 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
         return
     script = Path(__file__).with_name("_deadline.py")
     previous = _exit_on_sigquit()
-    watchdog = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
-                                 str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
-                                preexec_fn=os.setpgrp)
+    watchdog_proc = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
+                                      str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
+                                     preexec_fn=os.setpgrp)
     try:
         yield
     finally:
-        watchdog.stdin.close()            # done in time: the watchdog exits quietly
-        watchdog.wait()
+        watchdog_proc.stdin.close()            # done in time: the watchdog exits quietly
+        watchdog_proc.wait()
         if previous is not None:
             _libc().signal(signal.SIGQUIT, previous)
 

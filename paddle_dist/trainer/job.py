@@ -26,10 +26,10 @@ import paddle
 from paddle.optimizer.lr import LRScheduler, ReduceOnPlateau
 
 from .. import errors
-from . import amp, progress as logger
+from . import amp, progress as progress_log
 from .. import checkpoint
 from ..sync import collectives
-from ..runtime import monitor as faults, process as runtime
+from ..runtime import monitor as rank_monitor, process
 from ..runs import report, rundir
 from .. import config as configlib
 from ..errors import ConfigError
@@ -73,7 +73,7 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     started = time.perf_counter()
     precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
     prepared = _prepare(parts, cfg, env, precision)
-    run_dir = runtime.make_run_dir(cfg, env, {"fit": prepared.record} if prepared.record else None)
+    run_dir = process.make_run_dir(cfg, env, {"fit": prepared.record} if prepared.record else None)
     try:
         return _monitored(parts, cfg, env, run_dir, precision, prepared, started)
     finally:
@@ -115,12 +115,12 @@ def _check_monitor(parts: Parts, cfg) -> None:
 def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, prepared: Prepared,
                started: float) -> Result:
     """train() in its run directory: status records, the run, config.yaml and metrics.json."""
-    log = logger.setup(run_dir, env)
+    log = progress_log.setup(run_dir, env)
     if env.is_main:
         configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml", fit=prepared.record)
         if parts.classes:
             (run_dir / "classes.json").write_text(json.dumps(parts.classes))
-    monitor = faults.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
+    monitor = rank_monitor.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running(), collectives.watched(monitor.phase):
         try:
             result = _run(parts, cfg, env, run_dir, monitor, log, precision, prepared)
@@ -131,7 +131,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
                 if not env.supervised and env.is_main:
                     log.warning(f"interrupted at step {monitor.step_no}")
             elif state == "diverged":        # one line; on the console the launcher, if any, says it
-                if not (env.supervised and logger.prints(env)):
+                if not (env.supervised and progress_log.prints(env)):
                     log.error(f"paddle_dist: {exc}")
             elif state != "preempted":
                 # fit()'s refusal of the script's input prints its own line (errors.for_scripts):
@@ -151,7 +151,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
         built_in = parts.name in configlib.MODEL_TASKS       # not a fit() of the user's own model
         if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
-    elif logger.prints(env):         # the first rank of another machine: that machine's end
+    elif progress_log.prints(env):   # the first rank of another machine: that machine's end
         log.info(f"finished: {result.steps} steps, {result.samples_per_s:,.0f} samples/s, "
                  f"{result.wall_time_s:.1f} s; this machine's logs and status in {run_dir}")
     return result
@@ -188,9 +188,9 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
              f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     log.info(f"paddle_dist: {prepared.lr_text}")
-    progress = logger.Progress(env, run_dir, per_epoch, cfg.train.epochs,
-                               cfg.train.batch_size * cfg.train.accumulate_steps,
-                               cfg.train.log_every, limit, start.global_step)
+    progress = progress_log.Progress(env, run_dir, per_epoch, cfg.train.epochs,
+                                     cfg.train.batch_size * cfg.train.accumulate_steps,
+                                     cfg.train.log_every, limit, start.global_step)
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
                       limit, digest, lr_policy)
     session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
@@ -304,7 +304,7 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
         path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
         return checkpoint.load(path) if path is not None else None
 
-    state = runtime.from_rank0(cfg, env, read)
+    state = process.from_rank0(cfg, env, read)
     if state is None:
         return Position(), [], None, {}, None
     path = state.path

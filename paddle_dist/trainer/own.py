@@ -18,7 +18,7 @@ from paddle.optimizer.lr import LRScheduler
 from .. import errors
 from .. import config as configlib
 from ..runtime import protocol
-from ..runtime import process as runtime
+from ..runtime import process
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
 from . import callbacks as callbacklib
@@ -88,7 +88,7 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
         raise ConfigError("fit(metrics=...) needs eval_data: paddle_dist computes the metrics when it "
                           "evaluates, not on training batches")
     cfg = _monitor_for(cfg, metrics, eval_source is not None)
-    env = runtime.setup(cfg)
+    env = process.setup(cfg)
     loss = None if model_loss else (loss or default_loss(task))
     source = "script" if optimizer is not None else "config"
     if optimizer is not None and cfg.train.clip_grad_norm:

@@ -245,10 +245,10 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     # The dygraph model on the training pipeline's own val batches (its decoding, resizing
     # and normalisation; the same order: class, then file) gives the same answers.
     from paddle_dist import config
-    from paddle_dist.data import datasets as data
+    from paddle_dist.data import datasets
 
     cfg = config.load(str(run_dir / "config.yaml"))
-    _, val, classes = data.imagefolder_datasets(cfg.data, cfg.train.seed)
+    _, val, classes = datasets.imagefolder_datasets(cfg.data, cfg.train.seed)
     assert [classes.index(Path(p).parent.name) for p in paths] == val.labels.ravel().tolist()
     with paddle.no_grad():
         logits = _dygraph(deploy["checkpoint"], "resnet18", 3)(paddle.to_tensor(val.batch(range(12))[0]))

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from paddle_dist.runs import commands, listing as runs
+from paddle_dist.runs import commands, listing
 
 from .procs import check, run
 
@@ -48,7 +48,7 @@ def test_ranks_whose_weights_differ_end_the_job_with_exit_7(launcher, api, tmp_p
     (run_dir,) = tmp_path.glob("linear-*")
     assert _checkpoint_steps(run_dir) == [2] and not (run_dir / "best").exists()
     assert [(r["state"], r["exit_code"], r["step"]) for r in _states(run_dir)] == [("diverged", 7, 4)] * 2
-    assert runs.describe(run_dir)["state"] == "diverged" and commands.resume_command(run_dir) == ""
+    assert listing.describe(run_dir)["state"] == "diverged" and commands.resume_command(run_dir) == ""
 
     # The same command (an injected fault does not make it another job): a new run.
     again = check(run(command, timeout=120))

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from paddle_dist.security import auth
-from paddle_dist.launch import launcher, rendezvous as nodes
+from paddle_dist.launch import launcher, rendezvous
 from paddle_dist.errors import UserError
 
 from .test_nodes import _listening, _Node
@@ -23,7 +23,7 @@ def _token_file(tmp_path, name="job.token", mode=0o600, text=None):
 
 
 def _gate(port, node_rank, token_file="", timeout=10.0):
-    return nodes.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file)
+    return rendezvous.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file)
 
 
 # ---------------------------------------------------------------- the token file
@@ -67,7 +67,7 @@ def test_a_machine_with_another_token_or_none_is_refused_and_node_0_waits_on(int
     _listening(port)
     bad = _gate(port, 1, _token_file(tmp_path, "other.token") if intruder == "another" else "")
     with pytest.raises(UserError) as refused:
-        nodes.meet(bad)
+        rendezvous.meet(bad)
     assert "\n" not in str(refused.value)
     assert ("wrong job token" if intruder == "another" else "admits only machines with the job's "
             "dist.token_file") in str(refused.value)
@@ -84,7 +84,7 @@ def test_a_machine_refuses_a_node_0_that_cannot_prove_the_token(tmp_path):
     host = _Node(_gate(port, 0, "", timeout=3))
     host.start()
     with pytest.raises(UserError, match="runs without the job token that this machine has"):
-        nodes.meet(_gate(port, 1, _token_file(tmp_path), timeout=3))
+        rendezvous.meet(_gate(port, 1, _token_file(tmp_path), timeout=3))
     host.result()
 
 
@@ -94,22 +94,22 @@ def _node_0_waiting(token_file):
     host = _Node(_gate(port, 0, token_file))
     host.start()
     _listening(port)
-    hello = {"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
+    hello = {"v": rendezvous.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1, "host": "x", "nonce": auth.nonce()}
     return port, host, hello
 
 
 def _exchange(port, hello):
     """Connect to node 0, announce, and return (socket, its challenge message)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(nodes.encode(hello))
-    frames = nodes.Frames()
+    sock.sendall(rendezvous.encode(hello))
+    frames = rendezvous.Frames()
     while True:
         for message in frames.feed(sock.recv(8192)):
             return sock, message
 
 
 def _answer_of(sock):
-    frames = nodes.Frames()
+    frames = rendezvous.Frames()
     while True:
         data = sock.recv(8192)
         if not data:
@@ -125,14 +125,14 @@ def test_a_replayed_proof_and_a_reflected_one_are_refused(tmp_path):
     token = auth.read_token(path)
     port, host, hello = _node_0_waiting(path)
     first, challenge = _exchange(port, hello)
-    job = nodes.job_id(_gate(port, 1))
+    job = rendezvous.job_id(_gate(port, 1))
     recorded = auth.proof(token, "client", job, 1, challenge["challenge"], hello["nonce"])
     first.close()                                   # a recording of a join that went no further
     replay, _ = _exchange(port, hello)
-    replay.sendall(nodes.encode({"proof": recorded}))
+    replay.sendall(rendezvous.encode({"proof": recorded}))
     assert _answer_of(replay) == {"error": "wrong job token: this machine's dist.token_file is not node 0's"}
     reflect, challenge = _exchange(port, hello)
-    reflect.sendall(nodes.encode({"proof": challenge["proof"]}))
+    reflect.sendall(rendezvous.encode({"proof": challenge["proof"]}))
     assert "wrong job token" in _answer_of(reflect)["error"]
     for sock in (replay, reflect):
         sock.close()
@@ -164,7 +164,7 @@ def test_200_connections_that_hold_do_not_keep_a_machine_out(with_token, tmp_pat
     _listening(port)
     holders = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
     try:
-        assert nodes.meet(_gate(port, 1, path, timeout=4)).nodes[1].nprocs == 1
+        assert rendezvous.meet(_gate(port, 1, path, timeout=4)).nodes[1].nprocs == 1
         assert host.result() is None
     finally:
         for sock in holders:
@@ -182,7 +182,7 @@ def test_random_frames_huge_lengths_and_cut_frames_leave_node_0_serving(tmp_path
     host.start()
     _listening(port)
     rng = random.Random(5)
-    payloads = [b"\xff\xff\xff\xff" + b"x" * 64, nodes.encode({"v": 2})[:7]]
+    payloads = [b"\xff\xff\xff\xff" + b"x" * 64, rendezvous.encode({"v": 2})[:7]]
     payloads += [rng.randbytes(rng.randint(1, 64)) for _ in range(10 ** 4)]
     for start in range(0, len(payloads), 100):          # 100 frames a connection
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -203,6 +203,6 @@ def test_node_0_listens_on_the_masters_address_only():
     _listening(port)
     with pytest.raises(ConnectionRefusedError):        # another address of this host
         socket.create_connection(("127.0.0.2", port), timeout=2).close()
-    assert isinstance(host.result(), nodes.NodesMissing)
+    assert isinstance(host.result(), rendezvous.NodesMissing)
     with pytest.raises(UserError, match="would have node 0 listen on every interface"):
-        nodes.meet(nodes.MeetingPlace(f"0.0.0.0:{port}", 2, 0, 1, 1.0))
+        rendezvous.meet(rendezvous.MeetingPlace(f"0.0.0.0:{port}", 2, 0, 1, 1.0))

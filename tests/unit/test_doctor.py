@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist.doctor import buildinfo, facts as doctor
+from paddle_dist.doctor import buildinfo, facts as doctor_facts
 from paddle_dist import compat
 from paddle_dist.runtime import netcheck
 from paddle_dist.launch import preflight as pf
@@ -412,18 +412,18 @@ def test_cli_bad_config_is_one_line_and_exit_2():
 
 def test_main_refuses_config_options_without_check():
     with pytest.raises(UserError, match="add --check"):
-        doctor.main(["-o", "train.epochs=1"])
+        doctor_facts.main(["-o", "train.epochs=1"])
 
 
 def test_main_refuses_self_test_options_without_test_and_test_with_check():
     with pytest.raises(UserError, match="add --test"):
-        doctor.main(["--nprocs", "2"])
+        doctor_facts.main(["--nprocs", "2"])
     with pytest.raises(UserError, match="add --test"):
-        doctor.main(["--gpus", "0"])
+        doctor_facts.main(["--gpus", "0"])
     with pytest.raises(UserError, match="give one of them"):
-        doctor.main(["--test", "--check"])
+        doctor_facts.main(["--test", "--check"])
     with pytest.raises(UserError, match="--nprocs must be >= 1"):
-        doctor.main(["--test", "--nprocs", "0"])
+        doctor_facts.main(["--test", "--nprocs", "0"])
 
 
 # ---------------------------------------------------------------- Paddle's build
@@ -447,7 +447,7 @@ class Loader:
 
 
 def test_pypis_cuda_11_8_build_without_cudnn_says_what_to_install():
-    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn"))
+    facts = doctor_facts.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn"))
     assert facts["paddle_build"] == "CUDA 11.8, cuDNN 8.6.0" and facts["paddle_supported"] is True
     assert facts["cuda_libraries"] == {
         "libcudnn.so.8": None,
@@ -465,8 +465,8 @@ def test_pypis_cuda_11_8_build_without_cudnn_says_what_to_install():
 
 
 def test_the_report_text_lists_each_library_and_the_fix():
-    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
-    text = doctor._section("versions", doctor._rows("versions", facts))
+    facts = doctor_facts.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
+    text = doctor_facts._section("versions", doctor_facts._rows("versions", facts))
     assert "  cuda_libraries             libcudnn.so.8      missing\n" in text
     assert "\n                             libcublas.so.11    /usr/local/cuda/lib64/libcublas.so.11\n" in text
     assert '  cuda_fix                   pip install "nvidia-cudnn-cu11==8.6.*" nvidia-nccl-cu11 and ' in text
@@ -474,8 +474,8 @@ def test_the_report_text_lists_each_library_and_the_fix():
 
 def test_the_docs_show_what_doctor_prints_for_pypis_build():
     # docs/environment.md quotes the report of PyPI's 2.6.2 without cuDNN and NCCL.
-    facts = doctor.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
-    text = doctor._section("versions", doctor._rows("versions", facts))
+    facts = doctor_facts.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
+    text = doctor_facts._section("versions", doctor_facts._rows("versions", facts))
     doc = (REPO_ROOT / "docs" / "environment.md").read_text()
     quoted = doc.split("tests/unit/test_doctor.py):\n\n```\n", 1)[1].split("\n```", 1)[0]
     assert quoted.splitlines() == text.splitlines()[1:]
@@ -483,7 +483,7 @@ def test_the_docs_show_what_doctor_prints_for_pypis_build():
 
 def test_a_build_with_pip_cuda_libraries_is_looked_for_in_site_packages_first():
     loader = Loader("libcudnn")
-    facts = doctor.paddle_facts(PIP_LIBS, SITE, loader)
+    facts = doctor_facts.paddle_facts(PIP_LIBS, SITE, loader)
     assert list(facts["cuda_libraries"]) == ["libcudnn.so.9", "libcublas.so.12", "libcurand.so.10",
                                              "libcusolver.so.11", "libnccl.so.2", "libcudart.so.12"]
     # Paddle's order: the pip package's folder, the system's search path, /usr/local/cuda/lib64.
@@ -495,11 +495,11 @@ def test_a_build_with_pip_cuda_libraries_is_looked_for_in_site_packages_first():
 
 
 def test_cpu_builds_and_complete_installs_need_nothing():
-    cpu = doctor.paddle_facts(buildinfo.Build("3.3.1"), SITE, Loader("lib"))
+    cpu = doctor_facts.paddle_facts(buildinfo.Build("3.3.1"), SITE, Loader("lib"))
     assert (cpu["paddle_build"], cpu["cuda_libraries"], cpu["cuda_fix"]) == ("CPU", {}, None)
-    assert [key for key, _ in doctor._rows("versions", cpu)] == [
+    assert [key for key, _ in doctor_facts._rows("versions", cpu)] == [
         "paddle", "paddle_supported", "paddle_supported_versions", "paddle_build", "cuda", "cudnn"]
-    assert doctor.paddle_facts(PYPI_GPU, SITE, Loader())["cuda_fix"] is None
+    assert doctor_facts.paddle_facts(PYPI_GPU, SITE, Loader())["cuda_fix"] is None
 
 
 @pytest.mark.parametrize("cuda, cudnn, names, cudnn_package", [
@@ -521,7 +521,7 @@ def test_library_names_follow_the_cuda_and_cudnn_versions(cuda, cudnn, names, cu
     ("2.6.2", True), ("3.0.0", True), ("3.1.1", True), ("3.2.2", True), ("3.3.1", True),
     ("3.0.0rc1", True), ("2.5.2", False), ("3.4.0", False), ("0.0.0", False)])
 def test_supported_versions(version, supported):
-    assert doctor.paddle_facts(buildinfo.Build(version), None)["paddle_supported"] is supported
+    assert doctor_facts.paddle_facts(buildinfo.Build(version), None)["paddle_supported"] is supported
 
 
 def test_load_library_returns_the_file_or_raises():
@@ -533,7 +533,7 @@ def test_load_library_returns_the_file_or_raises():
 
 
 def test_the_numpy_fix_is_a_row_only_when_there_is_something_to_fix():
-    assert doctor._version_rows("numpy_fix", None) == []
+    assert doctor_facts._version_rows("numpy_fix", None) == []
     line = compat.numpy_problem("2.6.2", "2.4.6")
-    assert doctor._version_rows("numpy_fix", line) == [("numpy_fix", line)]
-    assert doctor.versions()["numpy_fix"] == compat.numpy_problem(paddle.__version__, np.__version__)
+    assert doctor_facts._version_rows("numpy_fix", line) == [("numpy_fix", line)]
+    assert doctor_facts.versions()["numpy_fix"] == compat.numpy_problem(paddle.__version__, np.__version__)

@@ -176,9 +176,9 @@ class _Points(paddle.io.Dataset):
     (["train.eval_only=true", "checkpoint.resume=nowhere"], False, "needs a test set")])
 def test_fits_refusals_come_before_anything_is_on_disk(overrides, scheduler, words, tmp_path, monkeypatch):
     from paddle_dist.trainer import progress
-    from paddle_dist.runtime import process as runtime
+    from paddle_dist.runtime import process
 
-    monkeypatch.setattr(runtime, "_ENV", None)
+    monkeypatch.setattr(process, "_ENV", None)
     monkeypatch.setattr(progress.get(), "handlers", list(progress.get().handlers))
     cfg = paddle_dist.load_config(overrides=[f"output.root={tmp_path / 'runs'}", *overrides])
     net = paddle.nn.Linear(4, 1)

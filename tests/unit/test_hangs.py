@@ -1,10 +1,10 @@
 """watchdog.judge: when a job is hung and whom to blame, from every rank's heartbeat; and the
-heartbeat files themselves, written by faults.Heartbeat and read by watchdog.read_beats."""
+heartbeat files themselves, written by monitor.Heartbeat and read by watchdog.read_beats."""
 
 import os
 import time
 
-from paddle_dist.runtime import monitor as faults, watchdog
+from paddle_dist.runtime import monitor as rank_monitor, watchdog
 from paddle_dist.runtime.watchdog import Beat, judge
 
 NOW, T = 1000.0, 30.0
@@ -78,14 +78,14 @@ class _Env:
 
 
 def test_heartbeats_are_found_by_job_and_carry_the_collective(tmp_path):
-    """Written through faults.Monitor (a collective entered and left), read through
+    """Written through monitor.Monitor (a collective entered and left), read through
     watchdog.read_beats from the job's folder; another job's heartbeat is not read."""
-    monitor = faults.Monitor(_Env(), tmp_path)
+    monitor = rank_monitor.Monitor(_Env(), tmp_path)
     mine, theirs = tmp_path / "job", tmp_path / "other"
     mine.mkdir(), theirs.mkdir()
-    other = faults.Heartbeat(str(theirs), 0, time.monotonic())
+    other = rank_monitor.Heartbeat(str(theirs), 0, time.monotonic())
     monitor.folder, monitor.shared = str(mine), True
-    monitor._heartbeat = faults.Heartbeat(str(mine), 3, time.monotonic())
+    monitor._heartbeat = rank_monitor.Heartbeat(str(mine), 3, time.monotonic())
     try:
         with monitor.phase("comm", "all-reduce", 4096):
             with monitor.phase("comm", "all-reduce", 8):        # nested: the same wait
@@ -105,7 +105,7 @@ def test_a_beat_of_another_user_or_through_a_link_is_not_read(tmp_path):
     the file is then chowned instead) are skipped."""
     folder = tmp_path / "job"
     folder.mkdir()
-    beat = faults.Heartbeat(str(folder), 0, time.monotonic())
+    beat = rank_monitor.Heartbeat(str(folder), 0, time.monotonic())
     try:
         os.symlink(beat.path, folder / f"beat-{os.getpid()}-rank1")
         assert [b.rank for b in watchdog.read_beats(str(folder))] == [0]

@@ -14,7 +14,7 @@ import pytest
 
 import paddle_dist
 from paddle_dist.trainer import progress
-from paddle_dist.runtime import process as runtime
+from paddle_dist.runtime import process
 from paddle_dist.trainer.progress import Progress, read_values
 from paddle_dist.trainer import common, loop
 
@@ -73,7 +73,7 @@ def reads(monkeypatch):
 
 
 def test_the_loop_reads_losses_once_per_log_point(reads, tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime, "_ENV", None)        # this process's env, detected afresh
+    monkeypatch.setattr(process, "_ENV", None)        # this process's env, detected afresh
     handlers = list(progress.get().handlers)
     monkeypatch.setattr(progress.get(), "handlers", handlers)   # fit() replaces them
     cfg = paddle_dist.load_config(overrides=[
@@ -99,7 +99,7 @@ def test_read_values_reads_every_tensor_in_one_go(monkeypatch):
 
 
 def test_a_users_model_names_its_run_and_its_metrics_are_plain_numbers(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime, "_ENV", None)
+    monkeypatch.setattr(process, "_ENV", None)
     monkeypatch.setattr(progress.get(), "handlers", list(progress.get().handlers))
     cfg = paddle_dist.load_config(overrides=["train.epochs=1", f"train.batch_size={BATCH}",
                                              "checkpoint.every_epochs=0", f"output.root={tmp_path}"])
@@ -122,7 +122,7 @@ def test_results_of_collectives_are_read_inside_the_collectives_phase(monkeypatc
 
     import paddle.distributed as dist
 
-    from paddle_dist.sync import grad_sync as sync
+    from paddle_dist.sync import grad_sync as grad_sync_module
     from paddle_dist.trainer import agreement, evaluation
 
     phases, reads = [], []
@@ -146,6 +146,6 @@ def test_results_of_collectives_are_read_inside_the_collectives_phase(monkeypatc
     env = SimpleNamespace(is_distributed=True, global_rank=0, world_size=2, backend="nccl", device="gpu:0")
     evaluation.all_reduce_sum([1.0, 2.0], env, phase)
     agreement.check(paddle.nn.Linear(2, 2), env, 1, phase)
-    grad_sync = sync.GradSync(env, phase, mode="dataparallel")
+    grad_sync = grad_sync_module.GradSync(env, phase, mode="dataparallel")
     grad_sync.average()
     assert reads == [["all-reduce"], ["all-gather"], ["all-gather"], ["all-reduce"]], reads

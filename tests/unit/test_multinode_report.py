@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from paddle_dist import errors
-from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
+from paddle_dist.launch import launcher, rendezvous, supervisor
 from paddle_dist.trainer import progress
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.launch.jobprocs import place_of
@@ -40,15 +40,15 @@ def test_each_node_holds_a_block_of_global_ranks_in_node_rank_order():
 
 @pytest.mark.parametrize("name, ok", [("mnist_lenet-20261125-090351", True), ("../etc", False),
                                       ("a/b", False), ("..", False), (".", False), ("", False),
-                                      ("x" * (nodes.MAX_NAME + 1), False), (3, False)])
+                                      ("x" * (rendezvous.MAX_NAME + 1), False), (3, False)])
 def test_a_run_name_from_the_network_must_be_a_plain_name(name, ok):
-    assert nodes.plain_name(name) is ok
+    assert rendezvous.plain_name(name) is ok
 
 
 def _meet_in_thread(gate, box):
     def run():
         try:
-            box.append(nodes.meet(gate))
+            box.append(rendezvous.meet(gate))
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             box.append(e)
     thread = threading.Thread(target=run, daemon=True)
@@ -60,8 +60,8 @@ def test_node_0_tells_its_run_name_and_learns_the_hosts():
     port = launcher.free_port("127.0.0.1")
     master = f"127.0.0.1:{port}"
     got0, got1 = [], []
-    threads = [_meet_in_thread(nodes.MeetingPlace(master, 2, 0, 2, 10, run="job-20261125-090351", host="nodeA"), got0),
-               _meet_in_thread(nodes.MeetingPlace(master, 2, 1, 3, 10, host="nodeB"), got1)]
+    threads = [_meet_in_thread(rendezvous.MeetingPlace(master, 2, 0, 2, 10, run="job-20261125-090351", host="nodeA"), got0),
+               _meet_in_thread(rendezvous.MeetingPlace(master, 2, 1, 3, 10, host="nodeB"), got1)]
     for thread in threads:
         thread.join(20)
         assert not thread.is_alive(), "nodes.meet did not return"
@@ -82,11 +82,11 @@ def test_a_go_whose_run_name_is_a_path_is_not_followed():
         def answer():
             with fake.accept()[0] as conn:
                 conn.recv(4096)
-                conn.sendall(nodes.encode({"go": True, "run": "../../etc"}))
+                conn.sendall(rendezvous.encode({"go": True, "run": "../../etc"}))
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
-        with pytest.raises(nodes.NodesMissing, match="something answers at dist.master"):
-            nodes.meet(nodes.MeetingPlace(f"127.0.0.1:{fake.getsockname()[1]}", 2, 1, 1, 1.0))
+        with pytest.raises(rendezvous.NodesMissing, match="something answers at dist.master"):
+            rendezvous.meet(rendezvous.MeetingPlace(f"127.0.0.1:{fake.getsockname()[1]}", 2, 1, 1, 1.0))
         thread.join(10)
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from paddle_dist import errors
-from paddle_dist.launch import launcher, rendezvous as nodes, supervisor
+from paddle_dist.launch import launcher, rendezvous, supervisor
 from paddle_dist.launch.meeting import wait_for_machines
 from paddle_dist.config import load
 from paddle_dist.runtime.devices import GpuInfo
@@ -22,7 +22,7 @@ from paddle_dist.errors import UserError
 
 
 def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
-    return nodes.MeetingPlace(f"127.0.0.1:{port}", nnodes, node_rank, nprocs, timeout)
+    return rendezvous.MeetingPlace(f"127.0.0.1:{port}", nnodes, node_rank, nprocs, timeout)
 
 
 class _Node(threading.Thread):
@@ -36,7 +36,7 @@ class _Node(threading.Thread):
 
     def run(self):
         try:
-            self.met = nodes.meet(self.gate)
+            self.met = rendezvous.meet(self.gate)
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             self.error = e
         if self.met is not None and self.met.rendezvous is not None and not self.keep:
@@ -62,19 +62,19 @@ def _listening(port, timeout=10):
 
 # ---------------------------------------------------------------- frames
 def test_frames_are_cut_from_a_stream_in_any_pieces():
-    data = nodes.encode({"a": 1}) + nodes.encode({"b": [2]})
-    frames = nodes.Frames()
+    data = rendezvous.encode({"a": 1}) + rendezvous.encode({"b": [2]})
+    frames = rendezvous.Frames()
     got = [m for byte in data for m in frames.feed(bytes([byte]))]
     assert got == [{"a": 1}, {"b": [2]}]
 
 
-@pytest.mark.parametrize("data", [struct.pack(">I", nodes.MAX_FRAME + 1),
+@pytest.mark.parametrize("data", [struct.pack(">I", rendezvous.MAX_FRAME + 1),
                                   b"GET / HTTP/1.1\r\n",
                                   struct.pack(">I", 3) + b"\xff\xfe[",
                                   struct.pack(">I", 2) + b"[]"])
 def test_anything_but_a_small_json_object_is_refused(data):
-    with pytest.raises(nodes.ProtocolError):
-        nodes.Frames().feed(data)
+    with pytest.raises(rendezvous.ProtocolError):
+        rendezvous.Frames().feed(data)
 
 
 # ---------------------------------------------------------------- meeting
@@ -99,16 +99,16 @@ def test_two_nodes_meet_and_go():
 
 def test_node_0_alone_names_the_missing_node_ranks():
     port = launcher.free_port("127.0.0.1")
-    with pytest.raises(nodes.NodesMissing) as e:
-        nodes.meet(_gate(port, 0, nnodes=3, timeout=0.5, nprocs=2))
+    with pytest.raises(rendezvous.NodesMissing) as e:
+        rendezvous.meet(_gate(port, 0, nnodes=3, timeout=0.5, nprocs=2))
     assert "1 of 3 nodes (2 ranks: node_rank 0 from 127.0.0.1) arrived within 0.5 s" in str(e.value)
     assert "missing node_rank 1, 2; start them" in str(e.value)
 
 
 def test_a_node_without_node_0_says_node_0_did_not_answer():
     port = launcher.free_port("127.0.0.1")
-    with pytest.raises(nodes.NodesMissing) as e:
-        nodes.meet(_gate(port, 1, timeout=0.5))
+    with pytest.raises(rendezvous.NodesMissing) as e:
+        rendezvous.meet(_gate(port, 1, timeout=0.5))
     assert f"node 0 did not answer at dist.master 127.0.0.1:{port} within 0.5 s" in str(e.value)
 
 
@@ -117,10 +117,10 @@ def test_every_node_that_came_hears_which_are_missing():
     host = _Node(_gate(port, 0, nnodes=3, timeout=1.5))
     host.start()
     _listening(port)
-    with pytest.raises(nodes.NodesMissing) as e:
-        nodes.meet(_gate(port, 1, nnodes=3, timeout=5))
+    with pytest.raises(rendezvous.NodesMissing) as e:
+        rendezvous.meet(_gate(port, 1, nnodes=3, timeout=5))
     assert "2 of 3 nodes" in str(e.value) and "missing node_rank 2;" in str(e.value)
-    assert isinstance(host.result(), nodes.NodesMissing)
+    assert isinstance(host.result(), rendezvous.NodesMissing)
 
 
 @pytest.mark.parametrize("gate, says", [
@@ -133,8 +133,8 @@ def test_a_node_whose_settings_disagree_is_refused_with_the_fix(gate, says):
     host.start()
     _listening(port)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # a node 0 there too
-        s.sendall(nodes.encode({"v": nodes.VERSION, "nprocs": 1, **gate}))
-        frames, got = nodes.Frames(), []
+        s.sendall(rendezvous.encode({"v": rendezvous.VERSION, "nprocs": 1, **gate}))
+        frames, got = rendezvous.Frames(), []
         while not got:
             got = frames.feed(s.recv(4096))
     assert says in got[0]["error"]
@@ -147,15 +147,15 @@ def test_a_second_node_with_the_same_node_rank_is_refused():
     host.start()
     _listening(port)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as first:
-        first.sendall(nodes.encode({"v": nodes.VERSION, "node_rank": 1, "nnodes": 3, "nprocs": 1}))
-        frames, got = nodes.Frames(), []
+        first.sendall(rendezvous.encode({"v": rendezvous.VERSION, "node_rank": 1, "nnodes": 3, "nprocs": 1}))
+        frames, got = rendezvous.Frames(), []
         while not got:                      # node 0 lists node 1 as arrived
             got = frames.feed(first.recv(4096))
         assert sorted(got[0]["arrived"]) == ["0", "1"]
         with pytest.raises(UserError) as e:
-            nodes.meet(_gate(port, 1, nnodes=3, timeout=5))
+            rendezvous.meet(_gate(port, 1, nnodes=3, timeout=5))
     assert "dist.node_rank=1 already arrived from 127.0.0.1; give each machine its own" in str(e.value)
-    assert isinstance(host.result(), nodes.NodesMissing)
+    assert isinstance(host.result(), rendezvous.NodesMissing)
 
 
 def test_garbage_and_silent_connections_do_not_stop_the_others():
@@ -167,7 +167,7 @@ def test_garbage_and_silent_connections_do_not_stop_the_others():
     with socket.create_connection(("127.0.0.1", port), timeout=5) as http:
         http.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert http.recv(100) == b""          # dropped unanswered
-    nodes.meet(_gate(port, 1))
+    rendezvous.meet(_gate(port, 1))
     assert host.result() is None
     silent.close()
 
@@ -177,14 +177,14 @@ def test_something_else_at_the_port_is_named():
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        with pytest.raises(nodes.NodesMissing) as e:
-            nodes.meet(_gate(port, 1, timeout=0.5))
+        with pytest.raises(rendezvous.NodesMissing) as e:
+            rendezvous.meet(_gate(port, 1, timeout=0.5))
     assert "something answers at dist.master" in str(e.value)
 
 
 def test_node_0_must_be_on_the_master_host():
     with pytest.raises(UserError) as e:
-        nodes.meet(nodes.MeetingPlace("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
+        rendezvous.meet(rendezvous.MeetingPlace("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
     assert "node 0 must run on the machine of dist.master" in str(e.value)
 
 
@@ -215,7 +215,7 @@ def _plan(overrides, **kwargs):
 def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
     p = _plan(["dist.nnodes=3", "dist.node_rank=2", "dist.master=10.0.0.1:6170", "dist.nprocs=2",
                "dist.rendezvous_timeout=30"])
-    assert p.gate == nodes.MeetingPlace("10.0.0.1:6170", 3, 2, 2, 30.0)
+    assert p.gate == rendezvous.MeetingPlace("10.0.0.1:6170", 3, 2, 2, 30.0)
     assert _plan(["dist.nprocs=2"]).gate is None
     assert _plan(["dist.nnodes=2", "dist.master=10.0.0.1:6170"], always=True).gate is not None
 

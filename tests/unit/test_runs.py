@@ -1,18 +1,18 @@
 """python -m paddle_dist.runs: recent runs and their states, from real status records
-(written by faults.Monitor, as training writes them) and checkpoint folders."""
+(written by monitor.Monitor, as training writes them) and checkpoint folders."""
 
 import json
 import subprocess
 import sys
 from types import SimpleNamespace
 
-from paddle_dist.runtime import monitor as faults
-from paddle_dist.runs import listing as runs
+from paddle_dist.runtime import monitor as rank_monitor
+from paddle_dist.runs import listing
 
 
 def _record(run_dir, rank, state, pid=None, step=0, error=None, when=None):
     env = SimpleNamespace(global_rank=rank, local_rank=rank)
-    monitor = faults.Monitor(env, run_dir)
+    monitor = rank_monitor.Monitor(env, run_dir)
     monitor.step_no, monitor.epoch = step, 1     # in the first epoch (1-based, as printed)
     monitor.finish(state, error)
     if pid is not None or when is not None:      # a rank that is (or was) another process
@@ -56,7 +56,7 @@ def test_every_state_from_real_status_records(tmp_path):
     (root / "never-trained").mkdir()
     (root / "never-trained" / "config.yaml").write_text("train: {}\n")
     (root / "not-a-run").mkdir()                                      # no config.yaml
-    found = {run["run"].rsplit("/", 1)[1]: run for run in runs.recent(root, 10)}
+    found = {run["run"].rsplit("/", 1)[1]: run for run in listing.recent(root, 10)}
     assert {name: run["state"] for name, run in found.items()} == {
         "done": "done", "failed": "failed", "preempted": "preempted", "killed": "failed",
         "running": "running", "never-trained": "unknown"}
@@ -64,9 +64,9 @@ def test_every_state_from_real_status_records(tmp_path):
     assert found["done"]["last_checkpoint"].endswith("ckpt_000000040")
     assert found["preempted"]["last_checkpoint"] is None
     # Newest first (the last record written; never-trained: its directory's time, now).
-    assert [r["run"].rsplit("/", 1)[1] for r in runs.recent(root, 10)] == \
+    assert [r["run"].rsplit("/", 1)[1] for r in listing.recent(root, 10)] == \
         ["never-trained", "running", "killed", "preempted", "failed", "done"]
-    assert len(runs.recent(root, 2)) == 2
+    assert len(listing.recent(root, 2)) == 2
 
 
 def test_an_unfinished_run_comes_with_the_command_that_continues_it(tmp_path):
@@ -75,7 +75,7 @@ def test_an_unfinished_run_comes_with_the_command_that_continues_it(tmp_path):
         run_dir = _run_dir(root, name, (state, {}), finished=finished)
         (run_dir / "run.json").write_text(json.dumps(
             {"command": ["python", "train.py", "-o", "dist.nprocs=2"], "same_command_continues": True}))
-    found = {run["run"].rsplit("/", 1)[1]: run for run in runs.recent(root, 10)}
+    found = {run["run"].rsplit("/", 1)[1]: run for run in listing.recent(root, 10)}
     assert found["failed"]["resume"] == "python train.py -o dist.nprocs=2"
     assert found["done"]["resume"] == ""
 
@@ -83,13 +83,13 @@ def test_an_unfinished_run_comes_with_the_command_that_continues_it(tmp_path):
 def test_the_command_prints_a_table_or_json_and_refuses_a_missing_root(tmp_path, capsys):
     root = tmp_path / "runs"
     _run_dir(root, "done", ("done", {"step": 7}), finished=True, checkpoint=7)
-    assert runs.main(["--root", str(root)]) == 0
+    assert listing.main(["--root", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["run", "state", "step", "epoch", "last", "checkpoint", "updated"]
     assert out[1].split()[1:5] == ["done", "7", "1", "ckpt_000000007"]   # epoch 1-based
-    assert runs.main(["--root", str(root), "--json"]) == 0
+    assert listing.main(["--root", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["state"] == "done"
-    assert runs.main(["--root", str(tmp_path / "nowhere")]) == 2
+    assert listing.main(["--root", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no run directory" in err[0] and "--root" in err[0]
-    assert runs.main(["--root", str(root), "-n", "0"]) == 2
+    assert listing.main(["--root", str(root), "-n", "0"]) == 2

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddle_dist.sync import checks, grad_sync as sync
+from paddle_dist.sync import checks, grad_sync as grad_sync_module
 
 
 class Clock:
@@ -21,7 +21,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    monkeypatch.setattr(sync, "time", fake)
+    monkeypatch.setattr(grad_sync_module, "time", fake)
     return fake
 
 
@@ -45,7 +45,7 @@ def _dataparallel(rank, proposal=None):
     """A GradSync of `rank` whose all-reduce adds the other rank's contribution: rank 0's
     proposal for the next interval when this is rank 1."""
     env = SimpleNamespace(is_distributed=True, global_rank=rank, backend="gloo", device="cpu")
-    grad_sync = sync.GradSync(env, mode="dataparallel")
+    grad_sync = grad_sync_module.GradSync(env, mode="dataparallel")
 
     def all_reduce(tensor, what, read=None):
         grad_sync.calls += 1
@@ -91,7 +91,7 @@ def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatc
     monkeypatch.setattr(LateFlag, "EVERY", 1)
     for device, expected in (("gpu:0", [0.0, 2.0, 0.0]), ("cpu", [2.0, 0.0, 1.0])):
         env = SimpleNamespace(is_distributed=True, global_rank=0, backend="nccl", device=device)
-        grad_sync = sync.GradSync(env, mode="fused")
+        grad_sync = grad_sync_module.GradSync(env, mode="fused")
         seen = [grad_sync._read_flag(paddle.to_tensor([v], dtype="float32")) for v in (2.0, 0.0, 1.0)]
         assert seen == expected, device
 
@@ -131,7 +131,7 @@ def test_the_optimizer_averages_at_step_and_minimize_and_gets_its_class_back():
     groups = [{"params": [net.weight], "learning_rate": 2.0}, {"params": [net.bias]}]
     opt = paddle.optimizer.Momentum(0.1, parameters=groups, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
     env = SimpleNamespace(is_distributed=False, global_rank=0, backend="gloo", device="cpu")
-    grad_sync = sync.GradSync(env, mode="fused")
+    grad_sync = grad_sync_module.GradSync(env, mode="fused")
     grad_sync.attach(opt, net)
     assert type(opt).__name__ == "Momentum" and isinstance(opt, paddle.optimizer.Momentum)
     for _ in range(2):
@@ -156,7 +156,7 @@ def test_a_parameter_unfrozen_after_the_start_is_refused_not_left_unaveraged():
     net[0].weight.stop_gradient = True
     opt = paddle.optimizer.SGD(0.1, parameters=net.parameters())
     env = SimpleNamespace(is_distributed=True, global_rank=0, backend="gloo", device="cpu")
-    grad_sync = sync.GradSync(env, mode="fused")
+    grad_sync = grad_sync_module.GradSync(env, mode="fused")
     grad_sync.optimizer, grad_sync.params = opt, checks.trainable(opt)
     grad_sync.names = {id(p): n for n, p in net.named_parameters()}
     grad_sync._check_unchanged()
@@ -170,7 +170,7 @@ def _sync_for(device_info, environ, **options):
     from paddle_dist.schema import SyncConfig
 
     env = detect(gpu_info=device_info, environ=environ)
-    return env, sync.GradSync.from_config(env, SyncConfig(**options))
+    return env, grad_sync_module.GradSync.from_config(env, SyncConfig(**options))
 
 
 def _launched(rank, **extra):
@@ -208,7 +208,7 @@ def test_gpus_read_the_stop_flag_on_the_host_every_16_steps_and_every_rank_at_th
     numpy = paddle.Tensor.numpy
     monkeypatch.setattr(paddle.Tensor, "numpy", lambda self: reads.append(1) or numpy(self))
     env = SimpleNamespace(is_distributed=True, global_rank=0, backend="nccl", device="gpu:0")
-    grad_sync = sync.GradSync(env, mode="fused")
+    grad_sync = grad_sync_module.GradSync(env, mode="fused")
     seen = [grad_sync._read_flag(paddle.to_tensor([2.0 if step >= 3 else 0.0])) for step in range(1, 33)]
     assert len(reads) == 2
     assert [step for step, value in enumerate(seen, 1) if value] == [16, 32] and seen[15] == 2.0
@@ -238,7 +238,7 @@ def test_16_bit_gradients_are_divided_before_the_sum_as_paddles_reducer_does(dty
         tensor.set_value(tensor * 2)                 # a sum over 2 identical ranks
 
     env = SimpleNamespace(is_distributed=True, global_rank=0, world_size=2, backend="nccl", device="gpu:0")
-    fused = sync.GradSync(env, mode="fused", compress=compress)
+    fused = grad_sync_module.GradSync(env, mode="fused", compress=compress)
     fused._all_reduce = lambda tensor, what, read=None: two_ranks(tensor)
     params = _half_params(dtype, [32768.0, 1.0])
     fused._reduce(params, paddle.to_tensor([1.0]))
@@ -248,7 +248,7 @@ def test_16_bit_gradients_are_divided_before_the_sum_as_paddles_reducer_does(dty
         def wait(self):
             pass
 
-    wire = sync.HALF.get(compress)
+    wire = grad_sync_module.HALF.get(compress)
     exchange = AsyncExchange(2, collective_fn=lambda t, sync_op: two_ranks(t) or Done(), wire=wire)
     params = _half_params(dtype, [32768.0, 1.0])
     exchange.submit(params, 1.0)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from paddle_dist.launch import launcher, rendezvous as nodes, preflight
+from paddle_dist.launch import launcher, rendezvous, preflight
 from paddle_dist.security import tls
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
@@ -85,7 +85,7 @@ def pki(tmp_path_factory):
 
 def _gate(port, node_rank, files=None, token_file="", timeout=10.0):
     keys = dict(tls_ca=files.ca, tls_cert=files.cert, tls_key=files.key) if files else {}
-    return nodes.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file, **keys)
+    return rendezvous.MeetingPlace(f"127.0.0.1:{port}", 2, node_rank, 1, timeout, token_file=token_file, **keys)
 
 
 def _node_0(files, token_file="", timeout=10.0):
@@ -98,7 +98,7 @@ def _node_0(files, token_file="", timeout=10.0):
 
 def _refused(gate) -> str:
     with pytest.raises(UserError) as refused:
-        nodes.meet(gate)
+        rendezvous.meet(gate)
     said = str(refused.value)
     assert "\n" not in said
     return said
@@ -228,7 +228,7 @@ def test_a_connection_without_a_client_certificate_is_dropped(pki, tmp_path):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
         try:           # TLS 1.3: the client's handshake ends before node 0 has seen its certificate
             with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
-                sock.sendall(nodes.encode({"v": nodes.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1}))
+                sock.sendall(rendezvous.encode({"v": rendezvous.VERSION, "node_rank": 1, "nnodes": 2, "nprocs": 1}))
                 answer = sock.recv(8192)
         except OSError as e:                   # ssl.SSLError included
             answer = e
@@ -243,7 +243,7 @@ def test_a_machine_refuses_a_node_0_it_cannot_trust(pki, node_0, words):
     port, host = _node_0(pki[node_0], timeout=3)
     said = _refused(_gate(port, 1, pki["node1"]))
     assert said.startswith(f"paddle_dist: node 0's certificate at 127.0.0.1:{port} ") and words in said
-    assert isinstance(host.result(), nodes.NodesMissing)      # it waited on for a machine that trusts it
+    assert isinstance(host.result(), rendezvous.NodesMissing)      # it waited on for a machine that trusts it
 
 
 def test_a_tls_machine_is_told_in_one_line_when_node_0_runs_without_tls(pki):
@@ -262,7 +262,7 @@ def test_slow_silent_and_plaintext_connections_hold_up_no_handshake(pki, tmp_pat
     try:
         holders[0].sendall(b"\x16\x03\x01\x02\x00\x01")      # the start of a ClientHello, no more
         holders[1].sendall(b"GET / HTTP/1.1\r\n\r\n")
-        assert nodes.meet(_gate(port, 1, pki["node1"], token, timeout=4)).nodes[1].nprocs == 1
+        assert rendezvous.meet(_gate(port, 1, pki["node1"], token, timeout=4)).nodes[1].nprocs == 1
         assert host.result() is None
     finally:
         for sock in holders:

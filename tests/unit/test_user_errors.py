@@ -12,8 +12,8 @@ import pytest
 
 from paddle_dist import errors
 import paddle_dist
-from paddle_dist.runtime import monitor as faults
-from paddle_dist.runs import listing as runs
+from paddle_dist.runtime import monitor as rank_monitor
+from paddle_dist.runs import listing
 from paddle_dist.launch.console import Console
 from paddle_dist.errors import ConfigError, DataError, UserError
 from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
@@ -67,8 +67,8 @@ def test_a_refusal_keeps_its_class_attributes_and_cause_and_is_said_once(capsys)
 
 
 def _refused_record(run_dir, rank, error: UserError, when: float):
-    """A rank's status record as fit() writes it when `error` ends it (faults.Monitor)."""
-    monitor = faults.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
+    """A rank's status record as fit() writes it when `error` ends it (monitor.Monitor)."""
+    monitor = rank_monitor.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
     monitor.finish(errors.outcome_of(error), error)
     path = run_dir / "status" / f"rank{rank}.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), time=when)))
@@ -115,7 +115,7 @@ def test_runs_lists_a_refused_run_without_a_command(tmp_path):
     # A crash first, then a refusal: the crash is the root cause, which a command continues.
     both = _with_command(_run_dir(tmp_path, "both", ("failed", {"error": RuntimeError("boom")}), when=1.0))
     _refused_record(both, 1, ConfigError("x"), when=5.0)
-    found = {run["run"].rsplit("/", 1)[1]: run for run in runs.recent(tmp_path, 10)}
+    found = {run["run"].rsplit("/", 1)[1]: run for run in listing.recent(tmp_path, 10)}
     assert (found["refused"]["state"], found["refused"]["resume"]) == ("refused", "")
     assert (found["both"]["state"], found["both"]["resume"]) == ("failed", " ".join(COMMAND))
 

@@ -12,8 +12,8 @@ import paddle.distributed as dist
 import pytest
 
 from paddle_dist import errors
-from paddle_dist.runtime import inject, monitor as faults
-from paddle_dist.runs import report, status, listing as runs
+from paddle_dist.runtime import inject, monitor as rank_monitor
+from paddle_dist.runs import report, status, listing
 from paddle_dist.trainer import agreement
 from paddle_dist.trainer.agreement import digests, disagreement, rank_words
 
@@ -111,8 +111,8 @@ def test_the_check_passes_when_the_ranks_agree_and_is_skipped_alone(monkeypatch)
 def test_perturb_moves_the_first_trainable_parameter_of_that_rank_at_that_step(rank, step, moved):
     net = paddle.nn.Sequential(paddle.nn.Linear(3, 2), paddle.nn.Linear(2, 1))
     net[0].weight.stop_gradient = True             # frozen: not the one to move
-    monitor = faults.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), None,
-                             fault="perturb:1:3")
+    monitor = rank_monitor.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), None,
+                                   fault="perturb:1:3")
     before = {k: v.numpy().copy() for k, v in net.state_dict().items()}
     monitor.perturb(net, step)
     after = net.state_dict()
@@ -130,7 +130,7 @@ LINE = ("the ranks' weights differ at step 4: 'fc1.weight' is one value on rank 
 def _diverged_run(run_dir, ranks=2):
     """Every rank's status record as the trainer writes it when the check fails."""
     for rank in range(ranks):
-        monitor = faults.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
+        monitor = rank_monitor.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
         monitor.step_no = 4
         monitor.finish(errors.outcome_of(errors.Diverged(LINE)), errors.Diverged(LINE))
     (run_dir / "config.yaml").write_text("train: {}\n")
@@ -155,7 +155,7 @@ def test_the_report_is_the_one_line_and_offers_no_command_to_continue(tmp_path):
 
 def test_runs_lists_a_diverged_run_without_a_command(tmp_path):
     _diverged_run(tmp_path / "job-1")
-    (listed,) = runs.recent(tmp_path, 5)
+    (listed,) = listing.recent(tmp_path, 5)
     assert listed["state"] == "diverged" and listed["resume"] == "" and listed["step"] == 4
 
 
