@@ -3,8 +3,8 @@ never matched by name, and who holds or uses a TCP port. Each function returns n
 rather than raise when a process is gone or /proc is missing. Also the one request a
 child makes of the kernel about its parent (die_with_parent).
 
-The standard library only: the hang watchdog (runtime/_deadline.py, a plain script) imports
-this file through runtime/gloocheck.py.
+The standard library only: the watchdog process (runtime/_deadline.py, a plain script)
+imports this file itself and through runtime/watchdog.py and runtime/gloocheck.py.
 
 Example:
     [pid for pid, state, parent, session in process_table() if parent == os.getpid()]
@@ -67,6 +67,20 @@ def start_time(pid: int) -> str:
     return fields[19] if fields and len(fields) > 19 else ""
 
 
+def state_of(pid) -> str:
+    """The state letter of /proc/<pid>/stat (R, S, D, T, Z...); '' when there is none."""
+    fields = _stat(pid)
+    return fields[0] if fields else ""
+
+
+def owned_by_me(pid) -> bool:
+    """Whether process `pid` is this user's (False when it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
 def is_zombie(pid: int) -> bool:
     """Whether `pid` has ended and waits to be reaped (True when it is gone altogether)."""
     fields = _stat(pid)
@@ -81,6 +95,23 @@ def environ_of(pid: int) -> Optional[Dict[bytes, bytes]]:
     except OSError:
         return None
     return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def boot_and_namespaces() -> List[str]:
+    """This boot of the kernel (its boot_id) and this process's mount, pid and network
+    namespaces, as /proc names them: equal for two processes exactly when they share them.
+
+    Example:
+        boot_and_namespaces()   # ['5f3c...-...', 'mnt:[4026531841]', 'pid:[4026531836]', 'net:[4026531840]']
+    """
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/mnt", "/proc/self/ns/pid",
+                 "/proc/self/ns/net"):
+        try:
+            parts.append(os.readlink(path) if "/ns/" in path else Path(path).read_text().strip())
+        except OSError:
+            parts.append(f"unknown-{os.getpid()}")   # unknown: never equal to another's
+    return parts
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

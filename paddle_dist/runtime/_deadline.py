@@ -38,12 +38,16 @@ import time
 
 try:
     from . import gloocheck, watchdog
+    from .. import procfs
     from ..runs.status import FAILED, HUNG, RankStatus
-except ImportError:            # run as a script: its folder is on sys.path; what gloocheck imports sits
-    PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # above it, and the
-    sys.path[1:1] = [PACKAGE, os.path.join(PACKAGE, "security"),              # record's type in runs/
+except ImportError:
+    # Run as a script: its own folder is on sys.path. What it and the modules beside it import
+    # sits above it (procfs.py), in security/ (storewire.py) and in runs/ (the record's type).
+    PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[1:1] = [PACKAGE, os.path.join(PACKAGE, "security"),
                      os.path.join(PACKAGE, "runs")]
     import gloocheck
+    import procfs
     import watchdog
     from status import FAILED, HUNG, RankStatus
 
@@ -94,19 +98,10 @@ def _end(pid: int) -> None:
     os.kill(pid, signal.SIGQUIT)
     deadline = time.monotonic() + QUIT_WAIT_S
     while time.monotonic() < deadline:
-        if not _running(pid):
+        if procfs.is_zombie(pid):            # ended (reaped or not)
             return
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str, stack_file: str,
@@ -120,12 +115,12 @@ def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str,
         while not _stdin_closed(POLL_S):
             now = time.monotonic()
             beats = watchdog.read_beats(folder, maps) if folder else \
-                [watchdog.Beat.unpack(int(rank), pid, own, watchdog.process_state(pid))]
+                [watchdog.Beat.unpack(int(rank), pid, own, procfs.state_of(pid))]
             verdict = watchdog.judge(beats, now, seconds, world if folder else 1)
             hung_since = None if verdict is None else (hung_since or now)
             if verdict is None or (int(rank) not in verdict.culprits and now - hung_since < GRACE_S):
                 continue
-            _stop_hung(pid, watchdog.Beat.unpack(int(rank), pid, own, watchdog.process_state(pid)),
+            _stop_hung(pid, watchdog.Beat.unpack(int(rank), pid, own, procfs.state_of(pid)),
                        f"{verdict.message} (dist.hang_timeout={seconds:g})", status_file, stack_fd, log)
             return 0
         return 0

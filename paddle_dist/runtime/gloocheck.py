@@ -78,12 +78,9 @@ def rank_pids(store: str, rank: int, pid: int = 0) -> Dict[int, str]:
 
 
 def _environ(pid: int) -> Dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            items = f.read().split(b"\0")
-    except OSError:
-        return {}
-    return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
+    """procfs.environ_of as text ({} when it cannot be read)."""
+    raw = procfs.environ_of(pid) or {}
+    return {name.decode(errors="replace"): value.decode(errors="replace") for name, value in raw.items()}
 
 
 def _connections(ranks: Dict[int, str], owners: Dict[str, int], sockets, store_port: int) -> List[str]:

@@ -16,7 +16,8 @@ rank whose process is stopped (SIGSTOP, a debugger); a rank silent outside any c
 collective mismatch); when every rank here waits in the same collective, the ranks that
 are not here (on another machine), or else the collective itself.
 
-This module imports nothing but the standard library: the watchdog runs it without Paddle.
+This module imports nothing but the standard library and procfs.py (standard library only
+too): the watchdog runs it without Paddle.
 
 Example:
     verdict = judge(read_beats(folder), time.monotonic(), seconds=30, world=4)
@@ -33,6 +34,11 @@ import stat
 import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
+
+try:
+    from .. import procfs
+except ImportError:            # run from _deadline.py as a script, which puts paddle_dist/ on sys.path
+    import procfs
 
 # last progress (time.monotonic(): one clock for every process of a machine), step, epoch,
 # collective kind (UTF-8, empty: none), its number, its size in bytes, since (monotonic)
@@ -93,9 +99,9 @@ def read_beats(folder: str, maps: Optional[Dict[str, mmap.mmap]] = None) -> List
         if not match:
             continue
         pid, rank = int(match.group(1)), int(match.group(2))
-        state = process_state(pid)
+        state = procfs.state_of(pid)
         path = os.path.join(folder, name)
-        if state in ("", "Z") or not _mine(f"/proc/{pid}"):
+        if state in ("", "Z") or not procfs.owned_by_me(pid):
             continue
         try:
             if path not in maps:
@@ -117,22 +123,6 @@ def _map(path: str) -> mmap.mmap:
         return mmap.mmap(fd, BEAT_SIZE, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
-
-
-def _mine(path: str) -> bool:
-    try:
-        return os.stat(path).st_uid == os.geteuid()
-    except OSError:
-        return False
-
-
-def process_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat (R, S, D, T, Z...); '' when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
 
 
 @dataclass(frozen=True)

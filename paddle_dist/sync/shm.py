@@ -58,6 +58,7 @@ from typing import Iterator, List, Tuple
 
 import numpy as np
 
+from .. import procfs
 from ..security import private
 
 SHM_DIR = Path("/dev/shm")
@@ -84,14 +85,7 @@ def host_key() -> str:
     """Equal for two processes exactly when they can share /dev/shm and see each other's
     pids: same boot of the same kernel, same mount, pid and network namespace (ranks in
     different network namespaces count as different machines, as they are meant to)."""
-    parts = []
-    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/mnt", "/proc/self/ns/pid",
-                 "/proc/self/ns/net"):
-        try:
-            parts.append(os.readlink(path) if "/ns/" in path else Path(path).read_text().strip())
-        except OSError:
-            parts.append(f"unknown-{os.getpid()}")   # unknown: never equal to another's
-    return "|".join(parts)
+    return "|".join(procfs.boot_and_namespaces())
 
 
 def _header_len(world: int) -> int:
@@ -269,11 +263,7 @@ def _alive(pid: int) -> bool:
     """A pid that exists and is not a zombie (a dead child nobody has reaped yet)."""
     if pid <= 0:
         return True          # not registered yet: that rank has not attached
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return not procfs.is_zombie(pid)
 
 
 def new_path(tag: str, job_dir: str = "") -> Path:
