@@ -1,14 +1,14 @@
 """What this machine offers, for a bug report; the pre-flight check's and the self-test's
 command line.
 
-`report()` collects versions (Paddle's build, whether paddle_dist supports it, and whether
+`gather()` collects versions (Paddle's build, whether paddle_dist supports it, and whether
 the CUDA libraries a GPU build opens load here: buildinfo.py), CPU, memory, GPUs, the
 variables that steer Paddle, NCCL and gloo, network interfaces, /dev/shm and proxies
 (passwords masked), and what a job exposes on the network (exposure.py); `--check` adds
 the pre-flight of a job's config (preflight.py) and describes that job's exposure.
 
-Every function takes the environment as a mapping (from `env.host_facts()`), so tests pass
-their own.
+Every function takes the environment as a mapping (from `runtime/variables.host_facts()`),
+so tests pass their own.
 
 `--test` runs a short real job on this machine and prints a PASS/FAIL table (selftest.py).
 
@@ -49,13 +49,13 @@ CREDENTIALS = re.compile(r"(^|://|,)[^/,\s]+@")
 
 
 # ---------------------------------------------------------------- the report
-def report(environ: Mapping[str, str], gpu_info: devicelib.GpuInfo, cpu_count: int,
+def gather(environ: Mapping[str, str], gpu_info: devicelib.GpuInfo, cpu_count: int,
            statvfs: StatVfs = os.statvfs, shm_path: str = SHM_PATH) -> Dict[str, Any]:
     """Everything a bug report needs about this machine, as JSON-ready sections.
 
     Example:
-        environ, gpus, cores = env.host_facts()
-        report(environ, gpus, cores)["shm"]   # {'path': '/dev/shm', 'present': True, 'size': ...}
+        host = varlib.host_facts()
+        gather(host.environ, host.gpus, host.cores)["shm"]   # {'path': '/dev/shm', 'present': True, 'size': ...}
     """
     return {
         "versions": versions(),
@@ -72,7 +72,7 @@ def versions() -> Dict[str, Any]:
     """Python, OS and package versions; Paddle's build (CPU, or the CUDA and cuDNN it was
     built for: None for a CPU build), whether paddle_dist supports it, and whether the
     CUDA libraries a GPU build opens load here (`paddle_facts`)."""
-    import paddle   # already imported by env.host_facts(); the report is not on a fast path
+    import paddle   # already imported by varlib.host_facts(); the report is not on a fast path
 
     from .. import __version__
 
@@ -289,11 +289,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .. import config as configlib
 
     cfg = configlib.load(args.config, args.override) if args.check else None
-    environ, gpu_info, cores = varlib.host_facts()
-    environ = shell_environ(environ)
-    data = report(environ, gpu_info, cores)
+    host = varlib.host_facts()
+    environ = shell_environ(host.environ)
+    data = gather(environ, host.gpus, host.cores)
     data["exposure"] = dict(exposure.rows(cfg or configlib.load(None, [])))   # of the job checked, else the demo's
-    problems = preflight(cfg, environ, gpu_info) if cfg is not None else []
+    problems = preflight(cfg, environ, host.gpus) if cfg is not None else []
     _print(data, problems, args.json, args.check)
     return 1 if any(p.severity == ERROR for p in problems) else 0
 

@@ -70,15 +70,15 @@ class Line:
 def run(nprocs: Optional[int] = None, gpus: Optional[str] = None, as_json: bool = False) -> int:
     """Run the self-test and print its table (or JSON); 0 when nothing failed, else 1
     (130 when interrupted). Keeps the ranks' logs when something failed."""
-    environ, gpu_info, cores = varlib.host_facts()
-    cfg = job_config(nprocs, gpus, devicelib.visible_gpus(gpu_info, environ))
-    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=gpu_info,
-                         environ=environ)
+    host = varlib.host_facts()
+    cfg = job_config(nprocs, gpus, devicelib.visible_gpus(host.gpus, host.environ))
+    here = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=host.gpus,
+                         environ=host.environ)
     if here.launcher != "standalone":
         raise UserError("already inside a launched job; run the self-test from a shell")
     folder = Path(tempfile.mkdtemp(prefix="paddle_dist-selftest-"))
     try:
-        p = prepare(cfg, here, folder, environ=environ, gpu_info=gpu_info, cpu_count=cores)
+        p = prepare(cfg, here, folder, environ=host.environ, gpu_info=host.gpus, cpu_count=host.cores)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)        # a refused plan leaves nothing behind
         raise

@@ -5,12 +5,12 @@ the way of the rendezvous, a socket interface that does not exist and GPUs that 
 there become one-line problems; `check()` raises the first error for the launchers, and
 `python -m paddle_dist.doctor --check` prints them all.
 
-Every function takes the environment as a mapping (from `env.host_facts()`), so tests pass
-their own.
+Every function takes the environment as a mapping (from `runtime/variables.host_facts()`),
+so tests pass their own.
 
 Example:
-    environ, gpus, cores = env.host_facts()
-    for problem in preflight(cfg, environ, gpus):
+    host = varlib.host_facts()
+    for problem in preflight(cfg, host.environ, host.gpus):
         print(problem)                                # error: port 6170 of dist.master ...
 """
 
@@ -64,8 +64,8 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
     `route(master, socket_ifname)` is netcheck.check unless a test passes its own.
 
     Example:
-        environ, gpus, _ = env.host_facts()
-        preflight(load(None, ["dist.master=127.0.0.1:6170"]), environ, gpus)
+        host = varlib.host_facts()
+        preflight(load(None, ["dist.master=127.0.0.1:6170"]), host.environ, host.gpus)
         # [Problem('error', 'port 6170 of dist.master 127.0.0.1:6170 is taken by pid 1234 ...')]
     """
     table = netcheck.interfaces() if interfaces is None else interfaces
@@ -112,7 +112,8 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
         check(cfg)   # PreflightError: port 6170 of dist.master ... (and 1 more; run ...)
     """
     if environ is None or gpu_info is None:
-        environ, gpu_info, _ = varlib.host_facts()
+        host = varlib.host_facts()
+        environ, gpu_info = host.environ, host.gpus
     problems = preflight(cfg, environ, gpu_info)
     for problem in problems:
         if problem.severity != ERROR:

@@ -101,18 +101,14 @@ class HostFacts:
     gpus: GpuInfo
     cores: int
 
-    def __iter__(self):
-        # `environ, gpus, cores = host_facts()`, as the launchers and the doctor read it
-        return iter((self.environ, self.gpus, self.cores))
-
 
 def host_facts() -> HostFacts:
     """What plans depend on about this machine: a copy of the environment, its GPUs and
     its CPU cores.
 
     Example:
-        environ, gpus, cores = host_facts()
-        launcher.plan(cfg, env, environ=environ, gpu_info=gpus, cpu_count=cores)
+        host = host_facts()
+        launcher.plan(cfg, env, environ=host.environ, gpu_info=host.gpus, cpu_count=host.cores)
     """
     return HostFacts(dict(os.environ), probe_gpus(), os.cpu_count() or 1)
 

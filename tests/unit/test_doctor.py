@@ -23,7 +23,7 @@ from paddle_dist import compat
 from paddle_dist.runtime import netcheck
 from paddle_dist.launch import preflight as pf
 from paddle_dist.config import load
-from paddle_dist.doctor.facts import format_report, mask_credentials, report
+from paddle_dist.doctor.facts import format_report, gather, mask_credentials
 from paddle_dist.launch.preflight import Problem, interface_problems, preflight, proxy_problems, shm_problems
 from paddle_dist.launch.proxies import bypasses_proxy
 from paddle_dist.procfs import port_holder
@@ -341,7 +341,7 @@ SECRET_ENV = {
 
 
 def test_report_has_every_section_and_masks_passwords():
-    d = report(SECRET_ENV, CPU_BUILD, 2, statvfs=shm_of(64 * MiB, 60 * MiB))
+    d = gather(SECRET_ENV, CPU_BUILD, 2, statvfs=shm_of(64 * MiB, 60 * MiB))
     assert list(d) == ["versions", "cpu", "gpus", "variables", "network", "shm", "proxies"]
     assert {"python", "kernel", "paddle", "paddle_commit", "paddle_with_cuda", "cuda", "cudnn",
             "nccl", "visualdl", "numpy", "pyyaml", "paddle_dist", "paddle_supported",
@@ -370,7 +370,7 @@ def test_mask_credentials():
 
 
 def test_format_report_has_the_sections():
-    text = format_report(report(SECRET_ENV, CPU_BUILD, 2, statvfs=no_shm))
+    text = format_report(gather(SECRET_ENV, CPU_BUILD, 2, statvfs=no_shm))
     assert text.startswith("### paddle_dist environment\n```text\nversions\n")
     assert text.endswith("\n```")
     for section in ("cpu", "gpus", "variables", "network", "shm", "proxies"):
