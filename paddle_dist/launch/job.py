@@ -104,7 +104,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=warn)
     _check_data(cfg)
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
-    run_dir = None        # another machine of a multi-node launch: node 0 names it (_meet)
+    run_dir = None        # another machine of a multi-node launch: node 0 names it (_meet_and_name_run)
     if p.gate is None or cfg.dist.node_rank == 0:
         choice = rundir.choose(cfg, world, commands.own_command())
         run_dir = choice.path
@@ -194,7 +194,7 @@ def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path
     if p.mode in ("launch", "mpirun"):
         met = None
         if p.gate is not None:
-            code, met, run_dir = _meet(p.gate, cfg, run_dir)
+            code, met, run_dir = _meet_and_name_run(p.gate, cfg, run_dir)
             if code:
                 return code
             cfg = configlib.replace_key(cfg, "output.run_dir", str(run_dir))
@@ -216,7 +216,7 @@ def launch_logs(run_dir: Path, dist) -> Path:
     return run_dir / ("launch" if dist.nnodes == 1 else f"launch-node{dist.node_rank}")
 
 
-def _meet(gate, cfg, run_dir: Optional[Path]):
+def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
     """Meet the other machines of a multi-node launch: (0, what they learnt, this machine's
     run directory), or (exit code, None, None) when they did not all come. Node 0 tells
     them its run's name; every other machine writes under a directory of that name
