@@ -30,7 +30,7 @@ difference below is measured, and tests/unit/test_compat.py checks each on every
   the CPU generator from (seed, step) right after the step, in the interrupted and the
   uninterrupted run alike, and saves that fresh state, which its 3 numbers describe
   exactly. The seed comes from the job's seed (`note_seed`, called by
-  `runtime.seed_everything`) and the step, so saving twice at one step saves one state.
+  `process.seed_everything`) and the step, so saving twice at one step saves one state.
   GPU generators (Philox: seed and offset say everything) are saved as they are, the
   process's own GPU's only (`generator_states`).
   A checkpoint moved between 2.6 and 3.x resumes, but its CPU engine starts afresh from
@@ -262,7 +262,7 @@ def own_device() -> int:
     return int(index) if kind == "gpu" and index.isdigit() else -1
 
 
-_job_seed: List[int] = []     # the seed runtime.seed_everything gave this process
+_job_seed: List[int] = []     # the seed process.seed_everything gave this process
 
 
 def note_seed(seed: int) -> None:

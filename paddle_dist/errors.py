@@ -179,7 +179,7 @@ def for_scripts(function):
     one line on stderr and raised again as a Refused (module docstring).
 
     Example:
-        setup = for_scripts(runtime.setup)
+        setup = for_scripts(process.setup)
     """
     @functools.wraps(function)
     def public(*args, **kwargs):

@@ -7,7 +7,7 @@ download it, augment and normalise batches, and write fake copies for tests.
 - augmentation: the seeded crop + flip, and normalisation;
 - fake: fake copies in the real layouts, for tests and tools (`python -m paddle_dist.cifar fake`).
 
-Like idx.py this never imports paddle, so the launcher can check (and download) the data
+Like data/mnist.py this never imports paddle, so the launcher can check (and download) the data
 once, before any rank starts. Every problem with a data file raises DataError with one
 line: which file, what is wrong, and how to fix it.
 

@@ -1,4 +1,4 @@
-"""Datasets: MNIST (bundled 4,000/1,000 subset or a full copy; files read by idx.py),
+"""Datasets: MNIST (bundled 4,000/1,000 subset or a full copy; files read by mnist.py),
 CIFAR-10 (any of its on-disk forms, read by the cifar package) and synthetic data, in memory, with
 one-op batch gathering.
 

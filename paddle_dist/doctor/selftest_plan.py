@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-SETUP = "process group"       # the first row: runtime.setup, under its own (rendezvous) deadline
+SETUP = "process group"       # the first row: process.setup, under its own (rendezvous) deadline
 CONFIG_FILE = "config.json"   # in the job's folder: the config, as selftest.py wrote it
 DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16")
 

@@ -1,7 +1,7 @@
 """The self-test's rank side: what each rank of the job runs (selftest.py starts the job
 and prints the table; the checks are in paddle_dist/selftest_checks.py).
 
-Each rank sets up exactly as a training rank does (`runtime.setup`: device, process
+Each rank sets up exactly as a training rank does (`process.setup`: device, process
 group, seed), then runs CHECKS in order (selftest_plan.PLAN, each bound to its function).
 Every check runs under a deadline (`monitor.deadline()`: a watchdog process ends a rank
 that hangs, even inside native code that holds the GIL), and after every check the rank
@@ -101,7 +101,7 @@ def run_check(check: Check, job: Job) -> Row:
 
 
 def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
-    """runtime.setup, as every training rank does it, recorded as the first row."""
+    """process.setup, as every training rank does it, recorded as the first row."""
     from ..runtime import process
     from ..selftest_checks import FAIL, PASS, Row
     from ..sync.collectives import first_line

@@ -8,7 +8,7 @@ Modes:
   first admitted by the job's gate (rankgate.py), which tells it where the store is; across
   machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
   args` on each, whose HTTP rendezvous finds the other machines' ranks, after the machines
-  met at paddle_dist's own rendezvous (nodes.py), which has a deadline where Paddle's has none;
+  met at paddle_dist's own rendezvous (rendezvous.py), which has a deadline where Paddle's has none;
 - `spawn`: `paddle.distributed.spawn(fn, args, nprocs=N, gpus=ids, backend=...)`;
 - `mpirun`: `mpirun -n N [--hostfile F] -x VAR ... python script args` (OpenMPI), the ranks
   then find themselves through OpenMPI's variables.

@@ -125,7 +125,7 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
 
 
 def gpu_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> List[Problem]:
-    """`dist.gpus` names GPUs this build or machine cannot give (env.check_gpus's rules)."""
+    """`dist.gpus` names GPUs this build or machine cannot give (devices.check_gpus's rules)."""
     try:
         devicelib.check_gpus(cfg.dist.gpus, gpu_info, environ)
     except UserError as e:

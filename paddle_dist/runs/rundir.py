@@ -10,11 +10,11 @@ choose it too). The rule, also in docs/faults.md ("Which run a command continues
 - otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
   `<output.root>/<output.name>-<YYYYmmdd-HHMMSS>`, with a suffix if taken.
 - the other machines of a multi-node launch write under a directory of the name node 0
-  chose by this rule and told them when the machines met (nodes.py): `<output.root>/<name>`
+  chose by this rule and told them when the machines met (launch/rendezvous.py): `<output.root>/<name>`
   on each (node_run_dir), so a job's records carry one name on every machine and a new job
   never writes into an earlier one's; rank 0 alone reads checkpoints and sends them. Ranks
   started without paddle_dist's launcher (by hand, mpirun, srun) all use the directory
-  their rank 0 chose (runtime.make_run_dir).
+  their rank 0 chose (runtime/process.make_run_dir).
 
 The process that chooses (paddle_dist's launcher; rank 0 of a job started without it) holds
 the run with an flock on `<run>/.lock` until it exits, and chooses while holding
@@ -141,7 +141,7 @@ def _difference(info: dict, identity: dict) -> str:
 
 
 def point_to(path: Path, pointer: str) -> None:
-    """Write run directory `path` into the file `pointer` (env.run_pointer(): where a
+    """Write run directory `path` into the file `pointer` (protocol.run_pointer(): where a
     paddle_dist launcher of a script reads which run its ranks chose). "" does nothing."""
     if not pointer:
         return
@@ -275,7 +275,7 @@ def chosen_by_launcher(cfg) -> Path:
 def node_run_dir(cfg, name: str) -> Path:
     """Where a machine other than node 0 of a multi-node launch writes its ranks' logs and
     status: `output.run_dir` when given, else `<output.root>/<name>`, `name` being node 0's
-    run (nodes.Meeting.run), checked and created here (node 0's launcher holds the run).
+    run (rendezvous.Meeting.run), checked and created here (node 0's launcher holds the run).
 
     Example:
         node_run_dir(cfg, "mnist_lenet-20261123-061500")   # runs/mnist_lenet-20261123-061500

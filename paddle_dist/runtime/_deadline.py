@@ -7,12 +7,12 @@ thread of the rank itself can run to notice the time.
 Usage:
     python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK [STORE WORLD]]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
-        the rank made _exit(3) (faults.deadline), then SIGKILL if it is still there. When
+        the rank made _exit(3) (monitor.deadline), then SIGKILL if it is still there. When
         something outside the job took part in gloo's connections (gloocheck.py, given
         Paddle's STORE as host:port and the job's WORLD), that is printed and recorded
         instead, as a breach (exit 6).
     python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG FOLDER WORLD BEAT_FD STACK_FD
-        the hang watchdog: BEAT_FILE is the rank's heartbeat (faults.Heartbeat), BEAT_FD and
+        the hang watchdog: BEAT_FILE is the rank's heartbeat (monitor.Heartbeat), BEAT_FD and
         STACK_FD the descriptors of it and of STACK_FILE, handed on by the rank (the names
         only serve to remove them); FOLDER is the job's private directory, holding the
         heartbeats of its other ranks on this machine ('' for none), WORLD is the job's
@@ -93,7 +93,7 @@ def _outsiders(pid: int, rank: int, store: str, world: int) -> list:
 
 
 def _end(pid: int) -> None:
-    """SIGQUIT, which the rank turned into _exit(3) (faults.deadline); SIGKILL if it is
+    """SIGQUIT, which the rank turned into _exit(3) (monitor.deadline); SIGKILL if it is
     still there a few seconds later."""
     os.kill(pid, signal.SIGQUIT)
     deadline = time.monotonic() + QUIT_WAIT_S

@@ -181,7 +181,7 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     more of what makes the run this job (fit(): its model, optimizer and data).
 
     Under `python -m paddle_dist.launch`, rank 0 also tells the launcher where the run is
-    (env.run_pointer), for its report and the command that continues the run; so does the
+    (protocol.run_pointer), for its report and the command that continues the run; so does the
     first rank of every other machine, whose launcher reports from its own ranks' records."""
     pointer = protocol.run_pointer()
     if env.supervised and cfg.output.run_dir and not pointer:     # train.py's launcher chose it

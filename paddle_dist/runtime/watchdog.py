@@ -1,6 +1,6 @@
 """Which rank holds a job up: every rank's heartbeat, read together, and the verdict.
 
-Each rank of a fit() job keeps a heartbeat in a few bytes of shared memory (faults.Heartbeat
+Each rank of a fit() job keeps a heartbeat in a few bytes of shared memory (monitor.Heartbeat
 writes it): when it last made progress (a step, an evaluation batch, entering or leaving a
 collective), its step and epoch, and the collective it is in, if any: its kind
 ("all-reduce"), its number (the rank's count of collectives so far, the same on every rank

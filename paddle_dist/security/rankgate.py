@@ -88,7 +88,7 @@ def receive(sock: socket.socket, deadline: float) -> dict:
 def store_variables(rank: int, world: int, host: str, port: int) -> dict[str, str]:
     """Paddle's variables that locate rank 0's TCP store, as Paddle 3.3's launcher sets
     them on one machine. The trainer endpoints are labels that nothing binds on this path
-    (see env.paddle_variables).
+    (see runtime/variables.paddle_variables).
 
     Example:
         store_variables(1, 2, "127.0.0.1", 6170)["PADDLE_CURRENT_ENDPOINT"]   # '127.0.0.1:6173'

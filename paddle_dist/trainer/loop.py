@@ -1,8 +1,8 @@
 """The manual data-parallel loop: the "three changes" done once.
 
-`init_parallel_env()` (in runtime.setup), `paddle.DataParallel`, and a distributed batch
+`init_parallel_env()` (in runtime/process.setup), `paddle.DataParallel`, and a distributed batch
 sampler whose epoch is set every epoch. The gradients are averaged by `GradSync` when the
-optimizer steps (see sync.py for why not inside backward), so `train.accumulate_steps`
+optimizer steps (see sync/grad_sync.py for why not inside backward), so `train.accumulate_steps`
 micro-batches cost one communication. With sync.mode=dataparallel every micro-batch's
 backward() all-reduces, as under paddle.Model: `no_sync()` for all but the last would
 lose, with find_unused_parameters, the gradient of a parameter that an earlier
@@ -59,7 +59,7 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
          arm: Callable[[bool], None] = lambda final: None, feed: Feed = None) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
     detached float64 tensor on the device (read it on the host only when it is needed:
-    on a GPU every read waits for the queued work, see logger.read_values).
+    on a GPU every read waits for the queued work, see progress.read_values).
 
     Each micro-batch's mean loss is divided by the group's size, so the summed gradient
     is that of the mean loss over all the group's samples (equal micro-batch sizes).

@@ -64,7 +64,7 @@ def test_node_0_tells_its_run_name_and_learns_the_hosts():
                _meet_in_thread(rendezvous.MeetingPlace(master, 2, 1, 3, 10, host="nodeB"), got1)]
     for thread in threads:
         thread.join(20)
-        assert not thread.is_alive(), "nodes.meet did not return"
+        assert not thread.is_alive(), "rendezvous.meet did not return"
     [zero], [one] = got0, got1
     zero.rendezvous.close()
     assert one.run == zero.run == "job-20261125-090351" and one.node_rank == 1

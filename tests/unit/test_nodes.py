@@ -26,7 +26,7 @@ def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
 
 
 class _Node(threading.Thread):
-    """nodes.meet in a thread; `.error` is what it raised (None when it returned). Node 0's
+    """rendezvous.meet in a thread; `.error` is what it raised (None when it returned). Node 0's
     rendezvous for Paddle's launchers (Meeting.rendezvous) is closed at once, or kept in
     `.met` with `keep`."""
 
@@ -44,7 +44,7 @@ class _Node(threading.Thread):
 
     def result(self, timeout=20):
         self.join(timeout)
-        assert not self.is_alive(), "nodes.meet did not return"
+        assert not self.is_alive(), "rendezvous.meet did not return"
         return self.error
 
 

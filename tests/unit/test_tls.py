@@ -173,7 +173,7 @@ def test_the_launch_plan_gives_the_gate_the_tls_files(pki):
     cfg = load(None, ["dist.nnodes=2", "dist.master=127.0.0.1:6170", *_keys(pki["node0"])])
     gate = launcher.gate_of(cfg, 1)
     assert (gate.tls_ca, gate.tls_cert, gate.tls_key) == (cfg.dist.tls_ca, cfg.dist.tls_cert, cfg.dist.tls_key), \
-        "launcher.gate_of must pass dist.tls_ca, dist.tls_cert and dist.tls_key to nodes.Gate"
+        "launcher.gate_of must pass dist.tls_ca, dist.tls_cert and dist.tls_key to rendezvous.MeetingPlace"
 
 
 def _keys(files):
