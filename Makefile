@@ -19,13 +19,35 @@ NUMPY := $(if $(findstring ==2.6,$(PADDLE)),"numpy<2" "pandas<3",)
 COMPAT_PADDLES ?= 2.6.2 3.2.2
 COMPAT_MARK ?= compat
 
-.PHONY: demo test compat bench setup system-deps clean
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers (most tests wait on
+# processes, sockets and timeouts: more workers than cores keep the cores busy), then the
+# few marked `serial` alone (their outcome depends on how a job's ranks are scheduled).
+# Tests that share a fixture built once per module or session (a trained run, the Slurm
+# cluster) run on one worker (tests/conftest.py). TEST_WORKERS=0: one process, no xdist.
+TEST_WORKERS ?= 4
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+
+.PHONY: demo test check compat bench setup system-deps bytecode clean
 
 demo: $(STAMP)
 	$(PY) train.py -o dist.nprocs=2
 
-test: $(STAMP) system-deps
-	$(PY) -m pytest tests -q
+test: $(STAMP) system-deps bytecode
+ifeq ($(TEST_WORKERS),0)
+	$(PY) -m pytest tests -q -p no:xdist
+else
+	$(PY) -m pytest tests -q $(XDIST) -m "not serial"
+	$(PY) -m pytest tests -q -p no:xdist -m serial
+endif
+
+# The inner loop: the unit tests (the import rules among them), about a minute.
+check: $(STAMP) bytecode
+	$(PY) -m pytest tests/unit -q $(XDIST)
+
+# The tests start hundreds of Python processes; with PYTHONDONTWRITEBYTECODE set (as in
+# many containers) each would compile paddle_dist again. Compiled once here, they only read.
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q -j 0 paddle_dist tests tools train.py >/dev/null
 
 compat: system-deps
 	@for v in $(COMPAT_PADDLES); do \

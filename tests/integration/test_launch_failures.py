@@ -18,6 +18,9 @@ from .procs import ROOT, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "dp_victim.py")
 SHM = Path("/dev/shm")
+# Its killed ranks and workers leave segments in /dev/shm until the launcher removes them:
+# under pytest-xdist (make test) on the worker of test_fit_habits.py's /dev/shm check.
+pytestmark = pytest.mark.xdist_group("dev-shm")
 
 
 def _launch(tmp_path, nprocs, *script_args):

@@ -102,6 +102,10 @@ def test_a_planted_heartbeat_does_not_hide_a_hang(machine, open_root):
     assert "Root cause: rank 1 silent" in _root_cause(err), err
 
 
+# serial (make test runs it after the parallel part, alone): whether rank 1 reads the forged
+# verdict or rank 0's, which overwrites it unnoticed (paddle_dist/attest.py), depends on how
+# the ranks are scheduled; with other tests' jobs beside it, rank 0's often comes first.
+@pytest.mark.serial
 @pytest.mark.compat          # Paddle's store: 2.6's server and 3.x's
 def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root):
     """The other user writes the verdict "ok" into Paddle's store as soon as it listens
@@ -115,7 +119,7 @@ def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root
     finally:
         forged = _said(outsider)
     assert forged["forged"], forged
-    assert proc.returncode == 6, err
+    assert proc.returncode == 6, (forged, out[-2000:], err)
     cause = _root_cause(err)
     assert "found a breach: " in cause, err
     assert "does not prove this rank's token" in cause, err
