@@ -41,9 +41,18 @@ from .procs import ROOT, check, run
 
 pytestmark = pytest.mark.compat
 
-NOT_BUILD_INPUTS = shutil.ignore_patterns(".venv", ".venv-*", ".carry", ".gpukit", ".git", "runs", "log",
-                                          "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
-                                          ".pytest_cache", "bench-results")
+# Outputs at the checkout's top (runs/, log/, ...), never a package of the same name inside it
+# (paddle_dist/runs/), and caches anywhere.
+TOP_LEVEL_OUTPUTS = {".venv", ".carry", ".gpukit", ".git", "runs", "log", "build", "dist", ".pytest_cache",
+                     "bench-results"}
+CACHES = shutil.ignore_patterns("*.egg-info", "__pycache__", "*.pyc")
+
+
+def not_build_inputs(directory: str, names):
+    ignored = set(CACHES(directory, names))
+    if Path(directory).resolve() == ROOT.resolve():
+        ignored |= {n for n in names if n in TOP_LEVEL_OUTPUTS or n.startswith(".venv-")}
+    return ignored
 # One line of a .pth file, run by site.py at start-up (in a function's scope: the lambda
 # takes what it uses as defaults).
 PROBE = ("import atexit, os, sys; d = os.environ.get('PADDLE_DIST_TEST_PROBE'); "
@@ -62,7 +71,7 @@ with open(os.path.join(sys.argv[1], rank), "w") as f:
 
 def _build_wheel(tmp: Path) -> Path:
     src, out = tmp / "src", tmp / "wheel"
-    shutil.copytree(ROOT, src, ignore=NOT_BUILD_INPUTS)
+    shutil.copytree(ROOT, src, ignore=not_build_inputs)
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out), str(src)]
     offline = run(pip[:4] + ["--no-build-isolation"] + pip[4:], timeout=300, cwd=tmp)
     if offline.returncode != 0:       # no bdist_wheel here (setuptools < 70.1 without wheel)
