@@ -16,6 +16,7 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
+from .config import replace_key
 from .options import ArgParser, add_config_options, add_device_options, add_eval_only, config_from_args, run
 from .runs import commands
 from .runtime import env as envlib, protocol, variables as varlib
@@ -62,7 +63,7 @@ def spawn_main(argv: Optional[List[str]] = None) -> int:
 
     cfg = config_from_args(args, ["dist.launcher=spawn"])
     if cfg.dist.nprocs is None and not cfg.dist.gpus:
-        cfg = config_from_args(args, ["dist.launcher=spawn", "dist.nprocs=2"])   # spawning one would be pointless
+        cfg = replace_key(cfg, "dist.nprocs", 2)     # nothing said how many: spawning one would be pointless
     return job.run(cfg)
 
 

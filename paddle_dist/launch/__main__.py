@@ -50,8 +50,8 @@ def _launch_script(args) -> int:
     if not script.is_file():
         what = "is not a file" if script.exists() else "not found"
         raise errors.UserError(f"script {args.script!r} {what}; give the path of a Python file")
-    spec = job.resolve(config_from_args(args, ["dist.launcher=launch"]), script=args.script,
-                       script_args=args.script_args)   # spawn needs a function; a script is run by launch
+    # spawn needs a function; a script is run by launch
+    spec = job.resolve(config_from_args(args, ["dist.launcher=launch"]))
     if spec.here.launcher != "standalone":
         raise errors.UserError("already inside a launched job; run the script directly")
     cfg = spec.cfg

@@ -52,7 +52,7 @@ class JobSpec:
     node: Optional[dict] = None   # an srun task that starts its node's ranks (engines.srun_node_launcher)
 
 
-def resolve(cfg: configlib.Config, script: str = "", script_args: List[str] = ()) -> JobSpec:
+def resolve(cfg: configlib.Config) -> JobSpec:
     """The job that `cfg` asks for on this host, resolved once (module docstring)."""
     private.closed_umask(cfg.output.share)
     facts = varlib.host_facts()
@@ -84,7 +84,7 @@ def _with_master(cfg: configlib.Config) -> configlib.Config:
 def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), module: str = "") -> int:
     """Run the built-in job: here, or as the ranks it starts, each running `script` (or
     `-m module`) with `script_args` and the config resolved here."""
-    spec = resolve(cfg, script, script_args)
+    spec = resolve(cfg)
     cfg = spec.cfg
     p = launcher.plan(cfg, spec.here, script=script, module=module, script_args=script_args,
                       environ=spec.facts.environ, gpu_info=spec.facts.gpus, cpu_count=spec.facts.cores,
