@@ -43,10 +43,12 @@ def _child_env() -> dict:
 
 
 def run_until_killed(root: Path, log: Path, kill_after: Optional[int] = None,
-                     die_before: str = "") -> List[Tuple[str, int]]:
+                     die_before: str = "", saves: int = 0) -> List[Tuple[str, int]]:
     """Run save_forever.py on `root`; SIGKILL it right after its `kill_after`-th line (or
-    let it kill itself: --die-before). Returns its lines as (word, step) pairs."""
+    let it kill itself: --die-before, or after `saves` saves). Returns its lines as
+    (word, step) pairs."""
     extra = ["--die-before", die_before] if die_before else []
+    extra += ["--saves", str(saves)] if saves else []
     with open(log, "w") as err:
         proc = subprocess.Popen([PY, str(SCRIPT), str(root)] + extra, cwd=str(ROOT),
                                 env=_child_env(), text=True, stdout=subprocess.PIPE,
@@ -123,9 +125,11 @@ def test_sigkill_at_each_point_of_a_write(tmp_path, point, expected):
     assert lines == [("saving", 1), ("saved", 1), ("saving", 2), ("saved", 2), ("saving", 3)]
     assert check_latest(root) == expected
     check_every_checkpoint(root)
-    # The next run carries on from there, over whatever the crash left behind.
-    lines = run_until_killed(root, tmp_path / "next.log", kill_after=4)
-    assert lines[-1] == ("saved", expected + 2)
+    # The next run carries on from there, over whatever the crash left behind. It stops
+    # itself after two saves: a kill from outside after "saved" may land one save later.
+    lines = run_until_killed(root, tmp_path / "next.log", saves=2)
+    assert lines == [("saving", expected + 1), ("saved", expected + 1),
+                     ("saving", expected + 2), ("saved", expected + 2)]
     assert check_latest(root) == expected + 2
     check_every_checkpoint(root)
     wreckage = [p.name for p in root.iterdir() if p.name.startswith(".ckpt_00000000") and

@@ -1,6 +1,6 @@
 """Save checkpoints in a loop until killed: the crash test SIGKILLs it in the middle of saves.
 
-usage: save_forever.py ROOT [--die-before OWNER.NAME:K]
+usage: save_forever.py ROOT [--die-before OWNER.NAME:K] [--saves N]
 
 Carries on after the newest checkpoint in ROOT, so every run continues the previous
 (killed) one. Before saving step N it sets every weight to N, so a reader can tell
@@ -11,6 +11,9 @@ that line lands inside the write) and "saved N" after; lines are flushed at once
 --die-before checkpoint._save_npz:2 makes the third save of this run SIGKILL the process
 itself just before its 2nd call of checkpoint._save_npz (OWNER: checkpoint, os, shutil):
 a crash at an exact point of a write, which a kill from outside only hits by luck.
+
+--saves N makes the process SIGKILL itself right after its N-th finished save, so the
+caller knows exactly which step is the newest (a kill from outside may land one save late).
 """
 
 import argparse
@@ -52,11 +55,13 @@ def die_before(spec: str) -> None:
     setattr(owner, attr, wrapper)
 
 
-def main(root: Path, die_spec: str) -> None:
+def main(root: Path, die_spec: str, saves: int) -> None:
     net, opt = build()
     found = checkpoint.latest(root)
     step = checkpoint.load(found).meta["global_step"] if found else 0
     for done in itertools.count():
+        if saves and done == saves:
+            os.kill(os.getpid(), signal.SIGKILL)
         if die_spec and done == SAVES_BEFORE_DYING:
             die_before(die_spec)
         step += 1
@@ -74,5 +79,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("--die-before", default="")
+    parser.add_argument("--saves", type=int, default=0)
     args = parser.parse_args()
-    main(args.root, args.die_before)
+    main(args.root, args.die_before, args.saves)
