@@ -36,8 +36,10 @@ test: $(STAMP) system-deps bytecode
 ifeq ($(TEST_WORKERS),0)
 	$(PY) -m pytest tests -q -p no:xdist
 else
-	$(PY) -m pytest tests -q $(XDIST) -m "not serial"
-	$(PY) -m pytest tests -q -p no:xdist -m serial
+	@status=0; \
+	$(PY) -m pytest tests -q $(XDIST) -m "not serial" || status=$$?; \
+	$(PY) -m pytest tests -q -p no:xdist -m serial || status=$$?; \
+	exit $$status
 endif
 
 # The inner loop: the unit tests (the import rules among them), one process, about two minutes.
