@@ -14,7 +14,8 @@ job by paddle_dist's launcher, or `dist.token_file`), each rank, right after
 - and rank 0 checks every attestation and that the store counted exactly the world size
   of joins, naming any other connection to the store it can see, then tells every rank
   its verdict, with an HMAC of the token over it and the nonce: a verdict that does not
-  prove the token is itself a breach. A breach ends every rank with SecurityError (exit 6)
+  prove the token is itself a breach, and so is a verdict rank 0 finds already written
+  (a rank may have read that one, or rank 0's would silently replace it). A breach ends every rank with SecurityError (exit 6)
   and one line.
 
 What it cannot see: whatever an outsider does after the check, and writes to Paddle's own
@@ -103,6 +104,9 @@ def _attest(store, token: bytes, job: str, rank: int, world: int, where: str) ->
         return _proven_verdict(_text(store.get(f"{PREFIX}verdict")), token, job, nonce, rank, where)
     verdict = ((f"the nonce rank 0 wrote in Paddle's store at {where} was replaced: something outside "
                 "the job wrote it") if nonce != made else "") or judge(store, token, job, world, nonce, where) or OK
+    if store.check(f"{PREFIX}verdict"):     # only rank 0 writes it, and only here
+        verdict = (f"a verdict was in Paddle's store at {where} before rank 0 wrote its own: something "
+                   "outside the job wrote it")
     store.set(f"{PREFIX}verdict", json.dumps({"verdict": verdict, "proof": _verdict_proof(
         token, job, nonce, verdict)}).encode())
     return verdict

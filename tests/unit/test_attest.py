@@ -56,3 +56,39 @@ def test_peers_of_a_port_are_named_with_their_process(server, monkeypatch):
             assert ("127.0.0.1", client.getsockname()[1], os.getpid()) in procfs.peers_of(port)
     monkeypatch.undo()
     assert procfs.peers_of(port) == []
+
+
+class DictStore:
+    """The store's four calls, in memory: a one-rank job that joined it."""
+
+    def __init__(self):
+        self.keys = {attest.JOINS: b"1"}
+
+    def add(self, key, n):
+        self.keys[key] = str(int(self.keys.get(key, b"0")) + n).encode()
+        return int(self.keys[key])
+
+    def set(self, key, value):
+        self.keys[key] = value
+
+    def get(self, key):
+        return self.keys[key]
+
+    def check(self, key):
+        return key in self.keys
+
+
+@pytest.mark.parametrize("forged", [None, b"ok"], ids=["alone", "verdict-written-before"])
+def test_rank_0_finds_a_verdict_written_before_its_own(forged):
+    store, token = DictStore(), os.urandom(32)
+    if forged is not None:
+        store.set(attest.PREFIX + "verdict", forged)
+    verdict = attest._attest(store, token, "job", 0, 1, "127.0.0.1:1")
+    if forged is None:
+        assert verdict == attest.OK
+    else:
+        assert verdict.startswith("a verdict was in Paddle's store at 127.0.0.1:1 before rank 0 wrote its own")
+    # What the other ranks read is rank 0's verdict, proven: they end the same way.
+    nonce = store.get(attest.PREFIX + "nonce").decode()
+    assert attest._proven_verdict(store.get(attest.PREFIX + "verdict").decode(), token, "job", nonce, 1,
+                                  "127.0.0.1:1") == verdict
