@@ -3,25 +3,17 @@ socket from a process that is not a rank is named, with its pid and command; a r
 own connections are not; an address in gloo's keys that another process holds is named
 as rewritten; gloo's address records decode."""
 
+import json
 import os
 import socket
 import struct
 import subprocess
 import sys
 
-import pytest
 
 from paddle_dist.runtime import gloocheck
 from paddle_dist import procfs
 
-UNUSED_STORE = ("127.0.0.1", 1)
-
-
-@pytest.fixture
-def listener():
-    server = socket.create_server(("127.0.0.1", 0))
-    yield server
-    server.close()
 
 
 def _holder(code: str):
@@ -37,33 +29,53 @@ def _end(child):
     child.wait(timeout=30)
 
 
-def test_a_connection_from_a_process_that_is_no_rank_is_named(listener):
-    port = listener.getsockname()[1]
-    child = _holder(f"import socket; s = socket.create_connection(('127.0.0.1', {port})); print('ready', flush=True)")
-    accepted, _ = listener.accept()
-    try:
-        [line] = gloocheck.outsiders(*UNUSED_STORE, world=2, rank=0)
-        assert line.startswith(f"rank 0's gloo socket 127.0.0.1:{port} is connected from 127.0.0.1:")
-        assert f"held by pid {child.pid} ({sys.executable} -c import socket" in line
-        assert line.endswith("not by a rank of the job")
-    finally:
-        _end(child)
-        accepted.close()
+# The rank is a fresh process of its own: gloocheck counts its siblings as ranks, and the
+# test runner's siblings (other pytest-xdist workers) hold sockets of their own.
+RANK = """
+import json, socket, subprocess, sys
+from paddle_dist.runtime import gloocheck
+UNUSED_STORE = ("127.0.0.1", 1)
+server = socket.create_server(("127.0.0.1", 0))
+port = server.getsockname()[1]
+held = []
+if OWN:        # this rank to itself: a rank at both ends
+    held += [socket.create_connection(("127.0.0.1", port)), server.accept()[0]]
+code = f"import socket; s = socket.create_connection(('127.0.0.1', {port})); print('ready', flush=True)"
+child = subprocess.Popen([sys.executable, "-c", code + "\\nimport sys; sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "ready"
+held.append(server.accept()[0])
+try:
+    print(json.dumps({"port": port, "holder": child.pid, "unused_store": gloocheck.outsiders(
+        *UNUSED_STORE, world=2, rank=0), "store_is_the_port": gloocheck.outsiders(
+        "127.0.0.1", port, world=2, rank=0)}))
+finally:
+    child.stdin.close()
+    child.wait(timeout=30)
+"""
 
 
-def test_the_ranks_own_connections_and_the_stores_are_not_named(listener):
-    port = listener.getsockname()[1]
-    mine = socket.create_connection(("127.0.0.1", port))     # this rank to itself: a rank at both ends
-    accepted, _ = listener.accept()
-    child = _holder(f"import socket; s = socket.create_connection(('127.0.0.1', {port})); print('ready', flush=True)")
-    other, _ = listener.accept()
-    try:
-        assert gloocheck.outsiders("127.0.0.1", port, world=2, rank=0) == []   # `port` is the store's here
-        assert len(gloocheck.outsiders(*UNUSED_STORE, world=2, rank=0)) == 1
-    finally:
-        _end(child)
-        for s in (mine, accepted, other):
-            s.close()
+def _rank(own: bool) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", f"OWN = {own}\n" + RANK], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_connection_from_a_process_that_is_no_rank_is_named():
+    seen = _rank(own=False)
+    [line] = seen["unused_store"]
+    assert line.startswith(f"rank 0's gloo socket 127.0.0.1:{seen['port']} is connected from 127.0.0.1:")
+    assert f"held by pid {seen['holder']} ({sys.executable} -c import socket" in line
+    assert line.endswith("not by a rank of the job")
+
+
+def test_the_ranks_own_connections_and_the_stores_are_not_named():
+    seen = _rank(own=True)
+    assert seen["store_is_the_port"] == []      # `port` is the store's here
+    assert len(seen["unused_store"]) == 1
 
 
 def _record(ip: str, port: int, sequence: int = -1) -> bytes:
