@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 
-
 from paddle_dist.runtime import gloocheck
 from paddle_dist import procfs
 
