@@ -12,12 +12,22 @@ Example:
     agree_on_layout(optimizer, net, env)        # collective, before anything starts
     grad_sync.attach(optimizer, net)
     model = wrap(net, env, grad_sync)
+
+Importing the package imports no paddle: `shm` serves processes that never need it (its
+tests start dozens). Its public names import their module when first used.
 """
 
-from .checks import agree_on_layout, check_optimizer, resolve_mode
-from .collectives import PeerFailure, collective, first_line
-from .grad_sync import GradSync
-from .wiring import disable_reducer, wrap
+import importlib
 
 __all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "disable_reducer",
            "first_line", "resolve_mode", "wrap"]
+_HOME = {"agree_on_layout": "checks", "check_optimizer": "checks", "resolve_mode": "checks",
+         "PeerFailure": "collectives", "collective": "collectives", "first_line": "collectives",
+         "GradSync": "grad_sync", "disable_reducer": "wiring", "wrap": "wiring"}
+
+
+def __getattr__(name):
+    if name in _HOME:
+        return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

@@ -112,6 +112,8 @@ PARENT_SIDE = ("paddle_dist.launch", "paddle_dist.doctor")
 # Imported by launchers before any rank starts, or by commands that never train: no paddle
 # (about a second to import) at module level.
 PADDLE_FREE = ("paddle_dist.launch", "paddle_dist.runs", "paddle_dist.security", "paddle_dist.doctor")
+# Faces that import their paddle modules lazily, and the shared-memory transport.
+PADDLE_FREE_MODULES = ("paddle_dist.runtime", "paddle_dist.trainer", "paddle_dist.sync", "paddle_dist.sync.shm")
 MAX_LINES = 400          # a module
 MAX_FACE_LINES = 40      # a package's __init__.py: a docstring, re-exports, __all__
 
@@ -158,9 +160,9 @@ def test_a_rank_module_reaching_the_launcher_is_found(tmp_path):
     assert parent_side_reached(graph, ("p.worker",), ("p.launch",)) == ["p.launch.supervisor"]
 
 
-def test_the_launcher_side_and_the_runtime_face_import_no_paddle():
+def test_the_launcher_side_and_the_lazy_faces_import_no_paddle():
     modules = sorted(n for n in import_graph(PACKAGE)
-                     if any(n == p or n.startswith(f"{p}.") for p in PADDLE_FREE) or n == "paddle_dist.runtime")
+                     if any(n == p or n.startswith(f"{p}.") for p in PADDLE_FREE) or n in PADDLE_FREE_MODULES)
     assert len(modules) > 30
     assert importing_paddle(modules, PACKAGE.parent) == []
 
