@@ -1,4 +1,5 @@
-"""Stop a rank that missed a deadline. Run as a plain script (it imports no Paddle).
+"""Stop a rank that missed a deadline. Run as a plain script, with `python -S`: it imports
+only the standard library and the modules beside it (no site-packages, no Paddle).
 
 Why a separate process: native code can hold Python's GIL for as long as it runs (Paddle's
 rendezvous while it waits for peers; a C or CUDA call that never returns), and then no

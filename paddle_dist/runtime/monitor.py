@@ -165,7 +165,7 @@ class Monitor:
         script = Path(__file__).with_name("_deadline.py")
         fds = (self._heartbeat.fd, self._stacks.fileno())
         return subprocess.Popen(
-            [sys.executable, str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
+            [sys.executable, "-S", str(script), "--heartbeat", str(os.getpid()), self._heartbeat.path,
              str(self.hang_timeout), str(self.path or ""), str(self.env.global_rank),
              f"{self._heartbeat.path}.stack", self.log_path,
              self.folder if self.shared else "", str(self.env.world_size), *map(str, fds)],
@@ -310,7 +310,7 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
         return
     script = Path(__file__).with_name("_deadline.py")
     previous = _exit_on_sigquit()
-    watchdog_proc = subprocess.Popen([sys.executable, str(script), str(os.getpid()), str(seconds), message,
+    watchdog_proc = subprocess.Popen([sys.executable, "-S", str(script), str(os.getpid()), str(seconds), message,
                                       str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
                                      preexec_fn=os.setpgrp)
     try:
