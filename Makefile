@@ -25,6 +25,9 @@ COMPAT_MARK ?= compat
 # Tests that share a fixture built once per module or session (a trained run, the Slurm
 # cluster) run on one worker (tests/conftest.py). TEST_WORKERS=0: one process, no xdist.
 TEST_WORKERS ?= 4
+# pytest keeps each test module's rewritten bytecode only where Python may write bytecode:
+# without it, every xdist worker would rewrite every test module again.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 
 .PHONY: demo test check compat bench setup system-deps bytecode clean
@@ -34,17 +37,17 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps bytecode
 ifeq ($(TEST_WORKERS),0)
-	$(PY) -m pytest tests -q -p no:xdist
+	$(PYTEST) tests -q -p no:xdist
 else
 	@status=0; \
-	$(PY) -m pytest tests -q $(XDIST) -m "not serial" || status=$$?; \
-	$(PY) -m pytest tests -q -p no:xdist -m serial || status=$$?; \
+	$(PYTEST) tests -q $(XDIST) -m "not serial" || status=$$?; \
+	$(PYTEST) tests -q -p no:xdist -m serial || status=$$?; \
 	exit $$status
 endif
 
 # The inner loop: the unit tests (the import rules among them), one process, about two minutes.
 check: $(STAMP) bytecode
-	$(PY) -m pytest tests/unit -q -p no:xdist
+	$(PYTEST) tests/unit -q -p no:xdist
 
 # The tests start hundreds of Python processes; with PYTHONDONTWRITEBYTECODE set (as in
 # many containers) each would compile paddle_dist again. Compiled once here, they only read.
@@ -55,8 +58,8 @@ compat: system-deps
 	@for v in $(COMPAT_PADDLES); do \
 		echo "== compat: Paddle $$v"; \
 		$(MAKE) --no-print-directory setup VENV=.venv-$$v PADDLE=paddlepaddle==$$v && \
-		.venv-$$v/bin/python -m pytest -q tests/unit && \
-		.venv-$$v/bin/python -m pytest -q tests/integration -m "$(COMPAT_MARK)" || exit 1; \
+		PYTHONDONTWRITEBYTECODE= .venv-$$v/bin/python -m pytest -q tests/unit && \
+		PYTHONDONTWRITEBYTECODE= .venv-$$v/bin/python -m pytest -q tests/integration -m "$(COMPAT_MARK)" || exit 1; \
 	done
 
 # The numbers in docs/benchmarks.md (about 80 minutes on 2 cores; run nothing else meanwhile;

@@ -12,22 +12,29 @@ from .procs import check, run
 TINY = ["--steps", "4", "--warmup", "2", "--reps", "1", "--batch", "16"]
 
 
-def test_bench_train_compares_variants_and_writes_json(tmp_path):
-    out = tmp_path / "train.json"
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """One bench_train run of every kind of variant: ours, the reference, a custom one and
+    no_sync (the bound), at 1 and 2 ranks: (its JSON, its table's lines)."""
+    out = tmp_path_factory.mktemp("bench") / "train.json"
     result = check(run(["tools/bench_train.py", "--model", "mlp", "--nprocs", "2", *TINY,
-                        "--variants", "paddle_dist,paddle_dataparallel",
+                        "--variants", "paddle_dist,paddle_dataparallel,no_sync",
                         "--variant", "gloo=sync.transport=backend", "--json", str(out)], timeout=300))
-    found = json.loads(out.read_text())
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    return json.loads(out.read_text()), table
+
+
+def test_bench_train_compares_variants_and_writes_json(compared):
+    found, table = compared
     assert (found["model"], found["nprocs"], found["steps"]) == ("mlp", 2, 4)
-    assert set(found["variants"]) == {"paddle_dist", "paddle_dataparallel", "gloo"}
+    assert set(found["variants"]) == {"paddle_dist", "paddle_dataparallel", "gloo", "no_sync"}
     for name, v in found["variants"].items():
         assert v["samples_per_s"] > 0 and v["samples_per_s_1rank"] > 0, name
         one, two = v["runs"]["1"][0], v["runs"]["2"][0]        # one rep: its own ratio
         assert abs(v["efficiency"] - two / (2 * one)) < 1e-9
         assert len(v["runs"]["1"]) == len(v["runs"]["2"]) == 1
     assert found["variants"]["paddle_dataparallel"]["vs_reference"] == 1.0
-    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 1 + 3
+    assert table[0].startswith("| variant |") and "vs paddle_dist" in table[0] and len(table) == 1 + 4
 
 
 def test_bench_train_parallel_only_skips_the_single_rank_runs(tmp_path):
@@ -132,11 +139,9 @@ def test_the_median_interval_is_the_binomial_one_and_covers_the_median():
     assert tool.chunk_ratios([1, 1, 2, 2, 9], [1, 2, 1, 1, 9], 2) == [2 / 3, 2.0]
 
 
-def test_bench_train_no_sync_runs_separate_processes_as_the_bound(tmp_path):
-    out = tmp_path / "bound.json"
-    result = check(run(["tools/bench_train.py", "--model", "mlp", "--nprocs", "2", *TINY,
-                        "--variants", "paddle_dist,no_sync", "--json", str(out)], timeout=300))
-    found = json.loads(out.read_text())["variants"]
+def test_bench_train_no_sync_runs_separate_processes_as_the_bound(compared):
+    found, table = compared
+    found = found["variants"]
     # Two processes, neither in a process group: each saw a world of one.
     assert found["no_sync"]["process_worlds"] == [1, 1]
     assert found["paddle_dist"]["process_worlds"] == [2]
@@ -144,8 +149,7 @@ def test_bench_train_no_sync_runs_separate_processes_as_the_bound(tmp_path):
         assert abs(v["vs_no_sync"] - v["runs"]["2"][0] / found["no_sync"]["runs"]["2"][0]) < 1e-9
         assert v["efficiency"] > 0, name
     assert found["no_sync"]["vs_no_sync"] == 1.0
-    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].endswith("| vs no_sync |") and len(table) == 1 + 2
+    assert table[0].endswith("| vs no_sync |")
     assert all(row.count("|") == table[0].count("|") for row in table)
 
 

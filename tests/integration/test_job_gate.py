@@ -137,8 +137,9 @@ def test_strangers_at_the_gate_are_refused_and_the_token_stays_secret(tmp_path):
 
 
 # ---------------------------------------------------------------- a port scan while it trains
+# Two epochs of 16 steps: the scan goes on through the start-up, training and evaluation.
 JOB = ["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", "dist.nprocs=2", "-o", "train.epochs=2",
-       "-o", "checkpoint.every_epochs=0"]
+       "-o", "data.num_samples=2048", "-o", "data.num_eval_samples=256", "-o", "checkpoint.every_epochs=0"]
 
 
 def _weights(run_dir):
