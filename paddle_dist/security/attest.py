@@ -15,8 +15,8 @@ job by paddle_dist's launcher, or `dist.token_file`), each rank, right after
   of joins, naming any other connection to the store it can see, then tells every rank
   its verdict, with an HMAC of the token over it and the nonce: a verdict that does not
   prove the token is itself a breach, and so is a verdict rank 0 finds already written
-  (a rank may have read that one, or rank 0's would silently replace it). A breach ends every rank with SecurityError (exit 6)
-  and one line.
+  (a rank may have read that one, or rank 0's would silently replace it). A breach ends
+  every rank with SecurityError (exit 6) and one line.
 
 What it cannot see: whatever an outsider does after the check, and writes to Paddle's own
 keys (the ranks' gloo addresses among them) before the ranks read them. docs/security.md
