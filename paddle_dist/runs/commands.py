@@ -67,13 +67,15 @@ def drop_overrides(argv: Sequence[str], keys: Sequence[str]) -> List[str]:
 def main_module() -> str:
     """The module this process was started as (`python -m NAME`: "NAME"); "" for a script,
     `-c` or an interactive interpreter. (sys.argv[0] is then the module's file, which
-    must not be run again as a script: see launcher.python_args.)
+    must not be run again as a script: see launcher.python_args.) A package is named as
+    it was run: `python -m paddle_dist.launch`, not its `paddle_dist.launch.__main__`.
 
     Example:
         main_module()     # 'paddle_dist.train' under `python -m paddle_dist.train`
     """
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec.name if spec is not None else ""
+    name = spec.name if spec is not None else ""
+    return name[:-len(".__main__")] if name.endswith(".__main__") else name
 
 
 def own_command(argv: Optional[Sequence[str]] = None, module: str = "") -> List[str]:

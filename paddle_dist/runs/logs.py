@@ -14,6 +14,9 @@ from typing import List, Tuple
 
 # The first line of an exception as Python prints it: "ValueError: bad", "KeyboardInterrupt: ...".
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
+# A warning or error a logger printed: Paddle's "[2026-11-26 22:02:39,446] [ WARNING] ..."
+# and the logging module's default "WARNING:root:...".
+LOGGED_PROBLEM = re.compile(r"^\[[^]]*\] \[\s*(WARNING|ERROR|CRITICAL)\]|^(WARNING|ERROR|CRITICAL):")
 
 
 def is_noise(line: str) -> bool:
@@ -30,8 +33,10 @@ def is_noise(line: str) -> bool:
 
 def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
     """The last `count` lines of a text file that are not noise ([] when it cannot be
-    read). When the first exception line among the last `reach` lines is not in them (a
-    process's threads left several tracebacks, the cause's first), it comes first.
+    read). The first exception line and the first logged warning or error among the last
+    `reach` lines come first when they are not in them: a process's threads left several
+    tracebacks, the cause's first; or the process said why before its traceback (Paddle
+    warns that a DataLoader worker died, then its reader fails in words that do not say so).
 
     Example:
         tail_lines("log/workerlog.1", 6)
@@ -43,8 +48,10 @@ def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
         return []
     kept = [line for line in lines if not is_noise(line)]
     tail = kept[-count:]
-    first = next((line for line in kept[-reach:] if EXCEPTION_LINE.match(line)), None)
-    return ([first] if first is not None and first not in tail else []) + tail
+    earlier = kept[-reach:-count] if len(kept) > count else []
+    firsts = {next((i for i, line in enumerate(earlier) if pattern.match(line)), None)
+              for pattern in (EXCEPTION_LINE, LOGGED_PROBLEM)} - {None}
+    return [earlier[i] for i in sorted(firsts) if earlier[i] not in tail] + tail
 
 
 def innermost(text: str, count: int) -> Tuple[str, List[str]]:

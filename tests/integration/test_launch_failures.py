@@ -59,6 +59,7 @@ def test_the_rank_killed_first_is_the_root_cause(nprocs, victim, workers, tmp_pa
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("paddle_dist: to run it again, run: ") and \
         last.endswith(f"--kill-rank {victim} --workers {workers}"), result.stderr
+    assert f" -m paddle_dist.launch --nprocs {nprocs} " in last       # as it was run
     pids = _job_pids(tmp_path)
     assert len(pids) == nprocs * (1 + workers)
     assert _segments_of(pids) == []

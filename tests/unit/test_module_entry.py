@@ -34,6 +34,15 @@ def test_main_module_and_own_command_of_a_process_started_with_dash_m(tmp_path):
     assert out.stdout.splitlines() == ["probe_mod", "['-m', 'probe_mod', '-o', 'a=1']"], out.stderr
 
 
+def test_a_package_run_with_dash_m_is_named_as_the_package(tmp_path):
+    (tmp_path / "probe_pkg").mkdir()
+    (tmp_path / "probe_pkg" / "__init__.py").write_text("")
+    (tmp_path / "probe_pkg" / "__main__.py").write_text(
+        "from paddle_dist.runs import commands\nprint(commands.main_module())\nprint(commands.own_command()[1:])\n")
+    out = _run(["-m", "probe_pkg", "-o", "a=1"], tmp_path)
+    assert out.stdout.splitlines() == ["probe_pkg", "['-m', 'probe_pkg', '-o', 'a=1']"], out.stderr
+
+
 def test_a_script_has_no_main_module(tmp_path):
     (tmp_path / "probe.py").write_text(
         "from paddle_dist.runs import commands\nprint(repr(commands.main_module()))\nprint(commands.own_command()[1:])\n")

@@ -152,3 +152,21 @@ def test_a_rank_logs_first_exception_comes_with_its_last_lines(tmp_path):
     assert len(lines) == 7
     log.write_text("a\nb\nValueError: bad\n")
     assert logs.tail_lines(str(log), 6) == ["a", "b", "ValueError: bad"]
+
+
+def test_a_warning_logged_before_the_traceback_comes_with_the_last_lines(tmp_path):
+    """A killed DataLoader worker: Paddle warns, then the rank's reader fails in words that
+    do not name the worker (the order of the two depends on which thread sees it first)."""
+    log = tmp_path / "workerlog.1"
+    warning = ("[2026-11-26 22:02:39,446] [ WARNING] dataloader_iter.py:733 - DataLoader 1 "
+               "workers exit unexpectedly, pids: 27947")
+    log.write_text("epoch 1\n" + warning + "\nTraceback (most recent call last):\n"
+                   + "".join(f"  frame {i}\n" for i in range(6))
+                   + "SystemError: (Fatal) Blocking queue is killed because the data reader raises an exception.\n"
+                   "  [Hint: Expected killed_ != true, but received killed_:1 == true:1.]\n")
+    lines = logs.tail_lines(str(log), 6)
+    assert lines[0] == warning and lines[-1].startswith("  [Hint:") and len(lines) == 7
+    log.write_text("WARNING:root:disk nearly full\n" + "".join(f"line {i}\n" for i in range(10)))
+    assert logs.tail_lines(str(log), 6)[0] == "WARNING:root:disk nearly full"
+    log.write_text("[2026-11-26 22:02:39,446] [    INFO] fine\n" + "".join(f"line {i}\n" for i in range(10)))
+    assert logs.tail_lines(str(log), 6) == [f"line {i}" for i in range(4, 10)]
