@@ -13,6 +13,10 @@ SHELL := /bin/bash
 OTHER_PADDLE := $(if $(findstring gpu,$(PADDLE)),paddlepaddle,paddlepaddle-gpu)
 # Paddle 2.6 was built for numpy 1: with numpy 2, importing numpy.random after paddle crashes.
 NUMPY := $(if $(findstring ==2.6,$(PADDLE)),"numpy<2" "pandas<3",)
+# `import paddle` imports setuptools; before 66, setuptools imports pkg_resources, which
+# scans every installed package: 0.2 CPU-s more per rank than a current one (Python 3.11's
+# venv brings 65.5). <81: Paddle's cpp_extension imports setuptools' easy_install command.
+SETUPTOOLS := "setuptools>=70,<81"
 
 # The compat stage (.ci/run): the unit tests and the key flows on other supported Paddle
 # versions, each in a venv of its own (.venv-<version>).
@@ -118,7 +122,7 @@ $(STAMP): setup.cfg pyproject.toml
 			apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
 		else echo "error: '$(PYTHON) -m venv' failed; install your distribution's venv package (Debian: apt-get install python3-venv)"; exit 2; fi; }
 	$(PY) -m pip uninstall $(PIP_QUIET) -y $(OTHER_PADDLE) 2>&1 | { grep -v -e "^WARNING" -e "not installed" || true; }
-	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" $(NUMPY) -e ".[test]" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -m pip install $(PIP_QUIET) "$(PADDLE)" $(NUMPY) $(SETUPTOOLS) -e ".[test]" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	$(PY) -c "import paddle_dist, paddle, visualdl, yaml"
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 

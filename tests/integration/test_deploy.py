@@ -215,7 +215,7 @@ def _image_tree(root, sizes=((20, 24), (24, 20))):
 def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     tree = _image_tree(tmp_path / "shapes")
     job = ["train.py", "-o", "dist.nprocs=2", "-o", "data.name=imagefolder", "-o", f"data.root={tree}",
-           "-o", "model.name=resnet18", "-o", "data.image_size=16", "-o", "train.batch_size=6",
+           "-o", "model.name=resnet18", "-o", "data.image_size=8", "-o", "train.batch_size=6",
            "-o", "train.epochs=2", "-o", "train.api=hapi", "-o", "output.name=shapes",
            "-o", "checkpoint.every_steps=2"]
     runs = tmp_path / "runs"
@@ -238,7 +238,7 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     assert len(digests) == 1
     check(run(["-m", "paddle_dist.export", str(run_dir)]))
     deploy = json.loads((run_dir / "export" / "deploy.json").read_text())
-    assert deploy["classes"] == ["blue", "green", "red"] and deploy["inputs"][0]["shape"] == [-1, 3, 16, 16]
+    assert deploy["classes"] == ["blue", "green", "red"] and deploy["inputs"][0]["shape"] == [-1, 3, 8, 8]
     paths = sorted(str(p) for p in (tree / "val").rglob("*.*"))
     predicted = json.loads(check(run(["-m", "paddle_dist.predict", str(run_dir / "export"), *paths,
                                       "--json"])).stdout)

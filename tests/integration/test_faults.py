@@ -172,13 +172,13 @@ RESUME = JOB + ["-o", "train.epochs=2", "-o", "checkpoint.every_steps=10"]
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """Final weights and accuracy of clean runs, per API level."""
+    """Final weights, accuracy and run directory of clean runs, per API level."""
     found = {}
     for api in ("loop", "hapi"):
         run_dir = tmp_path_factory.mktemp(f"clean-{api}")
         check(run(TWO_RANKS["launch"] + RESUME + ["-o", f"train.api={api}",
                                                   "-o", f"output.run_dir={run_dir}"]))
-        found[api] = (_final_weights(run_dir), json.loads((run_dir / "metrics.json").read_text()))
+        found[api] = (_final_weights(run_dir), json.loads((run_dir / "metrics.json").read_text()), run_dir)
     return found
 
 
@@ -254,14 +254,15 @@ def test_max_restarts_recovers_from_a_failure(uninterrupted, tmp_path):
     assert _max_diff(_final_weights(tmp_path), uninterrupted["loop"][0]) <= 1e-6
 
 
-def test_resume_with_another_world_size_says_how_to_proceed(tmp_path):
-    clean = tmp_path / "ckpt"
-    check(run(TWO_RANKS["launch"] + JOB + ["-o", "train.max_steps=3", "-o", f"output.run_dir={clean}"]))
+def test_resume_with_another_world_size_says_how_to_proceed(uninterrupted, tmp_path):
+    clean = uninterrupted["loop"][2]                  # a 2-rank run's checkpoints
+    before = {str(p): p.stat().st_mtime_ns for p in clean.rglob("*")}
     result = run(["train.py"] + JOB + ["-o", f"checkpoint.resume={clean}",
                                        "-o", f"output.run_dir={tmp_path / 'again'}"])
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "2 ranks" in lines[0] and "checkpoint.resume=none" in lines[0]
+    assert {str(p): p.stat().st_mtime_ns for p in clean.rglob("*")} == before   # read, never written
 
 
 def test_a_checkpoint_that_would_unpickle_is_refused(tmp_path):
