@@ -1,7 +1,7 @@
 """From a trained run to use: export, predict, evaluation only, and image folders.
 
-One trained demo run (LeNet on the bundled MNIST, 2 ranks) is shared by the tests of this
-module; every command runs as a real process on real files.
+The main job's run (LeNet on the bundled MNIST, 2 ranks: tests/integration/conftest.py)
+is shared by the tests of this module; every command runs as a real process on real files.
 """
 
 import json
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+import yaml
 from PIL import Image
 
 from paddle_dist import checkpoint, compat, export as export_module, models
@@ -19,19 +20,15 @@ from paddle_dist.data.mnist import load_mnist
 
 from .procs import check, run
 
-TRAIN = ["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=2"]
-
-
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deploy")
-    result = check(run(TRAIN + ["-o", f"output.root={root / 'runs'}"]))
-    [run_dir] = _runs(root / "runs")
+def demo_run(main_job):
+    result, run_dir = main_job
     out = result.stdout + result.stderr
+    epochs = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["epochs"]
     assert f"to deploy it: python -m paddle_dist.export {run_dir}" in out
-    assert f"of 2; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
+    assert f"of {epochs}; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
     status = json.loads((run_dir / "status" / "rank0.json").read_text())
-    assert status["epoch"] == 2                      # 1-based, as "epoch 2/2" was printed
+    assert status["epoch"] == epochs                 # 1-based, as "epoch 12/12" was printed
     return run_dir
 
 
@@ -188,7 +185,7 @@ def test_a_checkpoint_written_on_a_gpu_is_evaluated_on_a_cpu_and_its_resume_refu
     [eval_dir] = _runs(tmp_path / "eval")
     assert json.loads((eval_dir / "metrics.json").read_text())["test_accuracy"] == trained["test_accuracy"]
     assert "nothing is trained" in evaluated.stdout + evaluated.stderr
-    resumed = run(["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=3", "-o",
+    resumed = run(["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=13", "-o",
                    f"checkpoint.resume={run_dir / 'checkpoints'}", "-o", f"output.root={tmp_path / 'more'}"],
                   timeout=300)
     said = [line for line in resumed.stderr.splitlines() if "holds a GPU's generator" in line]
