@@ -29,28 +29,35 @@ died). The rank starts them in a process group of their own, so a terminal's Ctr
 starting.
 """
 
-import mmap
 import os
 import select
 import signal
-import socket
 import sys
 import time
 
-try:
-    from . import gloocheck, watchdog
-    from .. import procfs
-    from ..runs.status import FAILED, HUNG, RankStatus
-except ImportError:
-    # Run as a script: its own folder is on sys.path. What it and the modules beside it import
-    # sits above it (procfs.py), in security/ (storewire.py) and in runs/ (the record's type).
-    PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path[1:1] = [PACKAGE, os.path.join(PACKAGE, "security"),
-                     os.path.join(PACKAGE, "runs")]
-    import gloocheck
-    import procfs
-    import watchdog
-    from status import FAILED, HUNG, RankStatus
+gloocheck = procfs = watchdog = RankStatus = FAILED = HUNG = None       # _load()
+
+
+def _load() -> None:
+    """Import the modules beside this one, which acting needs: a deadline met (the rank's
+    rendezvous done in time, the common case) ends without them, its start-up about
+    half as long."""
+    global gloocheck, procfs, watchdog, RankStatus, FAILED, HUNG
+    try:
+        from . import gloocheck, watchdog
+        from .. import procfs
+        from ..runs.status import FAILED, HUNG, RankStatus
+    except ImportError:
+        # Run as a script: its own folder is on sys.path. What it and the modules beside it
+        # import sits above it (procfs.py), in security/ (storewire.py) and in runs/ (the
+        # record's type).
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path[1:1] = [package, os.path.join(package, "security"), os.path.join(package, "runs")]
+        import gloocheck
+        import procfs
+        import watchdog
+        from status import FAILED, HUNG, RankStatus
+
 
 EXIT_RENDEZVOUS = 3
 EXIT_SECURITY = 6              # errors.EXIT_SECURITY
@@ -65,6 +72,7 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
          store: str = "", world: str = "0") -> int:
     if _stdin_closed(seconds):
         return 0
+    _load()
     error, kind, code = message, "RendezvousTimeout", EXIT_RENDEZVOUS
     seen = _outsiders(pid, int(rank), store, int(world))
     if seen:
@@ -74,6 +82,8 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
         sys.stderr.write(f"paddle_dist: {message}\n")
     sys.stderr.flush()
     if status_file:
+        import socket
+
         RankStatus(int(rank), pid=pid, host=socket.gethostname(), state=FAILED, step=0, time=time.time(),
                    error_type=kind, error=error, exit_code=code).write(status_file)
     _end(pid)
@@ -109,6 +119,9 @@ def watch(pid: int, beat_file: str, seconds: float, status_file: str, rank: str,
           log: str, folder: str = "", world: int = 1, beat_fd: int = -1, stack_fd: int = -1) -> int:
     """The hang watchdog (module docstring). Removes the heartbeat and stack files when it
     ends, whichever way the rank ended."""
+    import mmap
+
+    _load()
     maps: dict = {}
     hung_since, own = None, None
     try:
@@ -139,6 +152,8 @@ def _stop_hung(pid: int, beat, message: str, status_file: str, stack_fd: int, lo
     """Record and print why the job is hung, with this rank's stack, and SIGKILL the rank."""
     stack = "" if beat.state in watchdog.STOPPED_STATES else _stack_of(pid, stack_fd)
     if status_file:
+        import socket
+
         RankStatus(beat.rank, pid=pid, host=socket.gethostname(), state=HUNG, step=beat.step, epoch=beat.epoch,
                    phase="train", collective=beat.kind, time=time.time(), log=log, message=message,
                    traceback=stack[-4000:]).write(status_file)
