@@ -2,6 +2,7 @@
 rate as built, a config.yaml that says what ran (and refuses to be a built-in job), and
 endings by signal that are exit codes, not tracebacks."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -138,6 +139,40 @@ def test_the_watchdog_ignores_ctrl_c_and_ends_quietly_with_its_rank():
     finally:
         watchdog.kill()
         watchdog.wait()
+
+
+def _imported_by_deadline(args, rank_done):
+    """The modules `python -S -X importtime _deadline.py ARGS` imported; its stdin brings
+    the rank's line at once (`rank_done`) or stays open until it ends."""
+    script = Path(monitor.__file__).with_name("_deadline.py")
+    proc = subprocess.Popen([sys.executable, "-S", "-X", "importtime", str(script), *args],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if rank_done:
+            proc.stdin.write("done\n")
+            proc.stdin.flush()
+        said = proc.stderr.read()           # until it ends
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stderr.close()
+    return {line.rsplit("|", 1)[1].strip() for line in said.splitlines() if line.startswith("import time:")}
+
+
+def test_a_deadline_met_imports_none_of_the_modules_acting_needs():
+    """Two deadline watchdogs start with every rank; nearly all of them only see the rank
+    finish in time, and so never import what reporting a miss takes."""
+    met = _imported_by_deadline([str(os.getpid()), "600", "never said"], rank_done=True)
+    assert "select" in met and not met & {"gloocheck", "watchdog", "procfs", "status"}
+    victim = subprocess.Popen(["sleep", "60"])           # the "rank" the missed deadline ends
+    try:
+        missed = _imported_by_deadline([str(victim.pid), "0.01", "missed"], rank_done=False)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert {"gloocheck", "procfs", "status"} <= missed
 
 
 def test_the_watchdog_ends_with_its_rank_while_a_forked_child_holds_its_pipe():
