@@ -32,11 +32,12 @@ def is_noise(line: str) -> bool:
 
 
 def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
-    """The last `count` lines of a text file that are not noise ([] when it cannot be
-    read). The first exception line and the first logged warning or error among the last
-    `reach` lines come first when they are not in them: a process's threads left several
-    tracebacks, the cause's first; or the process said why before its traceback (Paddle
-    warns that a DataLoader worker died, then its reader fails in words that do not say so).
+    """The last `count` lines of a text file that are neither blank nor noise ([] when it
+    cannot be read). The first exception line and the first logged warning or error among
+    the last `reach` lines come first when they are not in them: a process's threads left
+    several tracebacks, the cause's first; or the process said why before its traceback
+    (Paddle warns that a DataLoader worker died, then its reader fails in words that do not
+    say so).
 
     Example:
         tail_lines("log/workerlog.1", 6)
@@ -46,7 +47,7 @@ def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return []
-    kept = [line for line in lines if not is_noise(line)]
+    kept = [line for line in lines if line.strip() and not is_noise(line)]
     tail = kept[-count:]
     earlier = kept[-reach:-count] if len(kept) > count else []
     firsts = {next((i for i, line in enumerate(earlier) if pattern.match(line)), None)
