@@ -145,19 +145,20 @@ def _imported_by_deadline(args, rank_done):
     """The modules `python -S -X importtime _deadline.py ARGS` imported; its stdin brings
     the rank's line at once (`rank_done`) or stays open until it ends."""
     script = Path(monitor.__file__).with_name("_deadline.py")
-    proc = subprocess.Popen([sys.executable, "-S", "-X", "importtime", str(script), *args],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank_end, our_end = os.pipe()          # held open here: no line, no end of file
     try:
         if rank_done:
-            proc.stdin.write("done\n")
-            proc.stdin.flush()
-        said = proc.stderr.read()           # until it ends
-        proc.wait(timeout=60)
+            os.write(our_end, b"done\n")
+        proc = subprocess.Popen([sys.executable, "-S", "-X", "importtime", str(script), *args],
+                                stdin=rank_end, stderr=subprocess.PIPE, text=True)
+        try:
+            said = proc.communicate(timeout=60)[1]
+        finally:
+            proc.kill()
+            proc.wait()
     finally:
-        proc.kill()
-        proc.wait()
-        proc.stdin.close()
-        proc.stderr.close()
+        os.close(rank_end)
+        os.close(our_end)
     return {line.rsplit("|", 1)[1].strip() for line in said.splitlines() if line.startswith("import time:")}
 
 
