@@ -331,3 +331,46 @@ def optimizer_state(optimizer) -> dict:
         for name, value in held.items():
             state.setdefault(name, value)
     return state
+
+
+# ---------------------------------------------------------------- a layer's own tensors
+def state_tensors(layer) -> Dict[str, "object"]:
+    """`layer.state_dict()` as the layer's own tensors, never copies: with
+    `paddle.amp.decorate(..., save_dtype=...)` (O2) every sublayer carries a state-dict
+    hook that replaces each floating entry by a cast copy, so writing into the entries
+    of `state_dict()` would change nothing, and their `id()` names no parameter.
+    `use_hook=False` (2.6 to 3.3) skips those hooks.
+
+    Example:
+        state_tensors(net)["bn._mean"] is net.bn._mean       # True, O2 or not
+    """
+    return layer.state_dict(use_hook=False)
+
+
+class BatchNormState:
+    """A BatchNorm layer's running statistics and how it updates them, read once here
+    (Paddle keeps them as attributes of its own: `_mean`, `_variance`, `_momentum`,
+    `_data_format`/`_data_layout`, `_use_global_stats`, the same from 2.6 to 3.3).
+    `_BatchNormBase` covers BatchNorm1D/2D/3D and SyncBatchNorm; `paddle.nn.BatchNorm`
+    is the older layer with `data_layout`."""
+
+    def __init__(self, layer, mean, variance, momentum: float, channel_last: bool, frozen: bool):
+        self.layer, self.mean, self.variance = layer, mean, variance
+        self.momentum, self.channel_last, self.frozen = momentum, channel_last, frozen
+
+    def channel_axis(self, ndim: int) -> int:
+        return ndim - 1 if self.channel_last else 1
+
+    @classmethod
+    def of(cls, layer) -> Optional["BatchNormState"]:
+        """The layer's statistics, or None when it is no BatchNorm."""
+        import paddle
+
+        kinds = (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm)
+        if not isinstance(layer, kinds):
+            return None
+        layout = getattr(layer, "_data_format", None) or getattr(layer, "_data_layout", "NCHW")
+        frozen = bool(getattr(layer, "_use_global_stats", False))
+        momentum = getattr(layer, "_momentum", 0.9)
+        return cls(layer, layer._mean, layer._variance, float(momentum),
+                   layout in ("NHWC", "NLC", "NDHWC"), frozen)

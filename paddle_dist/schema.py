@@ -94,8 +94,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_grad_norm: float = 0.0    # clip the gradients to this global norm (paddle.nn.ClipGradByGlobalNorm;
                                    # the config's optimizer) and log the norm; 0 = no clipping
-    ema_decay: float = 0.0         # keep an exponential moving average of the weights, e.g. 0.999,
-                                   # used for evaluation, the best checkpoint and export; 0 = off
+    ema_decay: float = 0.0         # keep an exponential moving average of the whole state (weights and
+                                   # BatchNorm statistics), e.g. 0.9998, used for evaluation, the best
+                                   # checkpoint and export; 0 = off
+    ema_warmup: bool = True        # the average's decay warms up as min(decay, (1+n)/(10+n)) after n
+                                   # updates (PaddleDetection's ModelEMA); false: decay from the start
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw

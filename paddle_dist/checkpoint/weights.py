@@ -25,6 +25,7 @@ from typing import Dict, List, Mapping, Set
 import numpy as np
 import paddle
 
+from ..compat import state_tensors
 from ..security.safepickle import ArraysOnly
 from .format import AVERAGED, CheckpointError
 from .io import _brief, _load_npz, _locate, _read_meta
@@ -120,14 +121,16 @@ def _in_model_floats(tensors: Mapping[str, paddle.Tensor], model) -> Dict[str, p
     """Floating-point weights in the model's own floating dtype: a mixed-precision (O2)
     run's 16-bit weights into a float32 model (exact: widening), and its weights saved as
     float32 (amp.decorate's save_dtype) back into its 16-bit ones (exact: they were 16-bit
-    values). Any other dtype difference stays one (_dtype_differences)."""
-    own = model.state_dict()
+    values). Any other dtype difference stays one (_dtype_differences). The model's own
+    tensors are compared (an O2 model's state_dict() hands out float32 copies, while
+    set_state_dict writes into its 16-bit tensors)."""
+    own = state_tensors(model)
     return {k: t.astype(own[k].dtype) if t.dtype != own[k].dtype and t.dtype in FLOATS
             and own[k].dtype in FLOATS else t for k, t in tensors.items()}
 
 
 def _dtype_differences(tensors: Mapping[str, paddle.Tensor], model, source: str) -> List[str]:
-    own = model.state_dict()
+    own = state_tensors(model)
     wrong = [f"{k} {_dtype(t)} vs {_dtype(own[k])}" for k, t in sorted(tensors.items())
              if t.dtype != own[k].dtype]
     return [f"dtype ({source} vs model) of {few(wrong)}"] if wrong else []

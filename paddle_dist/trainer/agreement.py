@@ -1,5 +1,7 @@
 """The ranks check each other: at every checkpoint and at the end of training, each rank
-digests its parameters and buffers and the ranks compare the digests in one all-gather.
+digests its parameters, buffers and moving averages and the ranks compare the digests in
+one all-gather; before every evaluation they compare what they are about to evaluate
+with (`check_evaluated`: after the callbacks' on_eval_begin, which may swap weights in).
 
 Data parallelism keeps every rank's weights bitwise equal: the same start, the same
 averaged gradients, the same optimizer. When they differ, something broke it (an update
@@ -23,14 +25,14 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import List, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
 
 from ..sync.collectives import collective
-from ..compat import numpy_view
+from ..compat import numpy_view, state_tensors
 from ..errors import Diverged
 
 # How the line counts the different values of one tensor; beyond these, how many more.
@@ -51,10 +53,13 @@ def tensor_digest(tensor) -> int:
     return zlib.crc32(np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8))
 
 
-def digests(model) -> Tuple[List[str], np.ndarray]:
+def digests(model, extra: Optional[Mapping[str, object]] = None) -> Tuple[List[str], np.ndarray]:
     """(state_dict keys, their digests as int64), in state_dict order: the same keys, in
-    the same order, on every rank of a job."""
-    state = model.state_dict()
+    the same order, on every rank of a job. The model's own tensors are read (an O2
+    model's state_dict() would cast copies); `extra`: more tensors by name (the moving
+    averages), after them."""
+    state = dict(state_tensors(model))
+    state.update(extra or {})
     return list(state), np.fromiter((tensor_digest(t) for t in state.values()), dtype=np.int64,
                                      count=len(state))
 
@@ -106,26 +111,45 @@ def rank_words(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(words)
 
 
-def check(model, env, step: int, phase=None) -> None:
-    """Compare this rank's weights with every other rank's (one all-gather: every rank
-    must call it at the same point); raise errors.Diverged when they differ. Nothing to
-    compare in a job of one process."""
+def check(model, env, step: int, phase=None, averages: Optional[Mapping[str, object]] = None) -> None:
+    """Compare this rank's weights, buffers and `averages` (the moving averages, by name)
+    with every other rank's (one all-gather: every rank must call it at the same point);
+    raise errors.Diverged when they differ. Nothing to compare in a job of one process."""
+    named = {f"moving average of {key}": value for key, value in (averages or {}).items()}
+    where = _compare(model, env, step, phase, named)
+    if where:
+        raise Diverged(f"the ranks' weights differ at step {step}: {where}; "
+                       "data parallelism broke (docs/faults.md)")
+
+
+def check_evaluated(model, env, step: int, phase=None) -> None:
+    """Compare the weights and buffers the ranks are about to evaluate with (after the
+    callbacks' on_eval_begin, which may swap weights in); raise errors.Diverged, naming the
+    first tensor that differs and the likely cause, when they differ: each rank would
+    score its share of the eval set with another model, and the metric would be no
+    single model's."""
+    where = _compare(model, env, step, phase, {})
+    if where:
+        raise Diverged(f"the ranks would evaluate different weights after step {step}: {where}. "
+                       "A callback that puts its own weights in at on_eval_begin (an EMA of "
+                       "per-rank state?) made them differ; use train.ema_decay instead, whose "
+                       "averages are the same on every rank (docs/own_model.md)")
+
+
+def _compare(model, env, step: int, phase, extra) -> str:
     if not env.is_distributed:
-        return
+        return ""
     started = time.perf_counter()
-    names, mine = digests(model)
+    names, mine = digests(model, extra)
     if not names:
-        return
+        return ""
     digested = time.perf_counter()
     gathered: list = []
     theirs = collective(dist.all_gather, gathered, paddle.to_tensor(mine), phase=phase, what="weights check",
                         read=lambda: [g.numpy() for g in gathered])
-    where = disagreement(names, theirs)
     log = logging.getLogger("paddle_dist")
     if log.isEnabledFor(logging.DEBUG):
         log.debug(f"weights check at step {step}: {len(names)} tensors digested in "
                   f"{(digested - started) * 1e3:.2f} ms, compared in "
                   f"{(time.perf_counter() - digested) * 1e3:.2f} ms")
-    if where:
-        raise Diverged(f"the ranks' weights differ at step {step}: {where}; "
-                       "data parallelism broke (docs/faults.md)")
+    return disagreement(names, theirs)

@@ -11,7 +11,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import paddle
@@ -24,10 +24,11 @@ from ..errors import Preempted
 from . import agreement
 from .callbacks import Events, ModelView, hapi_logs
 from .ema import Ema, MeasuredClip
-from .evaluation import all_reduce_sum, average_buffers, evaluate, exchange_rounds, metric_names
+from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
 from .feed import Feed
 from .loading import Source
 from .selection import Best
+from ..sync.batchstats import BatchStats
 
 
 @dataclass
@@ -80,11 +81,15 @@ class Result:
 
 @dataclass
 class Position:
-    """Where training stands: the epoch in progress and the steps already done."""
+    """Where training stands: the epoch in progress and the steps already done;
+    `epoch_loss`: the sum and count of the losses of those steps of the epoch in progress
+    that an earlier attempt ran (over all ranks), so that a resumed epoch's train loss
+    still covers the whole epoch."""
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
+    epoch_loss: Tuple[float, float] = (0.0, 0.0)
 
 
 def default_loss(task: str):
@@ -166,6 +171,8 @@ class Session:
         self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, run_dir
         self.progress, self.monitor, self.sync, self.optimizer = progress, monitor, sync, optimizer
         self.pos, self.limit, self.config_hash = start, limit, config_hash
+        # The resumed epoch's losses from before the resume (Position.epoch_loss).
+        self.resumed_epoch, self.pos_loss = start.epoch, start.epoch_loss
         self.lr_policy = lr_policy
         # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
         # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
@@ -178,7 +185,10 @@ class Session:
         steps_own = isinstance(own, LRScheduler) and lr_policy is None and not self.events.steps_scheduler()
         self.scheduler = own if steps_own else None
         self.amp, self.scaler = AmpPlan(), None      # mixed precision (set by the trainer)
-        self.ema = Ema(parts.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        # BatchNorm's statistics: one update per optimizer step from all its samples, so
+        # every rank holds the same ones at every step (sync/batchstats.py).
+        self.batch_stats = BatchStats(parts.model, env, monitor.phase)
+        self.ema = Ema(parts.model, cfg.train.ema_decay, cfg.train.ema_warmup) if cfg.train.ema_decay else None
         clip = getattr(optimizer, "_grad_clip", None)
         progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
@@ -208,6 +218,7 @@ class Session:
         `loss`: the step's mean loss, a device tensor (left unread) or a number."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
+        self.batch_stats.step()
         if self.ema is not None:
             self.ema.update()
         self.result.step_times.append(time.perf_counter())
@@ -230,20 +241,24 @@ class Session:
         return self.done
 
     def _save_mid_epoch(self) -> None:
-        """A checkpoint holds one model, so first the ranks' BatchNorm statistics are
-        averaged, as at each epoch's end: every rank resumes from what it would have had
-        (the statistics are running averages, linear in their updates, so averaging them
-        now or only at the epoch's end gives the same numbers there)."""
-        average_buffers(self.parts.model, self.env, self.monitor.phase)
-        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step))
+        """A checkpoint inside an epoch also keeps the losses of its steps so far (summed
+        over the ranks: one all-reduce), for the epoch's train loss after a resume."""
+        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step,
+                           self._epoch_loss()))
+
+    def _epoch_loss(self) -> Tuple[float, float]:
+        """(sum, count) of the epoch's losses so far over all ranks, an earlier attempt's included."""
+        losses = self.progress.epoch_losses()
+        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
+        if self.pos.epoch == self.resumed_epoch:
+            total, n = total + self.pos_loss[0], n + self.pos_loss[1]
+        return float(total), float(n)
 
     def end_epoch(self, epoch: int) -> Dict[str, Any]:
         """Global train loss, exact evaluation, history, epoch-end checkpoint."""
         self.progress.pause()
-        losses = self.progress.epoch_losses()
-        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
+        total, n = self._epoch_loss()
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1))}
-        average_buffers(self.parts.model, self.env, self.monitor.phase)
         # paddle.Model's order: the epoch's end, then its evaluation.
         self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr())})
         if self.parts.eval_data is not None:
@@ -267,6 +282,8 @@ class Session:
         rounds = exchange_rounds(len(parts.eval_data), cfg.train.eval_batch_size, self.env.world_size)
         self.events.eval_begin({"steps": rounds, "metrics": names})
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+            # What each rank evaluates with, its callbacks' swaps included, must be one model.
+            agreement.check_evaluated(parts.model, self.env, self.pos.global_step, self.monitor.phase)
             found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
                              cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
                              cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None)
@@ -323,6 +340,10 @@ class Session:
                 "history": self.result.history}
         if self.scaler is not None:          # float16: resumed at the scale it had reached
             meta["loss_scaler"] = amp_scaler_state(self.scaler)
+        if self.ema is not None:
+            meta["ema_updates"] = self.ema.updates
+        if at.step_in_epoch:
+            meta["epoch_loss"] = list(at.epoch_loss)
         averaged = self.ema.weights() if self.ema is not None else None
         snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
         self.saver.submit(root or Path(self.run_dir) / "checkpoints", snap,
@@ -337,7 +358,8 @@ class Session:
         errors.Diverged when they differ."""
         if self.checked_at != step:
             self.checked_at = step
-            agreement.check(self.parts.model, self.env, step, self.monitor.phase)
+            agreement.check(self.parts.model, self.env, step, self.monitor.phase,
+                            self.ema.shadow if self.ema is not None else None)
 
     def _stop_for_preemption(self) -> None:
         self._save_mid_epoch()
@@ -348,6 +370,7 @@ class Session:
 
     def close(self) -> None:
         self.saver.close()
+        self.batch_stats.close()
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_last: bool) -> int:

@@ -1,15 +1,27 @@
-"""An exponential moving average of the weights (train.ema_decay), and gradient clipping
-that reports the norm it clipped (train.clip_grad_norm).
+"""An exponential moving average of the model's whole state (train.ema_decay), as the
+detection and classification suites keep it, and gradient clipping that reports the
+norm it clipped (train.clip_grad_norm).
 
-After every optimizer step each trained parameter's average moves toward it:
-`average = decay * average + (1 - decay) * weight`, in float32, on every rank (the ranks'
-weights are identical, so their averages are too). Evaluation, the best checkpoint's
-choice and export use the averages; training goes on from the weights themselves. The
-averages are in every checkpoint (`ema.npz`), so a resumed run continues them bitwise.
+After every optimizer step each floating entry of the model's state (the parameters and
+the buffers: BatchNorm's running statistics, which sync/batchstats.py keeps equal on
+every rank) moves toward the model's own value:
+
+    average = d * average + (1 - d) * value,   d = min(decay, (1 + n) / (10 + n))
+
+in float32, where n counts the updates before this one (train.ema_warmup, the default,
+as PaddleDetection's ModelEMA; train.ema_warmup=false: d = decay from the first step).
+The warm-up lets the averages follow the quickly moving early weights instead of
+keeping a share of the random start (0.99**128 = 27.6 % of it after 128 steps).
+Evaluation, the best checkpoint's choice and export use the averages; training goes on
+from the model's own values. The averages and n are in every checkpoint (`ema.npz`, the
+meta's `ema_updates`), so a resumed run continues them bitwise.
+
+The entries are the layer's own tensors (compat.state_tensors), never the float32
+copies that an O2 model's state_dict() hands out.
 
 Example:
     ema = Ema(net, 0.999)
-    ema.update()                  # after optimizer.step()
+    ema.update()                  # after optimizer.step() (and the BatchNorm update)
     with ema.applied():           # the averages in the model, for evaluation
         evaluate(...)
 """
@@ -22,51 +34,72 @@ from typing import Dict, Optional
 import numpy as np
 import paddle
 
+from ..compat import state_tensors
+
+FLOATING = (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)
+
+
+def warmed_decay(decay: float, updates: int, warmup: bool = True) -> float:
+    """The decay of update number `updates` + 1 (0: the first).
+
+    Example:
+        warmed_decay(0.999, 0)       # 0.1: the first update keeps 10 % of the start
+        warmed_decay(0.999, 10**5)   # 0.999
+    """
+    return min(decay, (1.0 + updates) / (10.0 + updates)) if warmup else decay
+
 
 class Ema:
-    """The averages of `model`'s trained parameters, by name."""
+    """The averages of `model`'s floating state entries, by state_dict key."""
 
-    def __init__(self, model: paddle.nn.Layer, decay: float):
-        self.model, self.decay = model, float(decay)
-        self.params = {name: p for name, p in model.named_parameters() if not p.stop_gradient}
+    def __init__(self, model: paddle.nn.Layer, decay: float, warmup: bool = True):
+        self.model, self.decay, self.warmup = model, float(decay), bool(warmup)
+        self.tensors = {key: t for key, t in state_tensors(model).items() if t.dtype in FLOATING}
+        self.updates = 0
         with paddle.no_grad():
-            self.shadow = {name: p.astype("float32").clone() for name, p in self.params.items()}
+            self.shadow = {key: t.astype("float32").clone() for key, t in self.tensors.items()}
 
     @paddle.no_grad()
     def update(self) -> None:
-        for name, p in self.params.items():
-            average = self.shadow[name]
-            average.set_value(average * self.decay + p.astype("float32") * (1.0 - self.decay))
+        d = warmed_decay(self.decay, self.updates, self.warmup)
+        self.updates += 1
+        for key, t in self.tensors.items():
+            average = self.shadow[key]
+            average.set_value(average * d + t.astype("float32") * (1.0 - d))
 
     @contextlib.contextmanager
     def applied(self):
-        """The model holds the averages inside, its own weights again after."""
+        """The model holds the averages inside, its own values again after."""
         with paddle.no_grad():
-            kept = {name: p.clone() for name, p in self.params.items()}
-            for name, p in self.params.items():
-                p.set_value(self.shadow[name].astype(p.dtype))
+            kept = {key: t.clone() for key, t in self.tensors.items()}
+            for key, t in self.tensors.items():
+                t.set_value(self.shadow[key].astype(t.dtype))
         try:
             yield
         finally:
             with paddle.no_grad():
-                for name, p in self.params.items():
-                    p.set_value(kept[name])
+                for key, t in self.tensors.items():
+                    t.set_value(kept[key])
 
     def state(self) -> Dict[str, np.ndarray]:
         """The averages as arrays, keyed like the model's state_dict (for ema.npz and export)."""
-        names = {id(p): key for key, p in self.model.state_dict().items()}
-        return {names[id(p)]: self.shadow[name].numpy() for name, p in self.params.items()}
+        return {key: average.numpy() for key, average in self.shadow.items()}
 
-    def load(self, arrays: Dict[str, np.ndarray]) -> None:
-        names = {id(p): key for key, p in self.model.state_dict().items()}
+    def load(self, arrays: Dict[str, np.ndarray], updates: Optional[int] = None) -> None:
+        """The averages from a checkpoint. An entry it lacks (a checkpoint of the parameters'
+        averages only) starts from the model's value; `updates` None: a checkpoint that did
+        not count them, taken as past the warm-up."""
         with paddle.no_grad():
-            for name, p in self.params.items():
-                self.shadow[name].set_value(paddle.to_tensor(arrays[names[id(p)]]))
+            for key, average in self.shadow.items():
+                value = arrays.get(key)
+                average.set_value(paddle.to_tensor(value).astype("float32") if value is not None
+                                  else self.tensors[key].astype("float32"))
+        self.updates = 10 ** 9 if updates is None else int(updates)
 
     def weights(self) -> Dict[str, np.ndarray]:
-        """The model's state_dict with the averages (float32, as kept) in place of the
-        trained parameters: what ema.npz holds, resumed and exported from."""
-        found = {key: value.numpy() for key, value in self.model.state_dict().items()}
+        """The model's state with the averages (float32, as kept) in place of its floating
+        entries: what ema.npz holds, resumed and exported from."""
+        found = {key: value.numpy() for key, value in state_tensors(self.model).items()}
         found.update(self.state())
         return found
 

@@ -21,6 +21,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from ..compat import state_tensors
 from ..sync.grad_sync import collective
 from .feed import Feed, batch_size_of
 
@@ -66,30 +67,10 @@ def gather(obj: Any, env, phase=None) -> List[Any]:
     return found
 
 
-@paddle.no_grad()
-def average_buffers(net, env, phase=None) -> None:
-    """Average the model's floating-point state that no gradient moves (BatchNorm's running
-    statistics: Paddle keeps them as non-trainable parameters) over the ranks. Each rank's
-    come from its own shard; averaged at each epoch's end, evaluation and checkpoints see
-    one model, the same on every rank (like DDP's buffer broadcast, but once an epoch,
-    and using every rank's statistics)."""
-    found = buffers(net)
-    if not env.is_distributed or not found:
-        return
-    flat = paddle.concat([b.reshape([-1]).astype("float32") for b in found])
-    collective(dist.all_reduce, flat, phase=phase, what="all-reduce of buffers")
-    flat = flat / env.world_size
-    offset = 0
-    for b in found:
-        size = int(b.size)
-        b.set_value(flat[offset:offset + size].reshape(b.shape).astype(b.dtype))
-        offset += size
-
-
 def buffers(net) -> List[paddle.Tensor]:
     """The model's floating-point state that no gradient moves (BatchNorm's statistics)."""
     trained = {id(p) for p in net.parameters() if not p.stop_gradient}
-    return [t for t in net.state_dict().values() if id(t) not in trained and t.dtype in
+    return [t for t in state_tensors(net).values() if id(t) not in trained and t.dtype in
             (paddle.float32, paddle.float64, paddle.float16, paddle.bfloat16)]
 
 

@@ -174,7 +174,8 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
          prepared: Prepared) -> Result:
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
-    start, history, resumed, averaged, scaled = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    start, history, resumed, averaged, meta = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    scaled = meta.get("loss_scaler")
     _agree_on_metrics(parts, env, monitor.phase)
     firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
@@ -204,7 +205,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
                  + (f", dynamic loss scale from {amp_plan.loss_scale:g}" if amp_plan.loss_scale else ""))
     session.result.history, session.result.resumed_from = history, resumed
     if session.ema is not None and averaged:
-        session.ema.load(averaged)            # the averages go on where they stood
+        session.ema.load(averaged, meta.get("ema_updates"))     # the averages go on where they stood
     elif session.ema is not None and resumed:
         log.warning(f"checkpoint {resumed} holds no moving averages (train.ema_decay was off): "
                     "they start from its weights")
@@ -295,7 +296,7 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
 
 def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     """(start position, history so far, checkpoint path, the moving averages or {}, the
-    loss scaler's state or None) from `checkpoint.resume`. Evaluating only takes the
+    checkpoint's meta or {}) from `checkpoint.resume`. Evaluating only takes the
     averages as the weights, when there are.
 
     Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
@@ -306,7 +307,7 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
 
     state = process.from_rank0(cfg, env, read)
     if state is None:
-        return Position(), [], None, {}, None
+        return Position(), [], None, {}, {}
     path = state.path
     # Evaluating needs the weights only: any number of ranks may read them.
     world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
@@ -320,10 +321,11 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
                     "(beyond epochs, steps, logging and output); resuming anyway")
     log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
              f"in it, {meta['global_step']} steps done")
-    start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"])
+    start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"],
+                     tuple(meta.get("epoch_loss") or (0.0, 0.0)))
     if configlib.evaluates_only(cfg) and state.averaged:      # what training evaluated
         checkpoint.restore(dataclasses.replace(state, model=state.averaged), parts.model, rng=False)
-    return start, list(meta.get("history", [])), str(path), state.averaged, meta.get("loss_scaler")
+    return start, list(meta.get("history", [])), str(path), state.averaged, meta
 
 
 def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
