@@ -256,4 +256,4 @@ NON_NEGATIVE = ("train.clip_grad_norm", "train.ema_decay", "data.num_workers", "
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
 FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow",
-               "perturb")   # faults.inject (runtime/inject.py)
+               "perturb", "term", "interrupt")   # faults.inject (runtime/inject.py)

@@ -8,7 +8,10 @@
   alive: never to be called hung);
 - perturb: PERTURBATION is added to the first trainable parameter of that rank's model:
   its weights then differ from its peers', which the ranks' weights check must catch
-  (trainer/agreement.py).
+  (trainer/agreement.py);
+- term: SIGTERMs its parent (the launcher: a stop request, as a scheduler sends);
+- interrupt: SIGINTs its parent (Ctrl+C in the terminal of the launcher);
+  both at an exact step, where a signal from outside would land anywhere.
 
 The rank's Monitor holds an Injector and calls it after every step, before a checkpoint
 is written and after the optimizer step.
@@ -89,6 +92,10 @@ class Injector:
             os._exit(EXIT_FAILED)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "term":
+            os.kill(os.getppid(), signal.SIGTERM)
+        if kind == "interrupt":
+            os.kill(os.getppid(), signal.SIGINT)
         if kind == "hang":
             threading.Event().wait()   # a stall in user code: no progress, no collective
         if kind == "nativehang":       # a C call that never returns and keeps the GIL

@@ -1,0 +1,141 @@
+"""A detector-like fit() script whose state is more than its weights: a small CNN with
+BatchNorm, a DataLoader with 2 workers, an eval set with a metric, and (as chosen) an EMA.
+
+    whole_state.py OUT [--callback-ema suite|per-rank] [--epochs 2]
+    whole_state.py evaluate WEIGHTS.npz          # one plain process: the eval set, printed as JSON
+
+--callback-ema suite: the script keeps its own EMA in a callback, as PaddleDetection's
+ModelEMA: every floating entry of the state_dict (BatchNorm statistics included), with
+its decay warm-up, swapped into the model at on_eval_begin and out at on_eval_end.
+--callback-ema per-rank: the same, but its decay follows the rank's own batch loss (an
+"adaptive" EMA): each rank's averages are then its own.
+paddle_dist's train.ema_decay / train.ema_warmup come through -o of the launcher.
+
+Rank r writes OUT/evaluated<r>.npz: the state it evaluated last (its callback's averages
+when it has one), and OUT/result<r>.json: fit()'s last metrics.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+SAMPLES, EVAL_SAMPLES = 256, 90
+
+
+class Boxes(paddle.io.Dataset):
+    """8x8 images with a bright square in one of 4 quadrants; the label is the quadrant."""
+
+    def __init__(self, count, seed):
+        rng = np.random.RandomState(seed)
+        self.x = rng.normal(0, 1.5, (count, 3, 8, 8)).astype("float32")
+        self.y = rng.randint(0, 4, size=(count, 1)).astype("int64")
+        for i, label in enumerate(self.y[:, 0]):
+            top, left = (label // 2) * 4, (label % 2) * 4
+            self.x[i, :, top:top + 4, left:left + 4] += 0.5
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __len__(self):
+        return len(self.x)
+
+
+class Detector(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.body = paddle.nn.Sequential(
+            paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.BatchNorm2D(8), paddle.nn.ReLU(),
+            paddle.nn.Conv2D(8, 8, 3, padding=1, stride=2), paddle.nn.BatchNorm2D(8), paddle.nn.ReLU())
+        self.head = paddle.nn.Linear(8 * 4 * 4, 4)
+
+    def forward(self, x):
+        return self.head(paddle.flatten(self.body(x), 1))
+
+
+class ModelEMA(paddle.callbacks.Callback):
+    """PaddleDetection's habit: an EMA of the whole state_dict, swapped in for evaluation."""
+
+    def __init__(self, net, decay=0.9, per_rank=False):
+        super().__init__()
+        self.net, self.decay, self.per_rank, self.step = net, decay, per_rank, 0
+        self.shadow = {k: v.numpy().astype("float32") for k, v in net.state_dict().items()}
+        self.kept = None
+
+    def on_train_batch_end(self, step, logs=None):
+        d = min(self.decay, (1 + self.step) / (10 + self.step))
+        if self.per_rank:         # follows this rank's own batch: the ranks' averages drift apart
+            d = min(0.99, d + float(np.asarray(logs["loss"]).reshape(-1)[0]) * 1e-3)
+        self.step += 1
+        for k, v in self.net.state_dict().items():
+            if np.issubdtype(self.shadow[k].dtype, np.floating):
+                self.shadow[k] = d * self.shadow[k] + (1 - d) * v.numpy()
+
+    def on_eval_begin(self, logs=None):
+        self.kept = {k: v.numpy() for k, v in self.net.state_dict().items()}
+        self.net.set_state_dict({k: paddle.to_tensor(v) for k, v in self.shadow.items()})
+
+    def on_eval_end(self, logs=None):
+        self.net.set_state_dict({k: paddle.to_tensor(v) for k, v in self.kept.items()})
+
+
+class Evaluated(paddle.callbacks.Callback):
+    """Keeps the state the model held during the last evaluation (after the EMA's swap)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.state = net, None
+
+    def on_eval_batch_begin(self, step, logs=None):
+        if step == 0:
+            self.state = {k: v.numpy().copy() for k, v in self.net.state_dict().items()}
+
+
+def build():
+    paddle.seed(7)
+    net = Detector()
+    train = paddle.io.DataLoader(Boxes(SAMPLES, 0), batch_size=8, shuffle=True, num_workers=2)
+    evaluation = paddle.io.DataLoader(Boxes(EVAL_SAMPLES, 1), batch_size=16)
+    optimizer = paddle.optimizer.Momentum(0.02, parameters=net.parameters())
+    return net, train, evaluation, optimizer
+
+
+def train(out: Path, callback_ema: str, epochs: int):
+    import paddle_dist
+
+    net, loader, evaluation, optimizer = build()
+    callbacks = []
+    if callback_ema:
+        callbacks.append(ModelEMA(net, per_rank=callback_ema == "per-rank"))
+    watch = Evaluated(net)
+    callbacks.append(watch)         # after the EMA: sees what the EMA swapped in
+    result = paddle_dist.fit(net, loader, evaluation, paddle.nn.CrossEntropyLoss(), optimizer,
+                             metrics=[paddle.metric.Accuracy()], callbacks=callbacks, epochs=epochs)
+    rank = paddle.distributed.get_rank()
+    np.savez(out / f"evaluated{rank}.npz", **watch.state)
+    (out / f"result{rank}.json").write_text(json.dumps(result.metrics))
+
+
+def evaluate(weights: str):
+    net, _, evaluation, _ = build()
+    saved = np.load(weights)
+    net.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
+    net.eval()
+    correct = count = 0
+    with paddle.no_grad():
+        for x, y in evaluation:
+            correct += int((net(x).argmax(axis=-1) == y.reshape([-1])).astype("int64").sum())
+            count += int(x.shape[0])
+    print(json.dumps({"acc": correct / count, "count": count}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "evaluate":
+        evaluate(sys.argv[2])
+    else:
+        args = sys.argv[2:]
+        ema = args[args.index("--callback-ema") + 1] if "--callback-ema" in args else ""
+        epochs = int(args[args.index("--epochs") + 1]) if "--epochs" in args else 2
+        train(Path(sys.argv[1]), ema, epochs)

@@ -1,0 +1,117 @@
+"""The whole state, not only the weights: a detector-like fit() script (BatchNorm, a
+DataLoader with 2 workers, an eval metric, an EMA) on 2 ranks.
+
+- what is evaluated is one model: an EMA callback over the whole state_dict evaluates the
+  same averages on every rank, and its metric is one process's on them; an EMA of
+  per-rank state stops the job with exit 7 and the line, before any metric;
+- train.ema_decay averages the BatchNorm statistics too, and its metric is one process's
+  on the exported averages;
+- killed (SIGKILL of a rank), stopped (SIGTERM) or interrupted (Ctrl+C) mid-epoch and
+  continued by the same command, a run ends bitwise equal to the uninterrupted one in
+  every checkpoint file (model, EMA, optimizer, random generators) and the best
+  checkpoint, at both API levels; the interrupted epoch's train loss covers the epoch.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .procs import ROOT, run
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "whole_state.py")
+LAUNCH = ["-m", "paddle_dist.launch", "--nprocs", "2"]
+EMA = ["-o", "train.ema_decay=0.9", "-o", "checkpoint.every_steps=5"]
+
+
+def _job(out: Path, *extra: str, script_args=()):
+    out.mkdir(parents=True, exist_ok=True)
+    return run([*LAUNCH, "--log_dir", str(out / "log"), "-o", f"output.run_dir={out / 'run'}", *extra,
+                SCRIPT, str(out), *script_args], cwd=out, timeout=240)
+
+
+def _one_process(weights: Path) -> dict:
+    done = run([SCRIPT, "evaluate", str(weights)], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _latest(root: Path) -> Path:
+    return root / (root / "latest").read_text().strip()
+
+
+def _arrays(folder: Path) -> dict:
+    return {f"{file.name}:{key}": value for file in sorted(folder.glob("*.npz"))
+            for key, value in np.load(file).items()}
+
+
+def test_an_ema_callback_over_the_whole_state_evaluates_one_model(tmp_path):
+    out = tmp_path / "suite"
+    done = _job(out, script_args=["--callback-ema", "suite"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [np.load(out / f"evaluated{r}.npz") for r in (0, 1)]
+    assert ranks[0].files == ranks[1].files and any(k.endswith("_mean") for k in ranks[0].files)
+    assert all(np.array_equal(ranks[0][k], ranks[1][k]) for k in ranks[0].files)
+    reported = json.loads((out / "result0.json").read_text())
+    assert reported["eval_acc"] == _one_process(out / "evaluated0.npz")["acc"]
+
+
+def test_an_ema_callback_of_per_rank_state_ends_with_exit_7_before_any_metric(tmp_path):
+    done = _job(tmp_path / "per-rank", script_args=["--callback-ema", "per-rank"])
+    assert done.returncode == 7, done.stderr[-3000:]
+    assert "the ranks would evaluate different weights after step 16" in done.stderr
+    assert "use train.ema_decay" in done.stderr
+    assert "eval loss" not in done.stdout + done.stderr         # no metric of no model
+
+
+def test_train_ema_averages_batchnorm_statistics_and_its_metric_is_the_exported_averages(tmp_path):
+    out = tmp_path / "ema"
+    done = _job(out, *EMA)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = _latest(out / "run" / "checkpoints")
+    averaged, trained = np.load(last / "ema.npz"), np.load(last / "model.npz")
+    means = [k for k in averaged.files if k.endswith("_mean")]
+    assert means and all(not np.array_equal(averaged[k], trained[k]) for k in means)
+    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    assert metrics["test_metrics"]["acc"] == _one_process(last / "ema.npz")["acc"]
+    evaluated = np.load(out / "evaluated0.npz")      # what the model held while evaluated
+    assert all(np.array_equal(evaluated[k], averaged[k]) for k in means)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    found = {}
+    for api in ("loop", "hapi"):
+        out = tmp_path_factory.mktemp(f"clean-{api}")
+        done = _job(out, *EMA, "-o", f"train.api={api}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[api] = out
+    return found
+
+
+# Step 23 of 32 (epoch 2 of 2, 16 steps each): the last checkpoint before it is step 20.
+STOPS = {"kill": ("kill:1:23", -9), "term": ("term:0:23", 75), "interrupt": ("interrupt:0:23", 130)}
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stopped_run_continues_bitwise_in_the_whole_state(uninterrupted, api, stop, tmp_path):
+    clean = uninterrupted[api]
+    out = tmp_path / stop
+    fault, code = STOPS[stop]
+    first = _job(out, *EMA, "-o", f"train.api={api}", "-o", f"faults.inject={fault}")
+    assert first.returncode != 0 and (code < 0 or first.returncode == code), first.stderr[-3000:]
+    done = _job(out, *EMA, "-o", f"train.api={api}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from" in (out / "run" / "logs" / "rank0.log").read_text()
+    for root in ("checkpoints", "best"):
+        a, b = _arrays(_latest(clean / "run" / root)), _arrays(_latest(out / "run" / root))
+        assert a.keys() == b.keys() and any(k.startswith("ema.npz:") and k.endswith("_variance") for k in a)
+        assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+    ran, resumed = (json.loads((o / "run" / "metrics.json").read_text())["history"] for o in (clean, out))
+    assert [h["epoch"] for h in ran] == [h["epoch"] for h in resumed] == [1, 2]
+    for a, b in zip(ran, resumed):      # the interrupted epoch's loss covers all its steps
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-9)
+        assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == a["eval_loss"]
