@@ -36,6 +36,7 @@ SLOW_SAVE_S = 35.0       # longer than gloo's fixed timeout of a collective (mon
 SLOW_STEP_S = 5.0        # the injected slow steps: each this much longer,
 SLOW_STEPS = 3           # this many of them
 PERTURBATION = 1e-3      # the injected perturb: added to one parameter of one rank
+SIGNAL_WAIT_S = 30.0     # term, interrupt: the longest wait for the launcher's answer
 
 
 def parse_fault(spec: str) -> Optional[Tuple[str, int, int]]:
@@ -60,11 +61,15 @@ class Injector:
         """Whether fault `kind` is this rank's at exactly `step`."""
         return self._due(step) and self.fault[0] == kind and step == self.fault[2]
 
-    def after_step(self, step: int, beat: Callable[[], None]) -> None:
+    def after_step(self, step: int, beat: Callable[[], None],
+                   stop_seen: Callable[[], bool] = lambda: False) -> None:
         """After optimizer step `step`: the fault due then, if any; `beat` marks progress
-        (a slow step is slow but alive)."""
+        (a slow step is slow but alive); `stop_seen`: whether this rank has received its
+        stop request (term waits for it, so the stop lands at this step, not after the end)."""
         if self._due(step) and self.fault[2] == step:
             self._inject(self.fault[0], step)
+            if self.fault[0] in ("term", "interrupt"):
+                _await_signal(stop_seen, beat)
         if self._due(step) and self.fault[0] == "slow" and step < self.fault[2] + SLOW_STEPS:
             _slow_step(beat)
 
@@ -103,6 +108,16 @@ class Injector:
             while True:
                 libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
         # slowsave acts in save_delay(); slow in after_step(); perturb in perturb()
+
+
+def _await_signal(seen: Callable[[], bool], beat: Callable[[], None]) -> None:
+    """Until the launcher's answer to an injected signal has reached this rank: a stop
+    request (`seen()`) or SIGINT (KeyboardInterrupt, raised from inside the wait); at
+    most SIGNAL_WAIT_S."""
+    end = time.monotonic() + SIGNAL_WAIT_S
+    while not seen() and time.monotonic() < end:
+        time.sleep(0.01)
+        beat()
 
 
 def _slow_step(beat: Callable[[], None]) -> None:

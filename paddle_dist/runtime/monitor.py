@@ -202,7 +202,7 @@ class Monitor:
         self.step_no, self.epoch = step, epoch + 1    # 1-based, as the console prints it
         self._beat()
         self._write(status.RUNNING)
-        self.injector.after_step(step, self._beat)
+        self.injector.after_step(step, self._beat, self.want_stop)
 
     def save_delay(self, step: int) -> Optional[Callable[[], None]]:
         """The injected slow save, for the checkpoint of exactly that step (inject.py)."""

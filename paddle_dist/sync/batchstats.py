@@ -82,10 +82,17 @@ class _Layer:
         squares = sums[1 + channels:] / paddle.maximum(count, paddle.ones_like(count))
         variance = paddle.clip(squares - mean * mean, min=0.0)
         m = self.state.momentum
-        self.mean = paddle.where(seen, self.mean * m + mean * (1.0 - m), self.mean)
-        self.variance = paddle.where(seen, self.variance * m + variance * (1.0 - m), self.variance)
-        self.state.mean.set_value(self.mean.astype(self.state.mean.dtype))
-        self.state.variance.set_value(self.variance.astype(self.state.variance.dtype))
+        # Rounded to the buffers' dtype at every step: the buffers alone hold the state, so
+        # a run resumed from them continues bitwise.
+        self.mean = self._put(self.state.mean, paddle.where(seen, self.mean * m + mean * (1.0 - m), self.mean))
+        self.variance = self._put(self.state.variance,
+                                  paddle.where(seen, self.variance * m + variance * (1.0 - m), self.variance))
+
+    @staticmethod
+    def _put(buffer: paddle.Tensor, value: paddle.Tensor) -> paddle.Tensor:
+        rounded = value.astype(buffer.dtype)
+        buffer.set_value(rounded)
+        return rounded.astype("float64")
 
 
 class BatchStats:
