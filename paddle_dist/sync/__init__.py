@@ -1,10 +1,13 @@
-"""Gradients between ranks: averaged at every optimizer step, at both API levels.
+"""Gradients between ranks, averaged at every optimizer step at both API levels, and
+BatchNorm's running statistics, kept equal on every rank.
 
 - grad_sync: `GradSync`, the averaging in the optimizer's step() and minimize(), its modes;
 - checks: the mode a config runs as, the layout every rank must share, what is refused;
 - wiring: the optimizer's class and paddle.DataParallel, its reducer on or off;
 - overlap: buckets sent during backward(); reducers, shm: the CPU transports;
-- collectives: collective calls that fail as a `PeerFailure` and that the watchdog sees.
+- collectives: collective calls that fail as a `PeerFailure` and that the watchdog sees;
+- batchstats: BatchNorm's running statistics, one update per optimizer step from every
+  rank's samples (`BatchStats`), so every rank holds the same ones at every step.
 
 Example:
     check_optimizer(optimizer, net, cfg.sync.mode)
