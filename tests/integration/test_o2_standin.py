@@ -1,0 +1,138 @@
+"""train.amp=O2 through fit() on 2 ranks, on a CPU: tests/o2_standin.py gives the model and
+optimizer the state paddle.amp.decorate gives them on a GPU (bfloat16 weights but
+BatchNorm's, float32 master weights in the optimizer, a state-dict hook on every sublayer
+that hands out float32 copies). The script (scripts/o2_fit.py): a small CNN with
+BatchNorm, SGD, train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 steps.
+
+- the ranks end with the same state, BatchNorm statistics and master weights included,
+  and the weights check at every checkpoint passes (exit 0, not 7);
+- killed mid-epoch and continued by the same command, the run ends bitwise equal to the
+  uninterrupted one (at both API levels) in every checkpoint file (model, EMA, optimizer's master weights,
+  random generators), in the best checkpoint and in every rank's own tensors;
+- --eval-only (train.eval_only) of the finished run scores exactly what training scored;
+- its checkpoint exports to, and loads into, a float32 model: the moving averages.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+from .procs import ROOT, check, run
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "o2_fit.py"
+LAUNCH = ["-m", "paddle_dist.launch", "--nprocs", "2"]
+O2 = ["-o", "train.amp=O2", "-o", "train.amp_dtype=bfloat16", "-o", "train.ema_decay=0.9",
+      "-o", "checkpoint.every_steps=5"]
+SIXTEEN_BIT = {"conv.weight", "conv.bias", "head.weight", "head.bias"}
+
+
+def _job(out: Path, *extra: str, run_dir: Path = None):
+    out.mkdir(parents=True, exist_ok=True)
+    return run([*LAUNCH, "--log_dir", str(out / "log"), *O2,
+                "-o", f"output.run_dir={run_dir or out / 'run'}", *extra, str(SCRIPT), str(out)],
+               cwd=out, timeout=150)
+
+
+def _latest(root: Path) -> Path:
+    return root / (root / "latest").read_text().strip()
+
+
+def _arrays(folder: Path) -> dict:
+    return {f"{file.name}:{key}": value for file in sorted(folder.glob("*.npz"))
+            for key, value in np.load(file).items()}
+
+
+def _differing(a: dict, b: dict) -> list:
+    assert a.keys() == b.keys()
+    return [k for k in a if not np.array_equal(a[k], b[k])]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("o2_fit", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted O2 run of an API level, made once when first asked for: its
+    output folder (run/, rank<r>.npz, rank<r>.json)."""
+    found = {}
+
+    def of(api: str) -> Path:
+        if api not in found:
+            out = tmp_path_factory.mktemp(f"o2-{api}")
+            check(_job(out, "-o", f"train.api={api}"))
+            found[api] = out
+        return found[api]
+    return of
+
+
+@pytest.fixture
+def trained(uninterrupted):
+    return uninterrupted("loop")
+
+
+def test_the_ranks_hold_one_o2_state_and_the_weights_check_passes(trained):
+    ranks = [json.loads((trained / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for found in ranks:      # the state decorate leaves on a GPU, to the end of training
+        assert {k for k, dtype in found["dtypes"].items() if dtype == "bfloat16"} == SIXTEEN_BIT
+        assert set(found["state_dict_dtypes"].values()) == {"float32"}
+        assert found["multi_precision"] and found["master_dtypes"] == ["float32"]
+        assert found["steps"] == 32 and found["metrics"]["eval_acc"] > 0.5
+    own = [dict(np.load(trained / f"rank{r}.npz")) for r in (0, 1)]
+    assert sum(k.startswith("master:") for k in own[0]) == len(SIXTEEN_BIT)
+    assert _differing(*own) == []                    # BatchNorm statistics and master weights too
+    assert np.abs(own[0]["bn._mean"]).max() > 1e-3   # they moved: not two untouched buffers
+    last = _latest(trained / "run" / "checkpoints")
+    model = np.load(last / "model.npz")
+    assert {model[k].dtype for k in model.files} == {np.dtype("float32")}      # save_dtype
+    assert all(np.array_equal(model[k], own[0][k]) for k in model.files)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_killed_o2_run_continues_bitwise(uninterrupted, api, tmp_path):
+    trained, out, level = uninterrupted(api), tmp_path / "killed", ("-o", f"train.api={api}")
+    stopped = _job(out, *level, "-o", "faults.inject=kill:1:23")     # the last checkpoint before: step 20
+    assert stopped.returncode != 0 and "rank 1" in stopped.stderr, stopped.stderr[-3000:]
+    check(_job(out, *level))
+    assert "resuming from" in (out / "run" / "logs" / "rank0.log").read_text()
+    for root in ("checkpoints", "best"):
+        a, b = _arrays(_latest(trained / "run" / root)), _arrays(_latest(out / "run" / root))
+        assert any(k.startswith("optimizer.npz:master_weights") for k in a)
+        assert any(k.startswith("ema.npz:") and k.endswith("_variance") for k in a)
+        assert _differing(a, b) == []
+    for rank in (0, 1):        # the ranks' own 16-bit tensors and master weights
+        assert _differing(dict(np.load(trained / f"rank{rank}.npz")), dict(np.load(out / f"rank{rank}.npz"))) == []
+
+
+def test_evaluating_the_finished_o2_run_scores_what_training_scored(trained, tmp_path):
+    done = check(_job(tmp_path, "-o", "train.eval_only=true",
+                      "-o", f"checkpoint.resume={trained / 'run' / 'checkpoints'}"))
+    assert "nothing is trained" in done.stdout + done.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    final = json.loads((trained / "run" / "metrics.json").read_text())
+    assert metrics["eval_only"] and metrics["test_samples"] == 90
+    assert metrics["test_metrics"] == final["test_metrics"]        # exactly: the same averaged weights
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_o2_checkpoint_exports_to_a_float32_model(trained, tmp_path):
+    import paddle_dist
+
+    run_dir = trained / "run"
+    averaged = np.load(_latest(run_dir / "checkpoints") / "ema.npz")
+    file = tmp_path / "model.pdparams"
+    check(run(["-m", "paddle_dist.checkpoint", "export", str(run_dir), str(file)], timeout=60))
+    for source in (file, run_dir):
+        net = _script().SmallBN()              # float32: no decorate
+        paddle_dist.checkpoint.load_weights(net, source)
+        state = net.state_dict()
+        assert {str(v.dtype) for v in state.values()} == {str(paddle.float32)}
+        assert all(np.array_equal(state[k].numpy(), averaged[k]) for k in averaged.files)
