@@ -316,7 +316,8 @@ def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
     # written on GPUs is evaluated on a CPU (or another count of GPUs) too.
     checkpoint.restore(state, parts.model, optimizer, rng=not configlib.evaluates_only(cfg))
     meta = state.meta
-    if meta.get("config_hash") not in (None, digest):
+    # Evaluating only differs in train.eval_only at least: nothing to warn about.
+    if meta.get("config_hash") not in (None, digest) and not configlib.evaluates_only(cfg):
         log.warning(f"the config differs from the one checkpoint {path} was trained with "
                     "(beyond epochs, steps, logging and output); resuming anyway")
     log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
