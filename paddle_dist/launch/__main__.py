@@ -35,6 +35,10 @@ def launch_main(argv: Optional[List[str]] = None) -> int:
     add_device_options(parser)
     parser.add_argument("--log_dir", default="log",
                         help="where Paddle's launcher writes every rank's output (default: log)")
+    parser.add_argument("--sync-buffers", action="store_true",
+                        help="keep the BatchNorm statistics of every paddle.DataParallel the script "
+                             "makes equal on every rank: after each training forward, those of one "
+                             "process on all ranks' batches (one all-reduce per forward)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
@@ -65,6 +69,9 @@ def _launch_script(args) -> int:
     config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
     p.env.update(protocol.launch_variables(config, args.override))
     p.env.update(launcher.SCRIPT_CHILD)
+    # Every paddle.DataParallel the script makes gets --sync-buffers, or a warning where
+    # BatchNorm statistics differ between ranks (runtime/scripthooks/), through PYTHONPATH.
+    p.env.update(protocol.script_hooks(args.sync_buffers, spec.facts.environ))
     # The script's fit() (rank 0) chooses its run directory: only the script knows the
     # job's identity (its model, optimizer and data). It writes the directory here; the
     # launcher then reports from the ranks' status records and names the command that

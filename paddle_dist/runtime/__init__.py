@@ -7,7 +7,9 @@
 - protocol: paddle_dist's own PADDLE_DIST_* variables, from its launcher to the ranks;
 - netcheck: the route and interface to the master; gloocheck: why a process group did not form;
 - process: `setup()` (device, process group, seeds); monitor, watchdog, _deadline: status,
-  stop requests, phases and the hang watchdog; inject: fault injection.
+  stop requests, phases and the hang watchdog; inject: fault injection;
+- scripthooks/: what a plain script's ranks get under `python -m paddle_dist.launch`
+  (its DataParallel's BatchNorm statistics: --sync-buffers, or a warning).
 
 This face imports no paddle (the launcher's start-up time depends on it): `process` does.
 

@@ -2,7 +2,8 @@
 
 Written by the launcher (launch/launcher.py, launch/job.py) into the children's environment,
 read here by the ranks: `detect()` for SUPERVISED and the job's gate, `launch_options()` for
-a script's -c and -o, `run_pointer()` for where rank 0 names its run directory.
+a script's -c and -o, `run_pointer()` for where rank 0 names its run directory,
+`sync_buffers()` for a script's --sync-buffers (`script_hooks()` gives what carries it).
 
 Example:
     launch_options({"PADDLE_DIST_CONFIG": "configs/mnist_mlp.yaml"})   # ('configs/mnist_mlp.yaml', [])
@@ -30,6 +31,12 @@ JOB_DIR = "PADDLE_DIST_JOB_DIR"
 # The built-in job's config as its launcher resolved it (launch/job.py), as JSON: its
 # ranks run this instead of reading their command line's -c and -o again (resolved_config()).
 JOB_CONFIG = "PADDLE_DIST_JOB_CONFIG"
+# `python -m paddle_dist.launch --sync-buffers script.py`: every paddle.DataParallel the
+# script makes keeps its BatchNorm statistics equal on every rank (runtime/scripthooks/).
+SYNC_BUFFERS = "PADDLE_DIST_SYNC_BUFFERS"
+# The directory, holding only a sitecustomize.py, put first on a script's ranks' PYTHONPATH:
+# Python runs it at start-up, and it hooks paddle.DataParallel once paddle is imported.
+SCRIPT_HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripthooks", "pythonpath")
 
 
 def launch_variables(config: Optional[str], overrides: List[str]) -> Dict[str, str]:
@@ -57,6 +64,35 @@ def launch_options(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optiona
     except ValueError:
         overrides = []
     return environ.get(LAUNCH_CONFIG) or None, [str(item) for item in overrides]
+
+
+def script_hooks(sync_buffers: bool, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """What `python -m paddle_dist.launch` adds to a script's ranks so that their
+    paddle.DataParallel is hooked (runtime/scripthooks/) without changing the script or its
+    command line: SCRIPT_HOOKS first on PYTHONPATH, and SYNC_BUFFERS when it was asked for.
+
+    Example:
+        script_hooks(True, {"PYTHONPATH": "/mine"})
+        # {'PYTHONPATH': '.../runtime/scripthooks/pythonpath:/mine', 'PADDLE_DIST_SYNC_BUFFERS': '1'}
+    """
+    environ = os.environ if environ is None else environ
+    given = environ.get("PYTHONPATH", "")      # kept as it is (an empty entry means the cwd)
+    if given.split(os.pathsep)[0] != SCRIPT_HOOKS:
+        given = os.pathsep.join([SCRIPT_HOOKS, given]) if given else SCRIPT_HOOKS
+    out = {"PYTHONPATH": given}
+    if sync_buffers:
+        out[SYNC_BUFFERS] = "1"
+    return out
+
+
+def sync_buffers(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this script's launcher was given --sync-buffers.
+
+    Example:
+        sync_buffers({"PADDLE_DIST_SYNC_BUFFERS": "1"})   # True
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get(SYNC_BUFFERS, "") == "1"
 
 
 def job_config(config: dict) -> Dict[str, str]:

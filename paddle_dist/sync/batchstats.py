@@ -4,8 +4,9 @@ Paddle's BatchNorm moves its running mean and variance at every training forward
 that forward's batch alone. Under data parallelism each rank's statistics then follow
 its own shard, the ranks drift apart, and the numbers depend on how the global batch is
 split over ranks and micro-batches. Here, while a BatchNorm layer trains, a forward
-pre-hook adds up its input per channel (count, sum, sum of squares, in float64); after
-the optimizer step the ranks sum those in one all-reduce and every rank sets
+pre-hook adds up its input per channel (count, and the sums of the input and of its
+square, each less the running mean: in float32, accumulated in float64); after the
+optimizer step the ranks sum those in one all-reduce and every rank sets
 
     running = momentum * running + (1 - momentum) * statistic of the step's whole batch
 
@@ -13,9 +14,9 @@ from the values the statistics had after the previous step (the forwards' own up
 between are overwritten). The variance is the biased one, as Paddle's. So:
 - every rank holds the same statistics after every step (one all-reduce gives all the
   same bits), and a checkpoint, an evaluation or the end needs no averaging;
-- they equal one process's on the union of the batches, within float rounding, whatever
-  the number of ranks and micro-batches: a run continued on another number of ranks
-  continues them;
+- they equal one process's on the union of the batches, within float rounding (float32
+  sums), whatever the number of ranks and micro-batches: a run continued on another
+  number of ranks continues them;
 - a resumed run continues them bitwise: there is nothing per rank to lose.
 
 A layer that is frozen (`use_global_stats=True`) or in evaluation mode records nothing
@@ -47,6 +48,7 @@ class _Layer:
         with paddle.no_grad():
             self.mean = state.mean.astype("float64")
             self.variance = state.variance.astype("float64")
+            self.shift = self.mean.astype("float32")      # a copy, the same on every rank (see record)
         self.count, self.sum, self.squares = 0, None, None
 
     def record(self, layer, inputs) -> None:
@@ -55,9 +57,15 @@ class _Layer:
         x = inputs[0]
         axis = self.state.channel_axis(len(x.shape))
         axes = [a for a in range(len(x.shape)) if a != axis]
+        # Sums of x minus the running mean, in float32, accumulated in float64: shifted by a
+        # value near the batch's mean, the sum of squares keeps the variance's digits (no
+        # E[x^2] - E[x]^2 cancellation), at a quarter of the cost of summing in float64.
+        shape = [1] * len(x.shape)
+        shape[axis] = -1
         with paddle.no_grad():
-            wide = x.detach().astype("float64")
-            total, squares = wide.sum(axis=axes), (wide * wide).sum(axis=axes)
+            centred = x.detach().astype("float32") - self.shift.reshape(shape)
+            total = centred.sum(axis=axes).astype("float64")
+            squares = (centred * centred).sum(axis=axes).astype("float64")
         self.count += int(x.size) // int(x.shape[axis])
         self.sum = total if self.sum is None else self.sum + total
         self.squares = squares if self.squares is None else self.squares + squares
@@ -78,15 +86,16 @@ class _Layer:
         channels = int(self.mean.shape[0])
         count = sums[0:1]
         seen = count > 0
-        mean = sums[1:1 + channels] / paddle.maximum(count, paddle.ones_like(count))
+        offset = sums[1:1 + channels] / paddle.maximum(count, paddle.ones_like(count))
         squares = sums[1 + channels:] / paddle.maximum(count, paddle.ones_like(count))
-        variance = paddle.clip(squares - mean * mean, min=0.0)
+        mean, variance = self.mean + offset, paddle.clip(squares - offset * offset, min=0.0)
         m = self.state.momentum
         # Rounded to the buffers' dtype at every step: the buffers alone hold the state, so
         # a run resumed from them continues bitwise.
         self.mean = self._put(self.state.mean, paddle.where(seen, self.mean * m + mean * (1.0 - m), self.mean))
         self.variance = self._put(self.state.variance,
                                   paddle.where(seen, self.variance * m + variance * (1.0 - m), self.variance))
+        self.shift = self.mean.astype("float32")
 
     @staticmethod
     def _put(buffer: paddle.Tensor, value: paddle.Tensor) -> paddle.Tensor:

@@ -1,6 +1,6 @@
 """BatchNorm's running statistics move once per optimizer step, from every sample of it
-(sync/batchstats.py): the same however the step's batch is split into micro-batches,
-one process's on the whole batch, and nothing moves a frozen or evaluating layer."""
+(sync/batchstats.py): the same (within float rounding) however the step's batch is
+split into micro-batches, one process's on the whole batch, and nothing moves a frozen or evaluating layer."""
 
 from types import SimpleNamespace
 
@@ -37,8 +37,9 @@ def test_one_update_per_step_whatever_the_micro_batches_and_equal_to_the_whole_b
     whole, batches = _train(1)
     for micro in (2, 4):
         split, _ = _train(micro)
-        assert np.array_equal(split[1]._mean.numpy(), whole[1]._mean.numpy())
-        assert np.array_equal(split[1]._variance.numpy(), whole[1]._variance.numpy())
+        # float32 sums of another split: equal within float rounding
+        np.testing.assert_allclose(split[1]._mean.numpy(), whole[1]._mean.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(split[1]._variance.numpy(), whole[1]._variance.numpy(), rtol=1e-6)
     # Computed apart, in numpy: momentum 0.8, the biased variance of each step's 8 images.
     net = _net()
     mean, variance = np.zeros(4), np.ones(4)
