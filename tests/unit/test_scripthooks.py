@@ -87,8 +87,16 @@ def bn_net():
     return paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4))
 
 
+class Wrapper(paddle.nn.Layer):
+    """What attach() reads of a paddle.DataParallel: its one sublayer and its group."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.inner, self.group = net, None
+
+
 def wrapped(net):
-    return types.SimpleNamespace(_layers=net, group=None)
+    return Wrapper(net)
 
 
 @pytest.fixture
