@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from ..compat import BatchNormState
+from ..compat import BatchNormState, numpy_view
 from .collectives import collective
 
 
@@ -56,16 +57,13 @@ class _Layer:
             return
         x = inputs[0]
         axis = self.state.channel_axis(len(x.shape))
-        axes = [a for a in range(len(x.shape)) if a != axis]
         # Sums of x minus the running mean, in float32, accumulated in float64: shifted by a
         # value near the batch's mean, the sum of squares keeps the variance's digits (no
-        # E[x^2] - E[x]^2 cancellation), at a quarter of the cost of summing in float64.
-        shape = [1] * len(x.shape)
-        shape[axis] = -1
+        # E[x^2] - E[x]^2 cancellation).
         with paddle.no_grad():
-            centred = x.detach().astype("float32") - self.shift.reshape(shape)
-            total = centred.sum(axis=axes).astype("float64")
-            squares = (centred * centred).sum(axis=axes).astype("float64")
+            host = _host_view(x)
+            total, squares = _host_sums(host, axis, self.shift.numpy()) if host is not None \
+                else _device_sums(x.detach(), axis, self.shift)
         self.count += int(x.size) // int(x.shape[axis])
         self.sum = total if self.sum is None else self.sum + total
         self.squares = squares if self.squares is None else self.squares + squares
@@ -75,6 +73,8 @@ class _Layer:
         channels = int(self.mean.shape[0])
         if self.sum is None:
             return paddle.zeros([1 + 2 * channels], dtype="float64")
+        if isinstance(self.sum, np.ndarray):
+            return paddle.to_tensor(np.concatenate([[float(self.count)], self.sum, self.squares]))
         return paddle.concat([paddle.full([1], float(self.count), dtype="float64"),
                               self.sum.reshape([-1]), self.squares.reshape([-1])])
 
@@ -104,6 +104,39 @@ class _Layer:
         return rounded.astype("float64")
 
 
+def _host_view(x) -> Optional[np.ndarray]:
+    """A float32 CPU tensor's memory as numpy, without a copy (None for any other)."""
+    if x.dtype != paddle.float32 or not x.place.is_cpu_place():
+        return None
+    try:
+        return numpy_view(x.detach()).reshape(x.shape) if x.is_contiguous() else None
+    except (TypeError, BufferError, AttributeError, RuntimeError):
+        return None
+
+
+def _host_sums(x: np.ndarray, axis: int, shift: np.ndarray):
+    """Per channel: the sums of x - shift and of its square (CPU). numpy's pairwise
+    summation along the contiguous axis keeps float32's error near 1e-8; Paddle's CPU
+    broadcast subtraction alone would cost more than the BatchNorm forward."""
+    channels = x.shape[axis]
+    if axis == len(x.shape) - 1:         # channels last: a strided reduction, in float64
+        rows = x.reshape(-1, channels) - shift
+        return rows.sum(axis=0, dtype=np.float64), np.square(rows).sum(axis=0, dtype=np.float64)
+    grid = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), channels, -1) - shift[None, :, None]
+    return (grid.sum(axis=2).sum(axis=0, dtype=np.float64),
+            np.square(grid).sum(axis=2).sum(axis=0, dtype=np.float64))
+
+
+def _device_sums(x: paddle.Tensor, axis: int, shift: paddle.Tensor):
+    """The same with Paddle's ops, on the tensor's device (a GPU's broadcast is cheap)."""
+    shape = [1] * len(x.shape)
+    shape[axis] = -1
+    axes = [a for a in range(len(x.shape)) if a != axis]
+    centred = x.astype("float32") - shift.reshape(shape)
+    return (centred.sum(axis=axes).astype("float64"),
+            (centred * centred).sum(axis=axes).astype("float64"))
+
+
 class BatchStats:
     """The BatchNorm layers of `net`, updated once per optimizer step from every rank's
     micro-batches (see the module's docstring). Every rank must call `step()` after every
@@ -111,6 +144,7 @@ class BatchStats:
 
     def __init__(self, net: paddle.nn.Layer, env, phase=None):
         self.env, self.phase = env, phase
+        self.sync = None          # a GradSync whose exchange carries the sums (ride_with)
         self.layers: List[_Layer] = []
         self.handles = []
         for layer in net.sublayers(include_self=True):
@@ -123,12 +157,39 @@ class BatchStats:
     def __bool__(self) -> bool:
         return bool(self.layers)
 
+    def ride_with(self, sync):
+        """Let the gradients' exchange of `sync` (a GradSync) carry the sums, where its
+        transport can: no exchange of their own. Returns the rider for `sync.attach`
+        (None without BatchNorm layers).
+
+        Example:
+            grad_sync.attach(optimizer, net, stats.ride_with(grad_sync))
+        """
+        if not self.layers:
+            return None
+        self.sync = sync
+        return self.size, self._local_sums
+
+    @property
+    def size(self) -> int:
+        return sum(1 + 2 * int(layer.mean.shape[0]) for layer in self.layers)
+
+    def _local_sums(self) -> np.ndarray:
+        return paddle.concat([layer.sums() for layer in self.layers]).numpy().astype(np.float32)
+
     def step(self) -> None:
         if not self.layers:
             return
-        flat = paddle.concat([layer.sums() for layer in self.layers])
-        if self.env.is_distributed:
-            collective(dist.all_reduce, flat, phase=self.phase, what="all-reduce of BatchNorm statistics")
+        # The mean over the ranks, as the gradients' exchange carried it (float32), or the
+        # sum from an exchange of their own: the statistics need only their ratios.
+        ridden = self.sync.ridden if self.sync is not None else None
+        if ridden is not None and len(ridden) == self.size:
+            self.sync.ridden = None
+            flat = paddle.to_tensor(ridden.astype(np.float64))
+        else:
+            flat = paddle.concat([layer.sums() for layer in self.layers])
+            if self.env.is_distributed:
+                collective(dist.all_reduce, flat, phase=self.phase, what="all-reduce of BatchNorm statistics")
         offset = 0
         for layer in self.layers:
             size = 1 + 2 * int(layer.mean.shape[0])

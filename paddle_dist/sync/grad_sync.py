@@ -22,7 +22,10 @@ ranks; a difference is an error naming the parameter, never a sum of misaligned 
   created), as `paddle.DataParallel(find_unused_parameters=True)` does; one that no rank
   has stays without, so no optimizer touches it, as in one process;
 - the count of ranks asking to stop (preemption), so every rank learns of a stop
-  request at the same step at no extra cost.
+  request at the same step at no extra cost;
+- on the CPU reducers, a rider's float32 values (`rider`: BatchNorm's per-channel sums,
+  sync/batchstats.py), averaged like the gradients and left in `ridden` for the step's
+  end, so that they cost no exchange of their own.
 
 Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
@@ -107,6 +110,12 @@ class GradSync:
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time the step waited for the exchanges
         self.averaged_early = False
+        # Values that travel with the gradients on the CPU reducers (module docstring):
+        # `rider()` gives them before the exchange, `ridden` holds their mean after it
+        # (None when this step's exchange could not carry them).
+        self.rider: Optional[Callable[[], np.ndarray]] = None
+        self.rider_size = 0
+        self.ridden: Optional[np.ndarray] = None
         self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
@@ -116,10 +125,14 @@ class GradSync:
         return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
                    sync_cfg.transport, accumulate_steps, sync_cfg.find_unused_parameters)
 
-    def attach(self, optimizer, net=None) -> None:
+    def attach(self, optimizer, net=None, rider=None) -> None:
         """Make `optimizer`'s step()/minimize() average first and set up the transport
         (`net` names the parameters in errors). Collective: every rank calls it at the
-        same point, after `agree_on_layout` (and `check_optimizer`, before anything starts)."""
+        same point, after `agree_on_layout` (and `check_optimizer`, before anything starts).
+        `rider`: (size, fn), `size` float32 values that `fn()` gives before every exchange
+        and that travel with the gradients where the transport allows (`ridden`)."""
+        if rider is not None:
+            self.rider_size, self.rider = rider
         self.optimizer, self.params = optimizer, trainable(optimizer)
         self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
         install(optimizer, self)
@@ -135,8 +148,8 @@ class GradSync:
         if cpu and float32 and self.compress == "bf16":
             self.reducer = reducers.BackendReducer(compress="bf16")  # compressed: the backend
         elif cpu and float32 and self.compress == "none":
-            # + the stop flag and one presence number per parameter
-            count = sum(int(p.size) for p in params) + 1 + len(params)
+            # + the stop flag, one presence number per parameter and the rider's values
+            count = sum(int(p.size) for p in params) + 1 + len(params) + self.rider_size
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
         self.mode = self._resolve_mode()
         if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
@@ -216,8 +229,11 @@ class GradSync:
     def average(self) -> None:
         """Average every trainable parameter's gradient over the ranks, in place."""
         self.steps += 1
+        self.ridden = None
         if not self.env.is_distributed:
             self.stop_requested = bool(self._stop_value())
+            if self.rider is not None:          # the mean of one rank: its own values
+                self.ridden = np.asarray(self.rider(), dtype=np.float32)
             return
         if self.mode == "dataparallel":
             if self.steps >= self._next_check:
@@ -349,7 +365,9 @@ class GradSync:
         (compat.numpy_view), no copies but the transport's. Returns the stop flag's sum,
         scaled like the gradients."""
         views = grad_views(params)
-        head = np.array([stop] + [0.0 if p.grad is None else 1.0 for p in params], dtype=np.float32)
+        extra = np.asarray(self.rider(), dtype=np.float32) if self.rider is not None else np.zeros(0, np.float32)
+        head = np.concatenate([np.array([stop] + [0.0 if p.grad is None else 1.0 for p in params],
+                                        dtype=np.float32), extra])
         size = sum(v.nbytes for v in views)
         guard = self.phase("comm", "all-reduce", size) if self.phase else contextlib.nullcontext()
         with guard:
@@ -357,7 +375,10 @@ class GradSync:
                 self.calls += self.reducer.all_reduce([head] + views, scale=1.0 / self.env.world_size)
             except RuntimeError as exc:             # gloo's error, or shm.PeerGone
                 raise PeerFailure(f"gradient all-reduce failed: {first_line(exc)}") from exc
-        give_missing(params, views, head[1:])
+        given = len(params) + 1
+        give_missing(params, views, head[1:given])
+        if self.rider is not None:
+            self.ridden = head[given:].copy()
         return float(head[0])
 
     def _all_reduce(self, tensor, what: str, read=None):

@@ -167,7 +167,7 @@ class Session:
 
     def __init__(self, parts: Parts, cfg, env, run_dir: Optional[Path], progress, monitor,
                  sync, optimizer, start: Position, limit: int, config_hash: str,
-                 lr_policy=None):
+                 lr_policy=None, batch_stats: Optional[BatchStats] = None):
         self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, run_dir
         self.progress, self.monitor, self.sync, self.optimizer = progress, monitor, sync, optimizer
         self.pos, self.limit, self.config_hash = start, limit, config_hash
@@ -187,7 +187,7 @@ class Session:
         self.amp, self.scaler = AmpPlan(), None      # mixed precision (set by the trainer)
         # BatchNorm's statistics: one update per optimizer step from all its samples, so
         # every rank holds the same ones at every step (sync/batchstats.py).
-        self.batch_stats = BatchStats(parts.model, env, monitor.phase)
+        self.batch_stats = batch_stats if batch_stats is not None else BatchStats(parts.model, env, monitor.phase)
         self.ema = Ema(parts.model, cfg.train.ema_decay, cfg.train.ema_warmup) if cfg.train.ema_decay else None
         clip = getattr(optimizer, "_grad_clip", None)
         progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None

@@ -35,6 +35,7 @@ from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
 from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
+from ..sync.batchstats import BatchStats
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
@@ -182,7 +183,9 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
         return _evaluate_only(parts, cfg, env, run_dir, monitor, log, start, resumed, amp_plan)
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop,
                                      cfg.train.accumulate_steps)
-    grad_sync.attach(optimizer, parts.model)
+    # BatchNorm's per-channel sums travel with the gradients where the transport can.
+    batch_stats = BatchStats(parts.model, env, monitor.phase)
+    grad_sync.attach(optimizer, parts.model, batch_stats.ride_with(grad_sync))
     per_epoch, limit, lr_policy = prepared.per_epoch, prepared.limit, prepared.lr_policy
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {grad_sync.describe()}, "
@@ -193,7 +196,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
                                      cfg.train.batch_size * cfg.train.accumulate_steps,
                                      cfg.train.log_every, limit, start.global_step)
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
-                      limit, digest, lr_policy)
+                      limit, digest, lr_policy, batch_stats)
     session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
     if session.scaler is not None and scaled:
         amp.load_scaler_state(session.scaler, scaled)     # the scale and counters it had reached
