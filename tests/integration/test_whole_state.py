@@ -65,9 +65,12 @@ def test_an_ema_callback_of_per_rank_state_ends_with_exit_7_before_any_metric(tm
     assert "eval loss" not in done.stdout + done.stderr         # no metric of no model
 
 
-def test_train_ema_averages_batchnorm_statistics_and_its_metric_is_the_exported_averages(tmp_path):
+# fused: BatchNorm's sums travel with the gradients (shared memory); overlap and
+# dataparallel: in an all-reduce of their own.
+@pytest.mark.parametrize("mode", ["fused", "overlap", "dataparallel"])
+def test_train_ema_averages_batchnorm_statistics_and_its_metric_is_the_exported_averages(mode, tmp_path):
     out = tmp_path / "ema"
-    done = _job(out, *EMA)
+    done = _job(out, *EMA, "-o", f"sync.mode={mode}")
     assert done.returncode == 0, done.stderr[-3000:]
     last = _latest(out / "run" / "checkpoints")
     averaged, trained = np.load(last / "ema.npz"), np.load(last / "model.npz")
