@@ -85,6 +85,8 @@ bench: $(STAMP)
 	for m in lenet mlp; do $(PY) tools/bench_overhead.py --model $$m \
 		--variants paddle_dist_dpsync,paddle_dist_hapi_dpsync --json $(BENCH_OUT)/overhead_$$m.json; done
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
+	$(PY) tools/bench_batchstats.py --nprocs 2 --pairs 6 --json $(BENCH_OUT)/batchstats.json
+	$(PY) tools/bench_sync_buffers.py --nprocs 2 --chunks 30 --chunk 20 --batch 32 --json $(BENCH_OUT)/sync_buffers.json
 	for n in 2 4 8; do for m in lenet mlp; do $(PY) tools/bench_train.py --model $$m --nprocs $$n --reps 2 \
 		--variants paddle_dist,paddle_dataparallel,no_sync --json $(BENCH_OUT)/scale_$${m}_$$n.json; done; done
 	for t in backend shm; do for n in 4 8; do $(PY) -m paddle_dist.launch --nprocs $$n --log_dir $(BENCH_OUT)/log \
