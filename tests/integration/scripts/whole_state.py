@@ -2,7 +2,9 @@
 BatchNorm, a DataLoader with 2 workers, an eval set with a metric, and (as chosen) an EMA.
 
     whole_state.py OUT [--callback-ema suite|per-rank] [--epochs 2]
-    whole_state.py evaluate WEIGHTS.npz          # one plain process: the eval set, printed as JSON
+    whole_state.py evaluate WEIGHTS              # one plain process: the eval set, printed as JSON
+                                                 # (WEIGHTS: an .npz, or a run directory read
+                                                 # by paddle_dist.checkpoint.load_weights)
 
 --callback-ema suite: the script keeps its own EMA in a callback, as PaddleDetection's
 ModelEMA: every floating entry of the state_dict (BatchNorm statistics included), with
@@ -120,8 +122,13 @@ def train(out: Path, callback_ema: str, epochs: int):
 
 def evaluate(weights: str):
     net, _, evaluation, _ = build()
-    saved = np.load(weights)
-    net.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
+    if Path(weights).is_dir():               # what export and load_weights take: the averages
+        import paddle_dist
+
+        paddle_dist.checkpoint.load_weights(net, weights)
+    else:
+        saved = np.load(weights)
+        net.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
     net.eval()
     correct = count = 0
     with paddle.no_grad():
