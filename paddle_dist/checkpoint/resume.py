@@ -51,9 +51,11 @@ def restore(state: State, model, optimizer=None, rng: bool = True) -> None:
         apply_rng(state.rng_arrays, state.rng_info)
 
 
-def check_compatible(state: State, world_size: int, model_name: str, model=None) -> None:
-    """Raise CheckpointError if this job cannot resume `state`: another world size, model
-    name or (given `model`) parameter names and shapes. The message says how to proceed.
+def check_compatible(state: State, world_size: Optional[int], model_name: str, model=None) -> None:
+    """Raise CheckpointError if this job cannot resume `state`: another world size (unless
+    `world_size` is None: the trainer continues a run on any number of ranks with its data
+    plan, trainer/sampling.py), model name or (given `model`) parameter names and shapes.
+    The message says how to proceed.
 
     Example:
         check_compatible(load(path), env.world_size, cfg.model.name, net)
@@ -62,7 +64,7 @@ def check_compatible(state: State, world_size: int, model_name: str, model=None)
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise CheckpointError(f"checkpoint {where} lacks {missing} in meta.json; {FIX}")
-    if meta["world_size"] != world_size:
+    if world_size is not None and meta["world_size"] != world_size:
         n = meta["world_size"]
         raise CheckpointError(f"checkpoint {where} was written by {n} ranks but this job has "
                               f"{world_size}; resume with {n} ranks (dist.nprocs={n}), or start "

@@ -3,8 +3,8 @@ choose it too). The rule, also in docs/faults.md ("Which run a command continues
 
 - `output.run_dir` given: that directory (it must not hold a finished or diverged run).
 - `checkpoint.resume=auto` (the default): the newest run under `<output.root>/<output.name>-*`
-  of the same experiment (the same config hash, see config.config_hash, and world size, as
-  recorded in its run.json) that no live job holds. Unfinished: the job continues it, from
+  of the same experiment (the same config hash, see config.config_hash, as recorded in its
+  run.json; on any number of ranks: trainer/sampling.py) that no live job holds. Unfinished: the job continues it, from
   its latest checkpoint if it has one. Finished, or ended with the ranks' weights
   differing (diverged: its status records say so): a new run starts, and says so.
 - otherwise (`checkpoint.resume=none` or a checkpoint path): a new run
@@ -41,6 +41,7 @@ from ..errors import UserError
 from . import status
 
 RUN_FILE = "run.json"
+NOT_IDENTITY = ("world_size",)     # recorded in run.json, not compared (_same_job)
 LOCK = ".lock"
 _HELD: Dict[Path, int] = {}      # run directory -> the descriptor holding its lock
 
@@ -115,7 +116,7 @@ def _unfinished_other(root: Path, identity: dict):
 
 
 # How a difference in a run's identity reads (run.json against this job).
-_IDENTITY_WORDS = {"config_hash": "its config differs", "world_size": "it ran on {old} ranks, this job on {new}",
+_IDENTITY_WORDS = {"config_hash": "its config differs",
                    "fit.model": "its model was {old}, this one is {new}",
                    "fit.parameters_digest": "its model's parameter names or shapes differ",
                    "fit.optimizer": "its optimizer was {old}, this one is {new}",
@@ -198,8 +199,10 @@ def _previous(root: Path, identity: dict) -> Optional[Path]:
 
 def _same_job(info: dict, identity: dict) -> bool:
     """Whether run.json `info` records the job `identity` (a fit() run's record must match
-    too: a built-in job, which has none, never continues a fit() run)."""
-    return all(info.get(key) == value for key, value in identity.items()) and \
+    too: a built-in job, which has none, never continues a fit() run). The world size is
+    recorded, not compared: a run continues on any number of ranks that can share its
+    steps (trainer/sampling.py; the trainer refuses the others, saying which work)."""
+    return all(info.get(key) == value for key, value in identity.items() if key not in NOT_IDENTITY) and \
         info.get("fit") == identity.get("fit")
 
 
@@ -248,7 +251,7 @@ def _continuing(path: Path) -> str:
     from_where = ("from its latest checkpoint" if any((path / "checkpoints").glob("ckpt_*"))
                   else "from the start (it stopped before its first checkpoint)")
     attempt = read_run(path).get("attempts", 1)
-    return f"continuing the unfinished run {path} (same config and world size; attempt {attempt}) {from_where}"
+    return f"continuing the unfinished run {path} (same config; attempt {attempt}) {from_where}"
 
 
 def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:

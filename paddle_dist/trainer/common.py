@@ -27,6 +27,7 @@ from .ema import Ema, MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
 from .feed import Feed
 from .loading import Source
+from .sampling import DataPlan, PlannedBatchSampler
 from .selection import Best
 from ..sync.batchstats import BatchStats
 
@@ -120,37 +121,12 @@ def optimizer_factory(name: str, lr: float, weight_decay: float, clip_norm: floa
 
 
 # ------------------------------------------------------------------ data order
-class ResumableBatchSampler(paddle.io.DistributedBatchSampler):
-    """Paddle's DistributedBatchSampler (same shards, same epoch-seeded order at both API
-    levels) that can start an epoch part-way through, for exact resume."""
-
-    def __init__(self, dataset, batch_size: int, env, shuffle: bool, drop_last: bool):
-        super().__init__(dataset, batch_size=batch_size, num_replicas=env.world_size,
-                         rank=env.global_rank, shuffle=shuffle, drop_last=drop_last)
-        self.skip = 0
-        self.skipping = 0        # batches the epoch in progress leaves out
-
-    def start(self, epoch: int, skip: int = 0) -> None:
-        self.set_epoch(epoch)
-        if callable(getattr(self.dataset, "set_epoch", None)):   # per-epoch augmentation
-            self.dataset.set_epoch(epoch)
-        self.skip, self.skipping = skip, 0
-
-    def __iter__(self):
-        self.skipping, self.skip = self.skip, 0
-        for i, batch in enumerate(super().__iter__()):
-            if i >= self.skipping:
-                yield batch
-
-    def __len__(self):
-        """Batches this epoch yields (fewer on a resumed epoch: hapi finds its last one by this)."""
-        return super().__len__() - max(self.skipping, self.skip)
-
-
-def train_loader(parts: Parts, cfg, env):
-    """The training batches of this rank, as (inputs, labels), and their sampler."""
-    sampler = ResumableBatchSampler(parts.train_data.dataset, cfg.train.batch_size, env,
-                                    cfg.train.shuffle, cfg.train.drop_last)
+def train_loader(parts: Parts, cfg, env, plan: Optional[DataPlan] = None):
+    """The training batches of this rank, as (inputs, labels), and their sampler: the run's
+    data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
+    plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
+    sampler = PlannedBatchSampler(parts.train_data.dataset, cfg.train.batch_size, plan, env.global_rank,
+                                  env.world_size, cfg.train.shuffle, cfg.train.drop_last)
     return parts.train_data.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
                                    env.job_dir), sampler
 
@@ -194,6 +170,8 @@ class Session:
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
         self.saver = checkpoint.AsyncSaver()
         self.checked_at = -1          # the step whose weights the ranks last compared
+        # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
+        self.plan = DataPlan(env.world_size, cfg.train.accumulate_steps)
         self.result = Result(run_dir=run_dir)
 
     @property
@@ -247,9 +225,11 @@ class Session:
                            self._epoch_loss()))
 
     def _epoch_loss(self) -> Tuple[float, float]:
-        """(sum, count) of the epoch's losses so far over all ranks, an earlier attempt's included."""
+        """(sum, count) of the epoch's step losses so far, an earlier attempt's included
+        (that attempt may have had another number of ranks): a step's loss is the mean of
+        its ranks' (each the mean of its micro-batches'), summed here in one all-reduce."""
         losses = self.progress.epoch_losses()
-        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase)
+        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase) / self.env.world_size
         if self.pos.epoch == self.resumed_epoch:
             total, n = total + self.pos_loss[0], n + self.pos_loss[1]
         return float(total), float(n)
@@ -340,6 +320,7 @@ class Session:
                 "history": self.result.history}
         if self.scaler is not None:          # float16: resumed at the scale it had reached
             meta["loss_scaler"] = amp_scaler_state(self.scaler)
+        meta["plan_world"], meta["plan_accumulate"] = self.plan.world, self.plan.accumulate
         if self.ema is not None:
             meta["ema_updates"] = self.ema.updates
         if at.step_in_epoch:

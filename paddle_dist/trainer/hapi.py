@@ -39,7 +39,7 @@ class _Bridge(paddle.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         real = self.first + epoch          # hapi counts the epochs of this fit() call
         done = self.session.pos.step_in_epoch if epoch == 0 else 0
-        self.sampler.start(real, done * self.k)
+        self.sampler.start(real, done)
         self.session.begin_epoch(real)
         self.group_losses = []
 
@@ -140,7 +140,7 @@ def _fit(session: Session) -> None:
     # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
     model = prepared_model(session.parts.model, session.optimizer, loss, env, session.sync, session.amp,
                            session.scaler, feed.hapi_inputs())
-    loader, sampler = train_loader(session.parts, cfg, env)
+    loader, sampler = train_loader(session.parts, cfg, env, session.plan)
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,
     # stepping neither by step nor by epoch, keeps it out (Paddle 2.6 to 3.3).

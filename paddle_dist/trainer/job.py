@@ -38,8 +38,11 @@ from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, reso
 from ..sync.batchstats import BatchStats
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
+from . import sampling
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
                      total_steps)
+from .resuming import batches_at, resume
+from .sampling import DataPlan
 from .evaluation import evaluate, gather, metric_names
 from .own import fit, fit_record
 from .selection import Best
@@ -62,6 +65,7 @@ class Prepared:
     limit: int                        # optimizer steps in all
     lr_policy: Optional[LrPolicy]
     lr_text: str                      # the rate in plain words, for the start line
+    base_lr: float                    # the optimizer's rate before any checkpoint is loaded
     record: Optional[dict]            # fit(): model, parameters, optimizer, data (fit_record)
 
 
@@ -97,7 +101,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     limit = total_steps(cfg, per_epoch)
     policy, text = (None, "") if configlib.evaluates_only(cfg) else \
         _lr_policy(cfg, env, optimizer, per_epoch, limit, parts.callbacks)
-    return Prepared(optimizer, per_epoch, limit, policy, text, record)
+    return Prepared(optimizer, per_epoch, limit, policy, text, float(optimizer.get_lr()), record)
 
 
 def _check_monitor(parts: Parts, cfg) -> None:
@@ -175,8 +179,11 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
          prepared: Prepared) -> Result:
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
-    start, history, resumed, averaged, meta = _resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    found = resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    start, history, resumed, averaged, meta = found.start, found.history, found.path, found.averaged, found.meta
     scaled = meta.get("loss_scaler")
+    if found.plan.world != env.world_size:       # continued on another number of ranks
+        cfg, prepared = _replanned(parts, cfg, env, prepared, found.plan, log)
     _agree_on_metrics(parts, env, monitor.phase)
     firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
@@ -197,6 +204,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
                                      cfg.train.log_every, limit, start.global_step)
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
                       limit, digest, lr_policy, batch_stats)
+    session.plan = found.plan
     session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
     if session.scaler is not None and scaled:
         amp.load_scaler_state(session.scaler, scaled)     # the scale and counters it had reached
@@ -256,12 +264,12 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
 
 
 def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int,
-               callbacks=()) -> Tuple[Optional[LrPolicy], str]:
+               callbacks=(), base: Optional[float] = None) -> Tuple[Optional[LrPolicy], str]:
     """The lr policy when it changes anything (else the optimizer keeps its own rate), and
     the rate in plain words. An optimizer with its own LRScheduler is refused only when the
     config asks for a policy of its own; else Session steps it (train.scheduler_every), or
     a paddle.callbacks.LRScheduler among the callbacks does."""
-    base = float(optimizer.get_lr())
+    base = float(optimizer.get_lr()) if base is None else base
     policy = LrPolicy.from_config(cfg.train, env.world_size, per_epoch, limit, base_lr=base)
     scheduler = optimizer._learning_rate
     if policy.peak == base and not policy.varies:
@@ -297,39 +305,17 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
             f"stepped {SCHEDULER_RULES[every]} (train.scheduler_every={every})")
 
 
-def _resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log):
-    """(start position, history so far, checkpoint path, the moving averages or {}, the
-    checkpoint's meta or {}) from `checkpoint.resume`. Evaluating only takes the
-    averages as the weights, when there are.
-
-    Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
-    machines need neither a copy of the files nor the same run directory path."""
-    def read():
-        path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
-        return checkpoint.load(path) if path is not None else None
-
-    state = process.from_rank0(cfg, env, read)
-    if state is None:
-        return Position(), [], None, {}, {}
-    path = state.path
-    # Evaluating needs the weights only: any number of ranks may read them.
-    world = state.meta.get("world_size") if configlib.evaluates_only(cfg) else env.world_size
-    checkpoint.check_compatible(state, world, parts.name, parts.model)
-    # Evaluating draws nothing at random: the generators stay as they are, so a checkpoint
-    # written on GPUs is evaluated on a CPU (or another count of GPUs) too.
-    checkpoint.restore(state, parts.model, optimizer, rng=not configlib.evaluates_only(cfg))
-    meta = state.meta
-    # Evaluating only differs in train.eval_only at least: nothing to warn about.
-    if meta.get("config_hash") not in (None, digest) and not configlib.evaluates_only(cfg):
-        log.warning(f"the config differs from the one checkpoint {path} was trained with "
-                    "(beyond epochs, steps, logging and output); resuming anyway")
-    log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
-             f"in it, {meta['global_step']} steps done")
-    start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"],
-                     tuple(meta.get("epoch_loss") or (0.0, 0.0)))
-    if configlib.evaluates_only(cfg) and state.averaged:      # what training evaluated
-        checkpoint.restore(dataclasses.replace(state, model=state.averaged), parts.model, rng=False)
-    return start, list(meta.get("history", [])), str(path), state.averaged, meta
+def _replanned(parts: Parts, cfg, env, prepared: Prepared, plan: DataPlan, log):
+    """The config and steps of a run continued on this job's ranks with its data plan:
+    each rank accumulates its share of every step's micro-batches, so the global batch,
+    the steps per epoch and the lr policy (a function of the global batch) stay the run's."""
+    cfg = configlib.replace_key(cfg, "train.accumulate_steps", plan.per_rank(env.world_size))
+    per_epoch = -(-batches_at(parts, cfg)(plan.world) // plan.accumulate)
+    limit = total_steps(cfg, per_epoch)
+    policy, text = _lr_policy(cfg, env, prepared.optimizer, per_epoch, limit, parts.callbacks,
+                              base=prepared.base_lr)
+    log.info(f"paddle_dist: {sampling.describe(plan, env.world_size, cfg.train.batch_size)}")
+    return cfg, dataclasses.replace(prepared, per_epoch=per_epoch, limit=limit, lr_policy=policy, lr_text=text)
 
 
 def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:

@@ -25,12 +25,12 @@ def run(session: Session) -> None:
     parts, cfg, env = session.parts, session.cfg, session.env
     net = parts.model
     model = wrap(net, env, session.sync)
-    loader, sampler = train_loader(parts, cfg, env)
+    loader, sampler = train_loader(parts, cfg, env, session.plan)
     k = cfg.train.accumulate_steps
     net.train()
     for epoch in range(session.pos.epoch, cfg.train.epochs):
         done = session.pos.step_in_epoch if epoch == session.pos.epoch else 0
-        sampler.start(epoch, done * k)
+        sampler.start(epoch, done)
         session.begin_epoch(epoch)
         for group in groups(loader, k):
             session.before_step()

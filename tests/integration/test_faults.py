@@ -254,14 +254,17 @@ def test_max_restarts_recovers_from_a_failure(uninterrupted, tmp_path):
     assert _max_diff(_final_weights(tmp_path), uninterrupted["loop"][0]) <= 1e-6
 
 
-def test_resume_with_another_world_size_says_how_to_proceed(uninterrupted, tmp_path):
+def test_resume_on_ranks_that_cannot_share_its_steps_says_which_can(uninterrupted, tmp_path):
+    """A 2-rank run continues on 1 rank (2 micro-batches a step: test_whole_state.py), not on
+    3: one line names the world sizes that keep its steps, and nothing of it is written."""
     clean = uninterrupted["loop"][2]                  # a 2-rank run's checkpoints
     before = {str(p): p.stat().st_mtime_ns for p in clean.rglob("*")}
-    result = run(["train.py"] + JOB + ["-o", f"checkpoint.resume={clean}",
+    result = run(["train.py"] + JOB + ["-o", "dist.nprocs=3", "-o", f"checkpoint.resume={clean}",
                                        "-o", f"output.run_dir={tmp_path / 'again'}"])
     assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "2 ranks" in lines[0] and "checkpoint.resume=none" in lines[0]
+    assert ("the run was planned for 2 ranks x 1 micro-batch(es) per step; 3 ranks cannot share each "
+            "step's 2 micro-batches") in result.stderr
+    assert "continue it on 1, 2 rank(s) (dist.nprocs), or start afresh with checkpoint.resume=none" in result.stderr
     assert {str(p): p.stat().st_mtime_ns for p in clean.rglob("*")} == before   # read, never written
 
 

@@ -118,3 +118,44 @@ def test_a_stopped_run_continues_bitwise_in_the_whole_state(uninterrupted, api, 
     for a, b in zip(ran, resumed):      # the interrupted epoch's loss covers all its steps
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-9)
         assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == a["eval_loss"]
+
+
+def _max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
+
+
+# A run continued on another number of ranks keeps its data plan (trainer/sampling.py): the
+# same micro-batches in every optimizer step, so the same run within float rounding.
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_killed_two_rank_run_continues_on_one_rank_within_float_rounding(uninterrupted, api, tmp_path):
+    clean, out = uninterrupted[api], tmp_path / "one"
+    first = _job(out, *EMA, "-o", f"train.api={api}", "-o", "faults.inject=kill:1:23")
+    assert first.returncode != 0, first.stderr[-3000:]
+    done = run([*LAUNCH[:-1], "1", "--log_dir", str(out / "log"), "-o", f"output.run_dir={out / 'run'}", *EMA,
+                "-o", f"train.api={api}", SCRIPT, str(out)], cwd=out, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 16" in done.stdout
+    for root in ("checkpoints", "best"):
+        a, b = _arrays(_latest(clean / "run" / root)), _arrays(_latest(out / "run" / root))
+        assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
+                               {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+    ran, resumed = (json.loads((o / "run" / "metrics.json").read_text())["history"] for o in (clean, out))
+    for a, b in zip(ran, resumed):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-6)
+        assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-6) and b["eval_acc"] == a["eval_acc"]
+
+
+def test_two_ranks_of_two_micro_batches_continue_on_four_ranks_of_one(tmp_path):
+    accumulate = ["-o", "train.accumulate_steps=2"]
+    clean, out = tmp_path / "clean", tmp_path / "four"
+    assert _job(clean, *EMA, *accumulate).returncode == 0
+    first = _job(out, *EMA, *accumulate, "-o", "faults.inject=kill:1:11")
+    assert first.returncode != 0
+    done = run(["-m", "paddle_dist.launch", "--nprocs", "4", "--log_dir", str(out / "log"),
+                "-o", f"output.run_dir={out / 'run'}", *EMA, *accumulate, SCRIPT, str(out)], cwd=out, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "continuing on 4 ranks (was 2): 1 micro-batch per step keep the global batch of 32" in done.stdout
+    a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
+    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
+                           {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6

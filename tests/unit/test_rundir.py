@@ -96,9 +96,10 @@ def test_another_experiment_starts_a_new_run(tmp_path, change):
     assert choose(cfg_for(tmp_path, *change)).path != first
 
 
-def test_another_world_size_starts_a_new_run(tmp_path):
+def test_another_world_size_continues_the_run_and_records_it(tmp_path):
     first = choose(cfg_for(tmp_path), world=2).path
-    assert choose(cfg_for(tmp_path), world=4).path != first
+    assert choose(cfg_for(tmp_path), world=4).path == first
+    assert rundir.read_run(first)["world_size"] == 4
     assert choose(cfg_for(tmp_path), world=2).path == first
 
 
@@ -273,9 +274,10 @@ def test_why_a_fit_run_is_not_continued_is_said_in_words(tmp_path, change, words
     assert note.startswith(f"not continuing the unfinished run {first}: {words}")
 
 
-def test_a_changed_config_or_world_size_says_why_its_run_is_not_continued(tmp_path):
+def test_a_changed_config_says_why_its_run_is_not_continued_and_another_world_size_continues(tmp_path):
     first = choose(cfg_for(tmp_path)).path
-    assert f"{first}: it ran on 2 ranks, this job on 4;" in choose(cfg_for(tmp_path), world=4).note
+    again = choose(cfg_for(tmp_path), world=4)         # the trainer re-plans its steps on 4 ranks
+    assert again.path == first and again.note.startswith("continuing the unfinished run")
     assert "its config differs" in choose(cfg_for(tmp_path, "train.lr=0.01")).note
     for name in runs(tmp_path):       # finished runs are no candidates: nothing to explain
         finish(tmp_path / "runs" / name)

@@ -1,0 +1,75 @@
+"""Where a job starts: from scratch, or from the checkpoint `checkpoint.resume` names,
+on this job's ranks (the run's data plan: sampling.py).
+
+Example:
+    found = resume(parts, cfg, env, run_dir, optimizer, digest, log)
+    found.start.global_step, found.plan        # 120, DataPlan(world=2, accumulate=1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .. import checkpoint
+from .. import config as configlib
+from ..runtime import process
+from . import sampling
+from .common import Parts, Position, steps_per_epoch
+from .sampling import DataPlan
+
+
+@dataclass
+class Resumed:
+    """Where a job starts: from scratch, or from the checkpoint `checkpoint.resume` names."""
+
+    start: Position
+    history: list
+    path: Optional[str]            # the checkpoint, None from scratch
+    averaged: dict                 # its moving averages, or {}
+    meta: dict                     # its meta.json, or {}
+    plan: DataPlan                 # the run's data plan (trainer/sampling.py)
+
+
+def resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log) -> Resumed:
+    """The start from `checkpoint.resume`. Evaluating only takes the averages as the
+    weights, when there are. A checkpoint of another number of ranks is continued with its
+    data plan, or refused (one line, before anything is loaded) when this job's ranks
+    cannot share its steps evenly.
+
+    Rank 0 alone reads the checkpoint and sends it to the other ranks, so ranks on other
+    machines need neither a copy of the files nor the same run directory path."""
+    def read():
+        path = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
+        return checkpoint.load(path) if path is not None else None
+
+    state = process.from_rank0(cfg, env, read)
+    if state is None:
+        return Resumed(Position(), [], None, {}, {}, DataPlan(env.world_size, cfg.train.accumulate_steps))
+    path = state.path
+    # Any number of ranks may continue it (its data plan) or evaluate it.
+    checkpoint.check_compatible(state, None, parts.name, parts.model)
+    plan = DataPlan(env.world_size, cfg.train.accumulate_steps) if configlib.evaluates_only(cfg) else \
+        sampling.plan_for(state.meta, env.world_size, cfg.train.accumulate_steps, batches_at(parts, cfg))
+    # Evaluating draws nothing at random: the generators stay as they are, so a checkpoint
+    # written on GPUs is evaluated on a CPU (or another count of GPUs) too.
+    checkpoint.restore(state, parts.model, optimizer, rng=not configlib.evaluates_only(cfg))
+    meta = state.meta
+    # Evaluating only differs in train.eval_only at least: nothing to warn about.
+    if meta.get("config_hash") not in (None, digest) and not configlib.evaluates_only(cfg):
+        log.warning(f"the config differs from the one checkpoint {path} was trained with "
+                    "(beyond epochs, steps, logging and output); resuming anyway")
+    log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
+             f"in it, {meta['global_step']} steps done")
+    start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"],
+                     tuple(meta.get("epoch_loss") or (0.0, 0.0)))
+    if configlib.evaluates_only(cfg) and state.averaged:      # what training evaluated
+        checkpoint.restore(dataclasses.replace(state, model=state.averaged), parts.model, rng=False)
+    return Resumed(start, list(meta.get("history", [])), str(path), state.averaged, meta, plan)
+
+
+def batches_at(parts: Parts, cfg):
+    """Per-rank batches of an epoch at a given world size."""
+    return lambda world: steps_per_epoch(len(parts.train_data), cfg.train.batch_size, world, cfg.train.drop_last)

@@ -1,0 +1,152 @@
+"""The data plan: which samples each optimizer step trains on, the same on any number of ranks.
+
+A run's plan is fixed when it starts: its world size W and micro-batches per step k
+(train.accumulate_steps), with the per-rank batch B. Step s of epoch e trains on W x k
+micro-batches: rank r's batches s*k .. s*k + k - 1 of Paddle's DistributedBatchSampler for
+W ranks (epoch-seeded shuffle, padding, drop_last, as at both API levels). The global
+batch is B x W x k.
+
+A run continued on W' ranks keeps the plan: the step's W x k micro-batches, in the same
+compositions, are dealt out in order, W x k / W' to each rank (a rank's share of a step is
+its micro-batches, accumulated). The optimizer then sees the gradient of the same samples
+at every step, BatchNorm the same micro-batches (and, sync/batchstats.py, statistics that
+do not depend on the split), so the run goes on as at W, within float rounding (the sums'
+order differs). It needs a whole number of micro-batches per rank in every step, the
+epoch's last, shorter one included; where there is none, `plan_for` refuses, listing the
+world sizes that work.
+
+Example:
+    plan = DataPlan(world=2, accumulate=1)             # the run's, from its checkpoint
+    sampler = PlannedBatchSampler(dataset, 8, plan, rank=0, world=1, shuffle=True, drop_last=False)
+    sampler.start(epoch=0, steps_done=5)               # rank 0 of 1: 2 micro-batches a step
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import paddle
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The world size and micro-batches per step that define a run's steps."""
+
+    world: int
+    accumulate: int
+
+    def per_rank(self, world: int) -> int:
+        """Micro-batches per full step for each of `world` ranks."""
+        return self.world * self.accumulate // world
+
+    def fits(self, world: int, last: int) -> bool:
+        """Whether `world` ranks share every step evenly (`last`: the micro-batches per
+        plan rank in an epoch's last step)."""
+        return all(self.world * k % world == 0 for k in (self.accumulate, last))
+
+
+def plan_for(meta: Optional[dict], world: int, accumulate: int, batches: int) -> DataPlan:
+    """The plan of a job on `world` ranks with `accumulate` micro-batches per step: the
+    checkpoint's (`meta`: its plan_world / plan_accumulate, or its world_size and
+    `accumulate` for a checkpoint from before plans were recorded), or a new one.
+    `batches(world)`: the per-rank batches an epoch has at that world size. Raises
+    ConfigError when `world` ranks cannot share the checkpoint's steps evenly."""
+    if not meta:
+        return DataPlan(world, accumulate)
+    plan = DataPlan(int(meta.get("plan_world") or meta["world_size"]),
+                    int(meta.get("plan_accumulate") or accumulate))
+    if plan.world == world:
+        return plan
+    last = _last_step(batches(plan.world), plan.accumulate)
+    if plan.fits(world, last):
+        return plan
+    options = [w for w in range(1, plan.world * plan.accumulate + 1) if plan.fits(w, last)]
+    raise ConfigError(
+        f"the run was planned for {plan.world} ranks x {plan.accumulate} micro-batch(es) per step; "
+        f"{world} ranks cannot share each step's {plan.world * plan.accumulate} micro-batches (or "
+        f"an epoch's last step's {plan.world * last}) evenly; continue it on "
+        f"{', '.join(map(str, options))} rank(s) (dist.nprocs), or start afresh with "
+        "checkpoint.resume=none")
+
+
+def _last_step(batches: int, accumulate: int) -> int:
+    """Micro-batches per plan rank in an epoch's last step."""
+    return batches - (-(-batches // accumulate) - 1) * accumulate if batches else accumulate
+
+
+def describe(plan: DataPlan, world: int, batch: int) -> str:
+    """The start line of a run continued on another number of ranks."""
+    micro = plan.per_rank(world)
+    return (f"continuing on {world} rank{'s' * (world != 1)} (was {plan.world}): {micro} "
+            f"micro-batch{'es' * (micro != 1)} per step keep the global batch of "
+            f"{batch * plan.world * plan.accumulate}")
+
+
+class PlannedBatchSampler(paddle.io.BatchSampler):
+    """This rank's batches under `plan` (module docstring), able to start an epoch
+    part-way through (`start`), for exact resume. With `world` equal to the plan's, rank
+    r gets exactly Paddle's DistributedBatchSampler's batches for rank r."""
+
+    def __init__(self, dataset, batch_size: int, plan: DataPlan, rank: int, world: int,
+                 shuffle: bool, drop_last: bool):
+        self.dataset, self.batch_size, self.plan = dataset, batch_size, plan
+        self.rank, self.world = rank, world
+        self.shards = [paddle.io.DistributedBatchSampler(dataset, batch_size=batch_size,
+                                                         num_replicas=plan.world, rank=r,
+                                                         shuffle=shuffle, drop_last=drop_last)
+                       for r in range(plan.world)]
+        self.epoch, self.skip = 0, 0
+        self.skipping = 0             # steps the epoch in progress leaves out
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps in an epoch."""
+        return -(-len(self.shards[0]) // self.plan.accumulate)
+
+    def start(self, epoch: int, steps_done: int = 0) -> None:
+        self.epoch, self.skip, self.skipping = epoch, steps_done, 0
+        if callable(getattr(self.dataset, "set_epoch", None)):   # per-epoch augmentation
+            self.dataset.set_epoch(epoch)
+
+    def step_batches(self, batches: List[List[List[int]]], step: int) -> List[List[int]]:
+        """All the micro-batches of optimizer step `step`, in plan order (rank-major)."""
+        k = self.plan.accumulate
+        return [shard[i] for shard in batches for i in range(step * k, min((step + 1) * k, len(shard)))]
+
+    def __iter__(self) -> Iterator[List[int]]:
+        self.skipping, self.skip = self.skip, 0
+        batches = []
+        for shard in self.shards:
+            shard.set_epoch(self.epoch)        # (Paddle's moves its epoch on when iterated)
+            batches.append(list(shard))
+        for step in range(self.skipping, self.steps):
+            micro = self.step_batches(batches, step)
+            share = len(micro) // self.world
+            yield from micro[self.rank * share:(self.rank + 1) * share]
+
+    def __len__(self) -> int:
+        """Micro-batches this rank takes in the epoch in progress (fewer on a resumed
+        epoch: hapi finds its last one by this)."""
+        total = len(self.shards[0])
+        k, skipped = self.plan.accumulate, max(self.skipping, self.skip)
+        left = max(total - skipped * k, 0)
+        return left * self.plan.world // self.world
+
+
+def step_digest(sampler: PlannedBatchSampler, epoch: int, step: int) -> str:
+    """A digest of the sample indices of optimizer step `step` of `epoch` over all ranks
+    (sorted: the same at any world size), for logs that compare runs.
+
+    Example:
+        step_digest(sampler, 0, 3)      # '9f1c2a0b'
+    """
+    batches = []
+    for shard in sampler.shards:
+        shard.set_epoch(epoch)
+        batches.append(list(shard))
+    indices = sorted(i for batch in sampler.step_batches(batches, step) for i in batch)
+    return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:8]
