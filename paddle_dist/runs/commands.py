@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -117,10 +118,36 @@ def invoking_command(argv: Optional[Sequence[str]] = None, module: str = "") -> 
     pid = os.getppid()
     for _ in range(4):
         words = cmdline(pid) if pid > 1 and (module or script.endswith(".py")) else []
-        if not names_it(words):
+        if not names_it(words) or not launches(words, script):
             break
         found, pid = words, parent_of(pid)
     return found or own_command(argv, module)
+
+
+# Programs that start ranks of a script they name (a Python launcher is recognised by its
+# interpreter: paddle.distributed.launch, paddle_dist.launch, train.py starting itself).
+RANK_STARTERS = ("mpirun", "mpiexec", "orterun", "prterun", "srun", "paddle-dist-launch")
+
+
+def launches(words: Sequence[str], script: str = "") -> bool:
+    """Whether a parent's command `words` is a launcher of ranks, not a wrapper around one:
+    an MPI launcher, srun, or Python running a module or `script` itself. `timeout 600
+    python ...`, `bash -c "python ..."`, `nohup`, `env` or `python wrapper.py` are not,
+    and running one of them again would start the wrapper, not continue the run.
+
+    Example:
+        launches(["python", "-m", "paddle.distributed.launch", "train.py"], "train.py")   # True
+        launches(["timeout", "600", "python", "train.py"], "train.py")                  # False
+    """
+    if not words:
+        return False
+    program = os.path.basename(words[0])
+    if program in RANK_STARTERS:
+        return True
+    if not re.fullmatch(r"python[0-9.]*", program):
+        return False
+    runs = next((word for word in words[1:] if not word.startswith("-")), "")
+    return not runs.endswith(".py") or os.path.basename(runs) == script
 
 
 def _python() -> str:

@@ -240,6 +240,23 @@ def test_invoking_command_is_the_outermost_launcher_that_runs_the_script(tmp_pat
     assert out.strip() == str(outer)
     # Run by hand: its own command.
     assert commands.invoking_command(["nowhere.py", "-o", "b=2"])[1:] == ["nowhere.py", "-o", "b=2"]
+    # A wrapper around the launcher (timeout here) is never the command to run again.
+    wrapped = ["timeout", "60", *outer]
+    out = subprocess.run(wrapped, capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == str(outer)
+
+
+@pytest.mark.parametrize("words, launcher", [
+    (["python3", "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "t.py"], True),
+    (["/usr/bin/python3.11", "-u", "t.py", "-o", "dist.nprocs=2"], True),
+    (["mpirun", "-n", "2", "python", "t.py"], True),
+    (["srun", "python", "t.py"], True),
+    (["timeout", "600", "python", "t.py"], False),
+    (["bash", "-c", "python -m paddle_dist.launch t.py"], False),
+    (["python", "wrapper.py", "t.py"], False),
+    (["nohup", "python", "t.py"], False)])
+def test_a_launcher_is_told_from_a_wrapper(words, launcher):
+    assert commands.launches(words, "t.py") is launcher
 
 
 FIT = {"model": "SmallCNN", "parameters": 2970, "parameters_digest": "d725e7ad494b2d75",
