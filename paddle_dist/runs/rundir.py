@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,9 @@ _IDENTITY_WORDS = {"config_hash": "its config differs",
                    "fit.optimizer": "its optimizer was {old}, this one is {new}",
                    "fit.lr": "its lr was {old}, this one is {new}",
                    "fit.lr_scheduler": "its lr scheduler was {old!r}, this one is {new!r}",
+                   "fit.weight_decay": "its weight decay was {old}, this one is {new}",
+                   "fit.param_groups": "its parameter groups were {old}, these are {new}",
+                   "fit.script": "it ran {old}, this job runs {new}",
                    "fit.train_samples": "it trained on {old} samples, this job on {new}",
                    "fit.eval_samples": "it evaluated {old} samples, this job {new}"}
 
@@ -137,6 +141,9 @@ def _difference(info: dict, identity: dict) -> str:
         if leaf:
             old, new = (old or {}).get(leaf), (new or {}).get(leaf)
         if old != new:
+            if key == "fit.script":         # as the shell would run it
+                old, new = (shlex.join(map(str, value)) if isinstance(value, list) else value
+                            for value in (old, new))
             said.append(words.format(old=old, new=new))
     return "; ".join(said) or "it is another job"
 

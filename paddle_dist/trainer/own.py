@@ -9,11 +9,13 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from typing import Callable, Optional, Union
 
 import numpy as np
 import paddle
-from paddle.optimizer.lr import LRScheduler
+from paddle.optimizer.lr import LinearWarmup, LRScheduler
 
 from .. import errors
 from .. import config as configlib
@@ -144,6 +146,40 @@ def _loader_settings(cfg, train: Source, eval_: Optional[Source]):
     return cfg
 
 
+def base_lr(optimizer) -> float:
+    """The optimizer's base rate: its float, or its scheduler's (through a LinearWarmup, the
+    rate it warms up to; the rate now would be the warm-up's start).
+
+    Example:
+        base_lr(paddle.optimizer.SGD(LinearWarmup(0.02, 10, 0.0, 0.02), ...))    # 0.02
+    """
+    rate = optimizer._learning_rate
+    while isinstance(rate, LinearWarmup):
+        rate = rate.learning_rate
+    return float(rate.base_lr if isinstance(rate, LRScheduler) else rate)
+
+
+def _decay(optimizer):
+    """The optimizer's own weight decay, as a number or Paddle's words for its regularizer."""
+    for name in ("_weight_decay", "regularization", "_regularization_coeff"):
+        value = getattr(optimizer, name, None)
+        if value is not None:
+            return float(value) if isinstance(value, (int, float)) else str(value)
+    return None
+
+
+def _groups(optimizer) -> list:
+    """The parameter groups' sizes, rates and decays ([] for one group)."""
+    groups = getattr(optimizer, "_param_groups", None) or []
+    if not groups or not isinstance(groups[0], dict):
+        return []
+    plain = (int, float, str, type(None))
+    return [{"params": len(group.get("params", [])),
+             **{key: group[key] if isinstance(group[key], plain) else str(group[key])
+                for key in ("learning_rate", "weight_decay", "regularization_coeff") if key in group}}
+            for group in groups]
+
+
 def fit_record(parts: Parts, optimizer) -> dict:
     """What a fit() run trained, for its config.yaml and run.json (and its identity: a
     changed model, optimizer or dataset is another job, whose checkpoints would not load
@@ -157,7 +193,10 @@ def fit_record(parts: Parts, optimizer) -> dict:
     return {"model": type(parts.model).__name__,
             "parameters": int(sum(int(np.prod(p.shape)) for p in parts.model.parameters())),
             "parameters_digest": hashlib.sha256(shapes.encode()).hexdigest()[:16],
-            "optimizer": type(optimizer).__name__, "lr": float(optimizer.get_lr()),
+            "optimizer": type(optimizer).__name__, "lr": base_lr(optimizer),
+            "weight_decay": _decay(optimizer), "param_groups": _groups(optimizer),
+            # The script and its arguments: `--lr 0.02` instead of `--lr 2e-3` is another run.
+            "script": [os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "", *sys.argv[1:]],
             "lr_scheduler": type(scheduler).__name__ if isinstance(scheduler, LRScheduler) else "",
             "optimizer_from": parts.optimizer_from,
             "train_samples": len(parts.train_data),

@@ -146,6 +146,21 @@ def test_a_changed_model_starts_a_new_run_and_says_why(tmp_path):
     assert not (stopped / "metrics.json").exists()     # the stopped run is left as it was
 
 
+def test_another_lr_on_the_scripts_command_line_starts_a_new_run_and_says_why(tmp_path):
+    """The script's own arguments are part of its run: `--lr 0.5` does not continue the run
+    that `--lr 0.05` left unfinished (it would jump the rate inside one run)."""
+    code, _, _ = _stop_mid_run("standalone", tmp_path, "loop", signal.SIGTERM, epochs="1000")
+    assert code == 75
+    stopped = _only_run(tmp_path / "runs")
+    result = check(run(_job("standalone", tmp_path, "--epochs", "1000", "--lr", "0.5",
+                            "--override", "train.max_steps=1"), timeout=120))
+    line = next(line for line in result.stdout.splitlines() if "not continuing the unfinished run" in line)
+    assert str(stopped.name) in line and "its lr was 0.05, this one is 0.5" in line
+    assert "--lr 0.5" in line.split("this job runs", 1)[1]
+    new = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and p != stopped]
+    assert len(new) == 1 and json.loads((new[0] / "run.json").read_text())["fit"]["lr"] == 0.5
+
+
 # ------------------------------------------------------------------ stopping by signal
 EPOCHS = "30"      # 960 steps on 1 rank, 480 on 2: the stop lands mid-run, well before the end
 

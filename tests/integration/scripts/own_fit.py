@@ -3,6 +3,7 @@ written as a user would, with no override of paddle_dist's config.
 
     python own_fit.py --out DIR [--root RUNS] [--width 8] [--api loop] [--epochs 2]
                       [--spawn N] [--scheduler] [--skip-allreduce RANK:STEP] [--override K=V]
+                      [--lr 0.05]
 
 --skip-allreduce: the model all-reduces a statistic of its activations in every training
 forward (as a synchronised batch norm would), except on rank RANK at step STEP: the
@@ -68,7 +69,7 @@ class RandomImages(paddle.io.Dataset):
 
 def optimizer(opts):
     def build(parameters):
-        lr = paddle.optimizer.lr.StepDecay(0.05, step_size=1) if opts.scheduler else 0.05
+        lr = paddle.optimizer.lr.StepDecay(opts.lr, step_size=1) if opts.scheduler else opts.lr
         return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters)
     return build
 
@@ -98,6 +99,7 @@ def main():
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--api", default="loop")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--spawn", type=int, default=0)
     parser.add_argument("--scheduler", action="store_true")
     parser.add_argument("--skip-allreduce", default="")
