@@ -30,7 +30,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import shlex
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,7 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[di
                 **(extra or {})}
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
+        _check_own(Path(named), "output.run_dir", must_exist=False)
         path = _given(Path(named), hold=True)
         private.restrict(path, cfg.output.share)
         if auto:
@@ -74,7 +77,9 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[di
         _record(path, identity, command, continues=auto)
         return Choice(path.resolve())
     root = Path(cfg.output.root)
+    _check_own(root, "output.root", must_exist=False)
     root.mkdir(parents=True, exist_ok=True)
+    _check_own(root, "output.root")
     with _locked(root / LOCK):
         previous = _previous(root, identity) if auto else None
         if previous is not None and not _ended(previous):
@@ -104,7 +109,7 @@ def _unfinished_other(root: Path, identity: dict):
     does not continue because it is another job (a changed config, model, ...); None when
     there is none. Runs held by a live job are not looked at."""
     runs = []
-    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
+    for path in _own_runs(root, identity["name"]):
         info = read_run(path)
         if info and info.get("job") == identity["job"] and not _ended(path):
             runs.append((info.get("created", 0), path, info))
@@ -194,7 +199,7 @@ def _previous(root: Path, identity: dict) -> Optional[Path]:
     """The newest run of this experiment under `root` that no live job holds (now held
     by this process), or None."""
     runs = []
-    for path in root.glob(f"{_glob_escape(identity['name'])}-*"):
+    for path in _own_runs(root, identity["name"]):
         info = read_run(path)
         if info and _same_job(info, identity):
             runs.append((info.get("created", 0), path))
@@ -211,6 +216,45 @@ def _same_job(info: dict, identity: dict) -> bool:
     steps (trainer/sampling.py; the trainer refuses the others, saying which work)."""
     return all(info.get(key) == value for key, value in identity.items() if key not in NOT_IDENTITY) and \
         info.get("fit") == identity.get("fit")
+
+
+def _own_runs(root: Path, name: str):
+    """The runs of `name` under `root` that this user owns and no one else can write: a run
+    another user made (or could change) is never continued, written or locked."""
+    return [path for path in root.glob(f"{_glob_escape(name)}-*") if not _not_own(path)]
+
+
+def _not_own(path: Path) -> str:
+    """Why `path` is not this user's alone ("" when it is): another user owns it, or other
+    users may write into it (a sticky directory such as /tmp lets them add entries of
+    their own only, which the checks of those entries refuse)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISLNK(found.st_mode):
+        return "it is a symbolic link"
+    if found.st_uid != os.geteuid():
+        return f"it belongs to {_user(found.st_uid)}"
+    if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+        return "other users can write into it"
+    return ""
+
+
+def _check_own(path: Path, key: str, must_exist: bool = True) -> None:
+    """Refuse (UserError, exit 2) a directory of the job that is not this user's alone."""
+    why = _not_own(path) if must_exist or path.exists() or path.is_symlink() else ""
+    if why:
+        raise UserError(f"{key} {path} is not yours alone ({why}): a run there could be read, "
+                        f"planted or changed by someone else; choose a directory of your own "
+                        f"(-o {key}=...)")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _glob_escape(text: str) -> str:
@@ -332,7 +376,7 @@ class _locked:
         self.path = path
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -346,7 +390,7 @@ def _hold(path: Path) -> bool:
     path = Path(path).resolve()
     if path in _HELD:
         return True
-    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
