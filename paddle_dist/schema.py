@@ -97,6 +97,8 @@ class TrainConfig:
     ema_decay: float = 0.0         # keep an exponential moving average of the whole state (weights and
                                    # BatchNorm statistics), e.g. 0.9998, used for evaluation, the best
                                    # checkpoint and export; 0 = off
+    log_samples: bool = False      # write <run>/samples.tsv: each optimizer step's digest of its sample
+                                   # indices over all ranks (the same at any world size), to compare runs
     ema_warmup: bool = True        # the average's decay warms up as min(decay, (1+n)/(10+n)) after n
                                    # updates (PaddleDetection's ModelEMA); false: decay from the start
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch

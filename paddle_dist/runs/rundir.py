@@ -30,9 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import pwd
 import shlex
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,40 +219,17 @@ def _same_job(info: dict, identity: dict) -> bool:
 def _own_runs(root: Path, name: str):
     """The runs of `name` under `root` that this user owns and no one else can write: a run
     another user made (or could change) is never continued, written or locked."""
-    return [path for path in root.glob(f"{_glob_escape(name)}-*") if not _not_own(path)]
-
-
-def _not_own(path: Path) -> str:
-    """Why `path` is not this user's alone ("" when it is): another user owns it, or other
-    users may write into it (a sticky directory such as /tmp lets them add entries of
-    their own only, which the checks of those entries refuse)."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return ""
-    if stat.S_ISLNK(found.st_mode):
-        return "it is a symbolic link"
-    if found.st_uid != os.geteuid():
-        return f"it belongs to {_user(found.st_uid)}"
-    if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
-        return "other users can write into it"
-    return ""
+    return [path for path in root.glob(f"{_glob_escape(name)}-*") if not private.not_own(path)]
 
 
 def _check_own(path: Path, key: str, must_exist: bool = True) -> None:
-    """Refuse (UserError, exit 2) a directory of the job that is not this user's alone."""
-    why = _not_own(path) if must_exist or path.exists() or path.is_symlink() else ""
+    """Refuse (UserError, exit 2) a directory of the job that is not this user's alone
+    (`key`: the config key that named it)."""
+    why = private.not_own(path) if must_exist or path.exists() or path.is_symlink() else ""
     if why:
         raise UserError(f"{key} {path} is not yours alone ({why}): a run there could be read, "
                         f"planted or changed by someone else; choose a directory of your own "
                         f"(-o {key}=...)")
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def _glob_escape(text: str) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -240,3 +241,32 @@ def _say_once(what: str, line: str) -> None:
     if what not in _said:
         _said.add(what)
         print(line, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ the user's own directories
+def not_own(path: Path) -> str:
+    """Why `path` is not this user's alone ("" when it is): another user owns it, or other
+    users may write into it (a sticky directory such as /tmp lets them add entries of
+    their own only, which the checks of those entries refuse).
+
+    Example:
+        not_own(Path("/tmp/theirs"))     # 'it belongs to user nobody (uid 65534)'
+    """
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISLNK(found.st_mode):
+        return "it is a symbolic link"
+    if found.st_uid != os.geteuid():
+        return f"it belongs to {_user(found.st_uid)}"
+    if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+        return "other users can write into it"
+    return ""
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

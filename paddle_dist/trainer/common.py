@@ -172,6 +172,7 @@ class Session:
         self.checked_at = -1          # the step whose weights the ranks last compared
         # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
         self.plan = DataPlan(env.world_size, cfg.train.accumulate_steps)
+        self.sampler: Optional[PlannedBatchSampler] = None     # the trainer's, once it made it
         self.result = Result(run_dir=run_dir)
 
     @property
@@ -196,6 +197,7 @@ class Session:
         `loss`: the step's mean loss, a device tensor (left unread) or a number."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
+        self._log_samples()
         self.batch_stats.step()
         if self.ema is not None:
             self.ema.update()
@@ -217,6 +219,13 @@ class Session:
         if every and self.pos.global_step % every == 0 and not self.done:
             self._save_mid_epoch()
         return self.done
+
+    def _log_samples(self) -> None:
+        """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
+        if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
+            digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
+            with open(Path(self.run_dir) / "samples.tsv", "a") as out:
+                out.write(f"{self.pos.global_step}\t{self.pos.epoch + 1}\t{self.pos.step_in_epoch}\t{digest}\n")
 
     def _save_mid_epoch(self) -> None:
         """A checkpoint inside an epoch also keeps the losses of its steps so far (summed

@@ -141,6 +141,7 @@ def _fit(session: Session) -> None:
     model = prepared_model(session.parts.model, session.optimizer, loss, env, session.sync, session.amp,
                            session.scaler, feed.hapi_inputs())
     loader, sampler = train_loader(session.parts, cfg, env, session.plan)
+    session.sampler = sampler
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,
     # stepping neither by step nor by epoch, keeps it out (Paddle 2.6 to 3.3).

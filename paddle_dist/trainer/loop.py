@@ -26,6 +26,7 @@ def run(session: Session) -> None:
     net = parts.model
     model = wrap(net, env, session.sync)
     loader, sampler = train_loader(parts, cfg, env, session.plan)
+    session.sampler = sampler
     k = cfg.train.accumulate_steps
     net.train()
     for epoch in range(session.pos.epoch, cfg.train.epochs):

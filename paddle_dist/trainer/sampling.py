@@ -119,14 +119,29 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
 
     def __iter__(self) -> Iterator[List[int]]:
         self.skipping, self.skip = self.skip, 0
-        batches = []
-        for shard in self.shards:
-            shard.set_epoch(self.epoch)        # (Paddle's moves its epoch on when iterated)
-            batches.append(list(shard))
+        self.batches = batches = self._epoch_batches(self.epoch)
         for step in range(self.skipping, self.steps):
             micro = self.step_batches(batches, step)
             share = len(micro) // self.world
             yield from micro[self.rank * share:(self.rank + 1) * share]
+
+    def _epoch_batches(self, epoch: int) -> List[List[List[int]]]:
+        found = []
+        for shard in self.shards:
+            shard.set_epoch(epoch)             # (Paddle's moves its epoch on when iterated)
+            found.append(list(shard))
+        return found
+
+    def step_digest(self, step: int) -> str:
+        """A digest of the sample indices of optimizer step `step` of the epoch in progress,
+        over all ranks (sorted: the same at any world size), for logs that compare runs.
+
+        Example:
+            sampler.step_digest(3)      # '9f1c2a0b'
+        """
+        batches = getattr(self, "batches", None) or self._epoch_batches(self.epoch)
+        indices = sorted(i for batch in self.step_batches(batches, step) for i in batch)
+        return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:8]
 
     def __len__(self) -> int:
         """Micro-batches this rank takes in the epoch in progress (fewer on a resumed
@@ -135,18 +150,3 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         k, skipped = self.plan.accumulate, max(self.skipping, self.skip)
         left = max(total - skipped * k, 0)
         return left * self.plan.world // self.world
-
-
-def step_digest(sampler: PlannedBatchSampler, epoch: int, step: int) -> str:
-    """A digest of the sample indices of optimizer step `step` of `epoch` over all ranks
-    (sorted: the same at any world size), for logs that compare runs.
-
-    Example:
-        step_digest(sampler, 0, 3)      # '9f1c2a0b'
-    """
-    batches = []
-    for shard in sampler.shards:
-        shard.set_epoch(epoch)
-        batches.append(list(shard))
-    indices = sorted(i for batch in sampler.step_batches(batches, step) for i in batch)
-    return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:8]

@@ -22,7 +22,7 @@ from .procs import ROOT, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "whole_state.py")
 LAUNCH = ["-m", "paddle_dist.launch", "--nprocs", "2"]
-EMA = ["-o", "train.ema_decay=0.9", "-o", "checkpoint.every_steps=5"]
+EMA = ["-o", "train.ema_decay=0.9", "-o", "checkpoint.every_steps=5", "-o", "train.log_samples=true"]
 
 
 def _job(out: Path, *extra: str, script_args=()):
@@ -120,6 +120,23 @@ def test_a_stopped_run_continues_bitwise_in_the_whole_state(uninterrupted, api, 
         assert b["eval_acc"] == a["eval_acc"] and b["eval_loss"] == a["eval_loss"]
 
 
+def _samples(out: Path) -> dict:
+    """global step -> the digests of its samples that the run's attempts logged."""
+    found: dict = {}
+    for line in (out / "run" / "samples.tsv").read_text().splitlines():
+        step, _, _, digest = line.split("\t")
+        found.setdefault(int(step), set()).add(digest)
+    return found
+
+
+def _same_samples(clean: Path, out: Path) -> None:
+    """Every optimizer step trained on the uninterrupted run's samples (the steps redone
+    after the kill included)."""
+    a, b = _samples(clean), _samples(out)
+    assert sorted(a) == sorted(b) == list(range(1, len(a) + 1))
+    assert all(len(a[step]) == 1 and b[step] == a[step] for step in a)
+
+
 def _max_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
@@ -136,6 +153,7 @@ def test_a_killed_two_rank_run_continues_on_one_rank_within_float_rounding(unint
                 "-o", f"train.api={api}", SCRIPT, str(out)], cwd=out, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 16" in done.stdout
+    _same_samples(clean, out)
     for root in ("checkpoints", "best"):
         a, b = _arrays(_latest(clean / "run" / root)), _arrays(_latest(out / "run" / root))
         assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
@@ -156,6 +174,7 @@ def test_two_ranks_of_two_micro_batches_continue_on_four_ranks_of_one(tmp_path):
                 "-o", f"output.run_dir={out / 'run'}", *EMA, *accumulate, SCRIPT, str(out)], cwd=out, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 4 ranks (was 2): 1 micro-batch per step keep the global batch of 32" in done.stdout
+    _same_samples(clean, out)
     a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
     assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
                            {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
