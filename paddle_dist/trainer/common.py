@@ -8,6 +8,7 @@ seeding, sharding, evaluation, checkpoints and resume.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from .ema import Ema, MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
 from .feed import Feed
 from .loading import Source
-from .sampling import DataPlan, PlannedBatchSampler
+from .sampling import DataPlan, PlannedBatchSampler, SeededSamples
 from .selection import Best
 from ..sync.batchstats import BatchStats
 
@@ -125,10 +126,13 @@ def train_loader(parts: Parts, cfg, env, plan: Optional[DataPlan] = None):
     """The training batches of this rank, as (inputs, labels), and their sampler: the run's
     data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
     plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
-    sampler = PlannedBatchSampler(parts.train_data.dataset, cfg.train.batch_size, plan, env.global_rank,
+    source = parts.train_data
+    if not source.gathers(cfg.data.batched):     # a dataset's own batch() seeds its own draws
+        source = dataclasses.replace(source, dataset=SeededSamples(source.dataset, cfg.train.seed))
+    sampler = PlannedBatchSampler(source.dataset, cfg.train.batch_size, plan, env.global_rank,
                                   env.world_size, cfg.train.shuffle, cfg.train.drop_last)
-    return parts.train_data.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
-                                   env.job_dir), sampler
+    return source.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
+                         env.job_dir), sampler
 
 
 # ------------------------------------------------------------------ the session

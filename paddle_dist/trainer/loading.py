@@ -100,7 +100,7 @@ class Source:
         each notes its pid in `job_dir` (the launcher's, env.DistEnv.job_dir), whose
         launcher removes the shared memory of workers killed with their rank."""
         workers = workers if self.num_workers is None else self.num_workers
-        if workers == 0 or self._gathers(batched):
+        if workers == 0 or self.gathers(batched):
             batches = self._in_thread(batch_sampler, batched)
         else:
             options = dict(self.options, worker_init_fn=NotedWorker(job_dir, self.options.get("worker_init_fn")))
@@ -112,12 +112,12 @@ class Source:
         """The batch of `indices`, read and collated in this thread (the check before work)."""
         return next(iter(self._in_thread([indices], batched)))
 
-    def _gathers(self, batched: bool) -> bool:
+    def gathers(self, batched: bool) -> bool:
         """Whether batches are gathered by the dataset's own `batch(indices)` (BatchLoader)."""
         return batched and self.collate_fn is None and callable(getattr(self.dataset, "batch", None))
 
     def _in_thread(self, batch_sampler, batched: bool):
-        if self._gathers(batched):
+        if self.gathers(batched):
             return BatchLoader(self.dataset, batch_sampler)
         return SampleLoader(self.dataset, batch_sampler, self.collate_fn)
 

@@ -24,9 +24,13 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import os
+import random
+import zlib
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
+import numpy as np
 import paddle
 
 from ..errors import ConfigError
@@ -150,3 +154,42 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         k, skipped = self.plan.accumulate, max(self.skipping, self.skip)
         left = max(total - skipped * k, 0)
         return left * self.plan.world // self.world
+
+
+class SeededSamples(paddle.io.Dataset):
+    """`dataset[i]` with Python's `random` and numpy's global generator seeded from (the
+    run's seed, the epoch, i): a sample's random augmentation is the same whichever rank,
+    worker or attempt reads it, so a run continued mid-epoch, on any number of ranks and
+    with any number of DataLoader workers, sees the samples it would have. In the process
+    that made it (no workers) the generators are put back after each sample; a worker's
+    are its own. Randomness inside the model's forward (dropout) is not covered.
+
+    Example:
+        seeded = SeededSamples(dataset, seed=2024)
+        seeded.set_epoch(3)
+        seeded[17]           # the same on every rank and in every attempt
+    """
+
+    def __init__(self, dataset, seed: int):
+        self.dataset, self.seed, self.epoch = dataset, int(seed), 0
+        self.owner = os.getpid()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        key = zlib.crc32(f"{self.seed}:{self.epoch}:{int(index)}".encode())
+        kept = (random.getstate(), np.random.get_state()) if os.getpid() == self.owner else None
+        random.seed(key)
+        np.random.seed(key)
+        try:
+            return self.dataset[index]
+        finally:
+            if kept is not None:
+                random.setstate(kept[0])
+                np.random.set_state(kept[1])

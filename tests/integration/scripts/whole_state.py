@@ -1,5 +1,6 @@
 """A detector-like fit() script whose state is more than its weights: a small CNN with
-BatchNorm, a DataLoader with 2 workers, an eval set with a metric, and (as chosen) an EMA.
+BatchNorm, a DataLoader with 2 workers and random augmentation, an eval set with a metric,
+and (as chosen) an EMA.
 
     whole_state.py OUT [--callback-ema suite|per-rank] [--epochs 2]
     whole_state.py evaluate WEIGHTS              # one plain process: the eval set, printed as JSON
@@ -28,9 +29,13 @@ SAMPLES, EVAL_SAMPLES = 256, 90
 
 
 class Boxes(paddle.io.Dataset):
-    """8x8 images with a bright square in one of 4 quadrants; the label is the quadrant."""
+    """8x8 images with a bright square in one of 4 quadrants; the label is the quadrant.
+    `augment`: random augmentation drawn from numpy's global generator in __getitem__ (in
+    the DataLoader's workers), as users write it: a left-right flip (the label follows)
+    and noise."""
 
-    def __init__(self, count, seed):
+    def __init__(self, count, seed, augment=False):
+        self.augment = augment
         rng = np.random.RandomState(seed)
         self.x = rng.normal(0, 1.5, (count, 3, 8, 8)).astype("float32")
         self.y = rng.randint(0, 4, size=(count, 1)).astype("int64")
@@ -39,7 +44,12 @@ class Boxes(paddle.io.Dataset):
             self.x[i, :, top:top + 4, left:left + 4] += 0.5
 
     def __getitem__(self, i):
-        return self.x[i], self.y[i]
+        x, y = self.x[i], self.y[i]
+        if self.augment:
+            if np.random.rand() < 0.5:
+                x, y = x[:, :, ::-1], y ^ 1
+            x = x + np.random.normal(0, 0.1, x.shape)
+        return np.ascontiguousarray(x, dtype="float32"), y
 
     def __len__(self):
         return len(self.x)
@@ -98,7 +108,7 @@ class Evaluated(paddle.callbacks.Callback):
 def build():
     paddle.seed(7)
     net = Detector()
-    train = paddle.io.DataLoader(Boxes(SAMPLES, 0), batch_size=8, shuffle=True, num_workers=2)
+    train = paddle.io.DataLoader(Boxes(SAMPLES, 0, augment=True), batch_size=8, shuffle=True, num_workers=2)
     evaluation = paddle.io.DataLoader(Boxes(EVAL_SAMPLES, 1), batch_size=16)
     optimizer = paddle.optimizer.Momentum(0.02, parameters=net.parameters())
     return net, train, evaluation, optimizer
