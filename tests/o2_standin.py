@@ -164,3 +164,17 @@ def uninstall() -> None:
         paddle.amp.decorate, paddle.amp.auto_cast = _ORIGINAL["decorate"], _ORIGINAL["auto_cast"]
         dist_amp.plan = _ORIGINAL["plan"]
         _ORIGINAL.clear()
+
+
+class SmallBN(paddle.nn.Layer):
+    """The model the O2 tests train: a convolution and a linear layer (16-bit under the
+    stand-in) around a BatchNorm (kept in float32, as decorate keeps it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 4, 3)
+        self.bn = paddle.nn.BatchNorm2D(4)
+        self.head = paddle.nn.Linear(4 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.head(paddle.flatten(paddle.nn.functional.relu(self.bn(self.conv(x))), 1))

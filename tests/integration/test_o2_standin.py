@@ -131,7 +131,7 @@ def test_an_o2_checkpoint_exports_to_a_float32_model(trained, tmp_path):
     file = tmp_path / "model.pdparams"
     check(run(["-m", "paddle_dist.checkpoint", "export", str(run_dir), str(file)], timeout=60))
     for source in (file, run_dir):
-        net = _script().SmallBN()              # float32: no decorate
+        net = _script().o2_standin.SmallBN()   # float32: no decorate
         paddle_dist.checkpoint.load_weights(net, source)
         state = net.state_dict()
         assert {str(v.dtype) for v in state.values()} == {str(paddle.float32)}

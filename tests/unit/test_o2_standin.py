@@ -17,17 +17,6 @@ PLAN = SimpleNamespace(amp="O2", amp_dtype="bfloat16", loss_scale=0.0)
 SIXTEEN_BIT = ["conv.weight", "conv.bias", "head.weight", "head.bias"]
 
 
-class SmallBN(paddle.nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.conv = paddle.nn.Conv2D(1, 4, 3)
-        self.bn = paddle.nn.BatchNorm2D(4)
-        self.head = paddle.nn.Linear(4 * 6 * 6, 4)
-
-    def forward(self, x):
-        return self.head(paddle.flatten(paddle.nn.functional.relu(self.bn(self.conv(x))), 1))
-
-
 @pytest.fixture
 def standin():
     o2_standin.install()
@@ -38,7 +27,7 @@ def standin():
 def o2_model(plan, seed=3):
     """SmallBN and its SGD, decorated as paddle_dist's trainer decorates them (amp.decorate)."""
     paddle.seed(seed)
-    net = SmallBN()
+    net = o2_standin.SmallBN()
     return amp.decorate(net, paddle.optimizer.SGD(0.1, parameters=net.parameters()), plan)
 
 
@@ -98,7 +87,7 @@ def test_put_weights_of_a_float32_checkpoint_into_an_o2_model(standin):
     from paddle_dist.checkpoint.weights import put_weights
 
     paddle.seed(11)
-    plain = SmallBN()            # float32: the weights of a float32 run, or of an O2 checkpoint
+    plain = o2_standin.SmallBN()            # float32: the weights of a float32 run, or of an O2 checkpoint
     with paddle.no_grad():
         plain.bn._mean.set_value(paddle.to_tensor([0.5, -1.0, 2.0, 0.25]))
     saved = {k: v.numpy() for k, v in plain.state_dict().items()}
