@@ -44,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
-from ..errors import EXIT_RENDEZVOUS, exit_code_of
+from ..errors import EXIT_PREEMPTED, EXIT_RENDEZVOUS, exit_code_of
 from ..runs import status
 from ..security import auth, private
 from . import watchdog
@@ -63,6 +63,10 @@ def stop_watchdog(watchdog_proc: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         watchdog_proc.stdin.close()
     watchdog_proc.wait()
+
+
+def _exit_preempted(signum, frame) -> None:
+    os._exit(EXIT_PREEMPTED)
 
 
 def stop_signals():
@@ -134,6 +138,7 @@ class Monitor:
         self._last_collective: tuple = ()  # the latest one left
         self.run_dir = run_dir
         self.folder, self.shared = "", False     # where the heartbeats are (beat_folder), once watched
+        self.state = status.RUNNING            # how this rank ended, once finish() said it
 
     # ------------------------------------------------------------ life cycle
     @contextlib.contextmanager
@@ -148,8 +153,9 @@ class Monitor:
         finally:
             if watchdog_proc is not None:
                 self._stop_watchdog(watchdog_proc)
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            if self.state != status.PREEMPTED:     # a saved stop keeps ending with 75
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
 
     def _start_watchdog(self) -> subprocess.Popen:
         """The hang watchdog process (module docstring), and faulthandler ready to write
@@ -254,7 +260,14 @@ class Monitor:
         held_up = self._held_up_by(error) if state == status.STOPPED else None
         if held_up:          # the root cause as this rank saw it: nobody's watchdog had fired
             state, info["message"] = status.HUNG, held_up
+        self.state = state
         self._write(state, force=True, **info)
+        if state == status.PREEMPTED:
+            # Its checkpoint is saved: from now on a stop signal (srun or mpirun ending the
+            # other ranks once one has exited, a second scancel) ends the rank at once with
+            # 75, not with the signal's 143, so that the job asks to be requeued.
+            for sig in (*stop_signals(), signal.SIGINT):
+                signal.signal(sig, _exit_preempted)
 
     def _held_up_by(self, error: Optional[BaseException]) -> str:
         """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
