@@ -263,8 +263,8 @@ def worker_main(args) -> int:
     for module in (loop, hapi):
         original = module.train_loader
 
-        def alternating(parts, cfg, env, _original=original):
-            loader, sampler = _original(parts, cfg, env)
+        def alternating(parts, cfg, env, plan=None, _original=original):
+            loader, sampler = _original(parts, cfg, env, plan)
             return Alternating(loader, raw_factory, marks), sampler
 
         module.train_loader = alternating
