@@ -84,9 +84,9 @@ class Result:
 @dataclass
 class Position:
     """Where training stands: the epoch in progress and the steps already done;
-    `epoch_loss`: the sum and count of the losses of those steps of the epoch in progress
-    that an earlier attempt ran (over all ranks), so that a resumed epoch's train loss
-    still covers the whole epoch."""
+    `epoch_loss`: the sum of the step losses (each the mean over its ranks) and the count
+    of the steps of the epoch in progress that an earlier attempt ran, so that a resumed
+    epoch's train loss still covers the whole epoch."""
 
     epoch: int = 0
     step_in_epoch: int = 0
