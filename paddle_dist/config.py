@@ -281,6 +281,26 @@ def dump(cfg: Config, path: Path, fit: Optional[Dict[str, Any]] = None) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def config_differences(old: Dict[str, Any], new: Dict[str, Any], limit: int = 6) -> str:
+    """The keys in which config dict `new` differs from `old`, beyond VOLATILE_KEYS, in
+    words ("" when none): "model.name lenet -> mlp, train.lr 0.1 -> 0.05".
+
+    Example:
+        config_differences({"train": {"lr": 0.1}}, {"train": {"lr": 0.05}})   # 'train.lr 0.1 -> 0.05'
+    """
+    def flat(tree: Dict[str, Any]) -> Dict[str, Any]:
+        return {f"{section}.{key}": value for section, leaves in tree.items() if isinstance(leaves, dict)
+                for key, value in leaves.items()
+                if section not in VOLATILE_KEYS and f"{section}.{key}" not in VOLATILE_KEYS}
+
+    # A key `old` lacks (a config written before the key existed) had its default.
+    before, after = {**flat(Config().to_dict()), **flat(old)}, flat(new)
+    changed = [f"{key} {before.get(key, '(unset)')} -> {after.get(key, '(unset)')}"
+               for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
+    return ", ".join(changed[:limit]) + more
+
+
 def config_hash(cfg_dict: Dict[str, Any]) -> str:
     """sha256 (16 hex digits) of the config without the keys a resume may change
     (VOLATILE_KEYS: output, checkpoint, faults, dist, epochs, max_steps, log_every).

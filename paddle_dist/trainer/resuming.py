@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 from .. import checkpoint
 from .. import config as configlib
 from ..runtime import process
@@ -58,9 +60,10 @@ def resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log) -
     checkpoint.restore(state, parts.model, optimizer, rng=not configlib.evaluates_only(cfg))
     meta = state.meta
     # Evaluating only differs in train.eval_only at least: nothing to warn about.
-    if meta.get("config_hash") not in (None, digest) and not configlib.evaluates_only(cfg):
+    if meta.get("config_hash") not in (None, digest) and not configlib.evaluates_only(cfg) and env.is_main:
+        changed = _changes(Path(path), cfg)
         log.warning(f"the config differs from the one checkpoint {path} was trained with "
-                    "(beyond epochs, steps, logging and output); resuming anyway")
+                    f"({changed or 'beyond epochs, steps, logging and output'}); resuming anyway")
     log.info(f"resuming from {path}: epoch {meta['epoch'] + 1}, step {meta['step_in_epoch']} "
              f"in it, {meta['global_step']} steps done")
     start = Position(meta["epoch"], meta["step_in_epoch"], meta["global_step"],
@@ -73,3 +76,13 @@ def resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log) -
 def batches_at(parts: Parts, cfg):
     """Per-rank batches of an epoch at a given world size."""
     return lambda world: steps_per_epoch(len(parts.train_data), cfg.train.batch_size, world, cfg.train.drop_last)
+
+
+def _changes(path: Path, cfg) -> str:
+    """How `cfg` differs from the config of the run that wrote checkpoint `path` (its
+    <run>/config.yaml, two levels up), in words; "" when that file is not there."""
+    try:
+        ran = yaml.safe_load((path.parent.parent / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return ""
+    return configlib.config_differences(ran, cfg.to_dict()) if isinstance(ran, dict) else ""

@@ -338,3 +338,10 @@ def test_with_overrides_starts_from_the_typed_defaults():
     assert cfg.train.epochs == 1 and cfg.train.lr == config.TrainConfig().lr
     with pytest.raises(ConfigError, match="train.epochs"):
         config.with_overrides(["train.epochs=x"])
+
+
+def test_the_differences_of_two_configs_are_said_key_by_key_without_what_a_resume_may_change():
+    ran = config.load(None, ["train.lr=0.1"]).to_dict()
+    now = config.load(None, ["train.lr=0.05", "train.epochs=9", "model.name=mlp", "dist.nprocs=4"]).to_dict()
+    assert config.config_differences(ran, now) == "model.name lenet -> mlp, train.lr 0.1 -> 0.05"
+    assert config.config_differences(ran, ran) == ""
