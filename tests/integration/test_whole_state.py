@@ -178,3 +178,27 @@ def test_two_ranks_of_two_micro_batches_continue_on_four_ranks_of_one(tmp_path):
     a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
     assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
                            {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+
+
+def test_four_ranks_killed_continue_on_two_then_killed_again_continue_on_one(tmp_path):
+    """The run planned for 4 ranks keeps its steps on 2 ranks (2 micro-batches each), then
+    on 1 (4 micro-batches): the same samples in every step, the same end within 1e-6."""
+    clean, out = tmp_path / "clean", tmp_path / "shrinking"
+
+    def job(folder, ranks, *extra):
+        return run(["-m", "paddle_dist.launch", "--nprocs", str(ranks), "--log_dir", str(folder / "log"),
+                    "-o", f"output.run_dir={folder / 'run'}", *EMA, *extra, SCRIPT, str(folder)],
+                   cwd=folder, timeout=240)
+
+    for folder in (clean, out):
+        folder.mkdir()
+    assert job(clean, 4).returncode == 0
+    assert job(out, 4, "-o", "faults.inject=kill:1:6").returncode != 0
+    assert job(out, 2, "-o", "faults.inject=kill:1:13").returncode != 0
+    done = job(out, 1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "continuing on 1 rank (was 4): 4 micro-batches per step keep the global batch of 32" in done.stdout
+    _same_samples(clean, out)
+    a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
+    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
+                           {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
