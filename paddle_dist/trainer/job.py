@@ -182,7 +182,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     found = resume(parts, cfg, env, run_dir, optimizer, digest, log)
     start, history, resumed, averaged, meta = found.start, found.history, found.path, found.averaged, found.meta
     scaled = meta.get("loss_scaler")
-    if found.plan.world != env.world_size:       # continued on another number of ranks
+    if found.plan != DataPlan(env.world_size, cfg.train.accumulate_steps):   # the run's steps, not the config's
         cfg, prepared = _replanned(parts, cfg, env, prepared, found.plan, log)
     _agree_on_metrics(parts, env, monitor.phase)
     firstbatch.check(parts, cfg, env, amp_plan, train=not configlib.evaluates_only(cfg))

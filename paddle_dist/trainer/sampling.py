@@ -28,7 +28,7 @@ import os
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import numpy as np
 import paddle
@@ -53,7 +53,7 @@ class DataPlan:
         return all(self.world * k % world == 0 for k in (self.accumulate, last))
 
 
-def plan_for(meta: Optional[dict], world: int, accumulate: int, batches: int) -> DataPlan:
+def plan_for(meta: Optional[dict], world: int, accumulate: int, batches: Callable[[int], int]) -> DataPlan:
     """The plan of a job on `world` ranks with `accumulate` micro-batches per step: the
     checkpoint's (`meta`: its plan_world / plan_accumulate, or its world_size and
     `accumulate` for a checkpoint from before plans were recorded), or a new one.
