@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -67,6 +68,11 @@ def stop_watchdog(watchdog_proc: subprocess.Popen) -> None:
 
 def _exit_preempted(signum, frame) -> None:
     os._exit(EXIT_PREEMPTED)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (*stop_signals(), signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stop_signals():
@@ -268,6 +274,10 @@ class Monitor:
             # 75, not with the signal's 143, so that the job asks to be requeued.
             for sig in (*stop_signals(), signal.SIGINT):
                 signal.signal(sig, _exit_preempted)
+            # Python puts its default back (death by the signal) for the signals it handles
+            # when it finalizes, while Paddle's objects are still being torn down: ignored
+            # from then on, they let the rank end with 75 by itself.
+            atexit.register(_ignore_stop_signals)
 
     def _held_up_by(self, error: Optional[BaseException]) -> str:
         """When gloo gave up on a collective (its fixed GLOO_TIMEOUT_S, shorter than
