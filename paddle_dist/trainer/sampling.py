@@ -105,6 +105,8 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
                        for r in range(plan.world)]
         self.epoch, self.skip = 0, 0
         self.skipping = 0             # steps the epoch in progress leaves out
+        self._made: dict = {}         # plan rank -> its batches of epoch _epoch_of_shards
+        self._epoch_of_shards = -1
 
     @property
     def steps(self) -> int:
@@ -116,25 +118,34 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         if callable(getattr(self.dataset, "set_epoch", None)):   # per-epoch augmentation
             self.dataset.set_epoch(epoch)
 
-    def step_batches(self, batches: List[List[List[int]]], step: int) -> List[List[int]]:
-        """All the micro-batches of optimizer step `step`, in plan order (rank-major)."""
+    def _shard(self, rank: int) -> List[List[int]]:
+        """Plan rank `rank`'s batches of the epoch in progress, made when first needed:
+        a rank of a job at the plan's world size reads only its own shard."""
+        if self._epoch_of_shards != self.epoch:
+            self._made, self._epoch_of_shards = {}, self.epoch
+        if rank not in self._made:
+            self.shards[rank].set_epoch(self.epoch)     # (Paddle's moves its epoch on when iterated)
+            self._made[rank] = list(self.shards[rank])
+        return self._made[rank]
+
+    def _micro(self, step: int, position: int) -> List[int]:
+        """Micro-batch number `position` of optimizer step `step`, in plan order (rank-major:
+        plan rank r's micro-batches of the step, then rank r + 1's)."""
         k = self.plan.accumulate
-        return [shard[i] for shard in batches for i in range(step * k, min((step + 1) * k, len(shard)))]
+        in_step = min(k, len(self.shards[0]) - step * k)       # the epoch's last step may be short
+        rank, j = divmod(position, in_step)
+        return self._shard(rank)[step * k + j]
+
+    def _share(self, step: int) -> range:
+        """The positions of this rank's micro-batches in step `step`."""
+        k = self.plan.accumulate
+        share = self.plan.world * min(k, len(self.shards[0]) - step * k) // self.world
+        return range(self.rank * share, (self.rank + 1) * share)
 
     def __iter__(self) -> Iterator[List[int]]:
         self.skipping, self.skip = self.skip, 0
-        self.batches = batches = self._epoch_batches(self.epoch)
         for step in range(self.skipping, self.steps):
-            micro = self.step_batches(batches, step)
-            share = len(micro) // self.world
-            yield from micro[self.rank * share:(self.rank + 1) * share]
-
-    def _epoch_batches(self, epoch: int) -> List[List[List[int]]]:
-        found = []
-        for shard in self.shards:
-            shard.set_epoch(epoch)             # (Paddle's moves its epoch on when iterated)
-            found.append(list(shard))
-        return found
+            yield from (self._micro(step, position) for position in self._share(step))
 
     def step_digest(self, step: int) -> str:
         """A digest of the sample indices of optimizer step `step` of the epoch in progress,
@@ -143,8 +154,9 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         Example:
             sampler.step_digest(3)      # '9f1c2a0b'
         """
-        batches = getattr(self, "batches", None) or self._epoch_batches(self.epoch)
-        indices = sorted(i for batch in self.step_batches(batches, step) for i in batch)
+        k = self.plan.accumulate
+        count = self.plan.world * min(k, len(self.shards[0]) - step * k)
+        indices = sorted(i for position in range(count) for i in self._micro(step, position))
         return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:8]
 
     def __len__(self) -> int:
