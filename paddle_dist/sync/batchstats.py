@@ -47,9 +47,10 @@ class _Layer:
     step instead of a dozen Paddle ops); anything else in Paddle, on the device, where no
     value is read on the host."""
 
-    def __init__(self, state: BatchNormState):
+    def __init__(self, state: BatchNormState, host: Optional[bool] = None):
         self.state = state
-        self.host = state.mean.dtype == paddle.float32 and state.mean.place.is_cpu_place()
+        self.host = state.mean.dtype == paddle.float32 and state.mean.place.is_cpu_place() \
+            if host is None else host
         with paddle.no_grad():
             if self.host:
                 self.mean = state.mean.numpy().astype(np.float64)
@@ -179,9 +180,11 @@ def _device_sums(x: paddle.Tensor, axis: int, shift: paddle.Tensor):
 class BatchStats:
     """The BatchNorm layers of `net`, updated once per optimizer step from every rank's
     micro-batches (see the module's docstring). Every rank must call `step()` after every
-    optimizer step (it is a collective when the job has several ranks)."""
+    optimizer step (it is a collective when the job has several ranks). `host` False: the
+    sums and statistics in Paddle's ops even for float32 CPU buffers, as for a GPU's (the
+    tests run the GPU path so on a CPU); None: numpy for those."""
 
-    def __init__(self, net: paddle.nn.Layer, env, phase=None):
+    def __init__(self, net: paddle.nn.Layer, env, phase=None, host: Optional[bool] = None):
         self.env, self.phase = env, phase
         self.sync = None          # a GradSync whose exchange carries the sums (ride_with)
         self.layers: List[_Layer] = []
@@ -189,7 +192,7 @@ class BatchStats:
         for layer in net.sublayers(include_self=True):
             state = BatchNormState.of(layer)
             if state is not None:
-                found = _Layer(state)
+                found = _Layer(state, host)
                 self.layers.append(found)
                 self.handles.append(layer.register_forward_pre_hook(found.record))
 
@@ -219,25 +222,24 @@ class BatchStats:
     def step(self) -> None:
         if not self.layers:
             return
-        # The mean over the ranks, as the gradients' exchange carried it (float32), or the
-        # sum from an exchange of their own: the statistics need only their ratios.
+        for layer, sums in zip(self.layers, self._combined()):
+            layer.apply(_on_host(sums) if layer.host else _on_device(sums))
+
+    def _combined(self) -> list:
+        """Each layer's sums over every rank: the mean the gradients' exchange carried
+        (float32), one all-reduce of their own, or this rank's alone in a job of one (the
+        statistics need only the sums' ratios)."""
         ridden = self.sync.ridden if self.sync is not None else None
         if ridden is not None and len(ridden) == self.size:
             self.sync.ridden = None
             flat = ridden.astype(np.float64)
-        elif not self.env.is_distributed:
-            flat = [layer.sums() for layer in self.layers]
+        elif self.env.is_distributed:
+            flat = paddle.concat([_on_device(layer.sums()) for layer in self.layers])
+            collective(dist.all_reduce, flat, phase=self.phase, what="all-reduce of BatchNorm statistics")
         else:
-            summed = paddle.concat([paddle.to_tensor(layer.sums()) if layer.host else layer.sums()
-                                    for layer in self.layers])
-            collective(dist.all_reduce, summed, phase=self.phase, what="all-reduce of BatchNorm statistics")
-            flat = summed.numpy() if all(layer.host for layer in self.layers) else summed
-        offset = 0
-        for i, layer in enumerate(self.layers):
-            size = 1 + 2 * layer.channels
-            part = flat[i] if isinstance(flat, list) else flat[offset:offset + size]
-            layer.apply(_on_host(part) if layer.host else _on_device(part))
-            offset += size
+            return [layer.sums() for layer in self.layers]
+        ends = np.cumsum([1 + 2 * layer.channels for layer in self.layers])
+        return [flat[end - 1 - 2 * layer.channels:end] for layer, end in zip(self.layers, ends)]
 
     def close(self) -> None:
         for handle in self.handles:

@@ -23,9 +23,9 @@ def _batches(steps=4):
     return [rng.normal(2.0, 3.0, (8, 3, 8, 8)).astype("float32") for _ in range(steps)]
 
 
-def _train(micro: int):
+def _train(micro: int, host=None):
     net, batches = _net(), _batches()
-    stats = BatchStats(net, ONE)
+    stats = BatchStats(net, ONE, host=host)
     for batch in batches:
         for part in np.split(batch, micro):
             net(paddle.to_tensor(part))
@@ -65,3 +65,13 @@ def test_evaluating_frozen_and_unused_layers_keep_their_statistics():
     net.train()
     net(paddle.to_tensor(_batches(1)[0]))     # hooks removed: Paddle's own update again
     assert not np.array_equal(net[1]._mean.numpy(), start)
+
+
+def test_the_device_path_a_gpu_takes_gives_the_host_paths_statistics():
+    """Paddle's ops, on the tensor's device and never read on the host (GPUs), run here on
+    the CPU: the same statistics as numpy's path, whatever the micro-batches."""
+    host, _ = _train(2)
+    for micro in (1, 2, 4):
+        device, _ = _train(micro, host=False)
+        np.testing.assert_allclose(device[1]._mean.numpy(), host[1]._mean.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(device[1]._variance.numpy(), host[1]._variance.numpy(), rtol=1e-6)
