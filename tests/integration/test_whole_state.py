@@ -21,14 +21,14 @@ import pytest
 from .procs import ROOT, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "whole_state.py")
-LAUNCH = ["-m", "paddle_dist.launch", "--nprocs", "2"]
 EMA = ["-o", "train.ema_decay=0.9", "-o", "checkpoint.every_steps=5", "-o", "train.log_samples=true"]
 
 
-def _job(out: Path, *extra: str, script_args=()):
+def _job(out: Path, *extra: str, script_args=(), ranks: int = 2):
     out.mkdir(parents=True, exist_ok=True)
-    return run([*LAUNCH, "--log_dir", str(out / "log"), "-o", f"output.run_dir={out / 'run'}", *extra,
-                SCRIPT, str(out), *script_args], cwd=out, timeout=240)
+    return run(["-m", "paddle_dist.launch", "--nprocs", str(ranks), "--log_dir", str(out / "log"),
+                "-o", f"output.run_dir={out / 'run'}", *extra, SCRIPT, str(out), *script_args],
+               cwd=out, timeout=240)
 
 
 def _one_process(weights: Path) -> dict:
@@ -142,6 +142,15 @@ def _max_difference(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
 
 
+def _within_rounding(clean: Path, out: Path, root: str = "checkpoints") -> None:
+    """Every weight, buffer, average and optimizer entry of the two runs' latest checkpoint
+    within 1e-6 (the random generators' states aside: another number of ranks draws alike
+    only in the data, sampling.SeededSamples)."""
+    a, b = (_arrays(_latest(folder / "run" / root)) for folder in (clean, out))
+    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
+                           {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+
+
 # A run continued on another number of ranks keeps its data plan (trainer/sampling.py): the
 # same micro-batches in every optimizer step, so the same run within float rounding.
 @pytest.mark.parametrize("api", ["loop", "hapi"])
@@ -149,15 +158,12 @@ def test_a_killed_two_rank_run_continues_on_one_rank_within_float_rounding(unint
     clean, out = uninterrupted[api], tmp_path / "one"
     first = _job(out, *EMA, "-o", f"train.api={api}", "-o", "faults.inject=kill:1:23")
     assert first.returncode != 0, first.stderr[-3000:]
-    done = run([*LAUNCH[:-1], "1", "--log_dir", str(out / "log"), "-o", f"output.run_dir={out / 'run'}", *EMA,
-                "-o", f"train.api={api}", SCRIPT, str(out)], cwd=out, timeout=240)
+    done = _job(out, *EMA, "-o", f"train.api={api}", ranks=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 16" in done.stdout
     _same_samples(clean, out)
     for root in ("checkpoints", "best"):
-        a, b = _arrays(_latest(clean / "run" / root)), _arrays(_latest(out / "run" / root))
-        assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
-                               {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+        _within_rounding(clean, out, root)
     ran, resumed = (json.loads((o / "run" / "metrics.json").read_text())["history"] for o in (clean, out))
     for a, b in zip(ran, resumed):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-6)
@@ -170,35 +176,22 @@ def test_two_ranks_of_two_micro_batches_continue_on_four_ranks_of_one(tmp_path):
     assert _job(clean, *EMA, *accumulate).returncode == 0
     first = _job(out, *EMA, *accumulate, "-o", "faults.inject=kill:1:11")
     assert first.returncode != 0
-    done = run(["-m", "paddle_dist.launch", "--nprocs", "4", "--log_dir", str(out / "log"),
-                "-o", f"output.run_dir={out / 'run'}", *EMA, *accumulate, SCRIPT, str(out)], cwd=out, timeout=240)
+    done = _job(out, *EMA, *accumulate, ranks=4)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 4 ranks (was 2): 1 micro-batch per step keep the global batch of 32" in done.stdout
     _same_samples(clean, out)
-    a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
-    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
-                           {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+    _within_rounding(clean, out)
 
 
 def test_four_ranks_killed_continue_on_two_then_killed_again_continue_on_one(tmp_path):
     """The run planned for 4 ranks keeps its steps on 2 ranks (2 micro-batches each), then
     on 1 (4 micro-batches): the same samples in every step, the same end within 1e-6."""
     clean, out = tmp_path / "clean", tmp_path / "shrinking"
-
-    def job(folder, ranks, *extra):
-        return run(["-m", "paddle_dist.launch", "--nprocs", str(ranks), "--log_dir", str(folder / "log"),
-                    "-o", f"output.run_dir={folder / 'run'}", *EMA, *extra, SCRIPT, str(folder)],
-                   cwd=folder, timeout=240)
-
-    for folder in (clean, out):
-        folder.mkdir()
-    assert job(clean, 4).returncode == 0
-    assert job(out, 4, "-o", "faults.inject=kill:1:6").returncode != 0
-    assert job(out, 2, "-o", "faults.inject=kill:1:13").returncode != 0
-    done = job(out, 1)
+    assert _job(clean, *EMA, ranks=4).returncode == 0
+    assert _job(out, *EMA, "-o", "faults.inject=kill:1:6", ranks=4).returncode != 0
+    assert _job(out, *EMA, "-o", "faults.inject=kill:1:13", ranks=2).returncode != 0
+    done = _job(out, *EMA, ranks=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 1 rank (was 4): 4 micro-batches per step keep the global batch of 32" in done.stdout
     _same_samples(clean, out)
-    a, b = _arrays(_latest(clean / "run" / "checkpoints")), _arrays(_latest(out / "run" / "checkpoints"))
-    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
-                           {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
+    _within_rounding(clean, out)
