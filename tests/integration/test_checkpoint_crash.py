@@ -1,8 +1,10 @@
 """SIGKILL a process while it saves checkpoints: `latest` must always name a whole one.
 
 tests/integration/scripts/save_forever.py saves in a loop. Two kinds of crash:
-- from outside, on one root, round after round: the test kills it right after reading one
-  of its lines, "saving N" (the kill lands inside the write) or "saved N" (between saves);
+- from outside, on one root, round after round: the test kills it right after answering
+  one of its lines, "saving N" (the kill lands in or before the write) or "saved N"
+  (between saves). The script waits for an answer to every line (--paced), so it is never
+  more than one line ahead of the test, however the two are scheduled;
 - from inside, at an exact point of a write (--die-before), one fresh root per point.
 No sleeps: output is read line by line, and a watchdog bounds every process.
 """
@@ -47,11 +49,14 @@ def run_until_killed(root: Path, log: Path, kill_after: Optional[int] = None,
     """Run save_forever.py on `root`; SIGKILL it right after its `kill_after`-th line (or
     let it kill itself: --die-before, or after `saves` saves). Returns its lines as
     (word, step) pairs."""
+    paced = kill_after is not None
     extra = ["--die-before", die_before] if die_before else []
     extra += ["--saves", str(saves)] if saves else []
+    extra += ["--paced"] if paced else []
     with open(log, "w") as err:
         proc = subprocess.Popen([PY, str(SCRIPT), str(root)] + extra, cwd=str(ROOT),
                                 env=_child_env(), text=True, stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE if paced else subprocess.DEVNULL,
                                 stderr=err, start_new_session=True)
     watchdog = threading.Timer(TIMEOUT, _kill_group, (proc.pid,))
     watchdog.start()
@@ -60,6 +65,10 @@ def run_until_killed(root: Path, log: Path, kill_after: Optional[int] = None,
         for line in proc.stdout:
             word, step = line.split()
             lines.append((word, int(step)))
+            if paced:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.write("go\n")
+                    proc.stdin.flush()
             if len(lines) == kill_after:
                 _kill_group(proc.pid)
                 break
@@ -68,6 +77,9 @@ def run_until_killed(root: Path, log: Path, kill_after: Optional[int] = None,
         _kill_group(proc.pid)
         proc.wait(timeout=60)
         proc.stdout.close()
+        if proc.stdin:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
         left = session_members(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
@@ -93,16 +105,16 @@ def check_every_checkpoint(root: Path) -> None:
 
 
 def test_sigkill_from_outside_never_breaks_latest(tmp_path):
-    root, saved, step = tmp_path / "checkpoints", set(), 0   # type: Path, Set[int], int
+    root, step = tmp_path / "checkpoints", 0
     for round_, kill_after in enumerate(KILL_AFTER_LINES):
         lines = run_until_killed(root, tmp_path / f"round{round_}.log", kill_after=kill_after)
         assert len(lines) == kill_after, lines
-        assert lines[0] == ("saving", step + 1) or lines[0][1] == step + 2, (lines, step)
-        saved |= {n for word, n in lines if word == "saved"}
-        # A finished save, or the one in progress if the kill came after its last rename.
-        last = lines[-1][1]
+        assert lines[0] == ("saving", step + 1), (lines, step)
+        # Killed after "saved N": N. After "saving N": N - 1, or N if the kill came after
+        # the write's last rename. The script can't be further: it waits for "saved N"'s answer.
+        word, last = lines[-1]
         step = check_latest(root)
-        assert step in saved | {last, last + 1} and step >= max(saved), (step, lines)
+        assert step == last or (word == "saving" and step == last - 1), (step, lines)
     check_every_checkpoint(root)
 
 

@@ -1,6 +1,6 @@
 """Save checkpoints in a loop until killed: the crash test SIGKILLs it in the middle of saves.
 
-usage: save_forever.py ROOT [--die-before OWNER.NAME:K] [--saves N]
+usage: save_forever.py ROOT [--die-before OWNER.NAME:K] [--saves N] [--paced]
 
 Carries on after the newest checkpoint in ROOT, so every run continues the previous
 (killed) one. Before saving step N it sets every weight to N, so a reader can tell
@@ -12,6 +12,10 @@ that line lands inside the write) and "saved N" after; lines are flushed at once
 itself just before its 2nd call of checkpoint._save_npz (OWNER: checkpoint, os, shutil):
 a crash at an exact point of a write, which a kill from outside only hits by luck.
 
+--paced makes it wait, after each line, for one line on stdin: the caller reads a line,
+answers, and may then kill, so the process is never more than one line ahead of what
+the caller has read, however slowly the caller is scheduled.
+
 --saves N makes the process SIGKILL itself right after its N-th finished save, so the
 caller knows exactly which step is the newest (a kill from outside may land one save late).
 """
@@ -21,6 +25,7 @@ import itertools
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import paddle
@@ -55,7 +60,13 @@ def die_before(spec: str) -> None:
     setattr(owner, attr, wrapper)
 
 
-def main(root: Path, die_spec: str, saves: int) -> None:
+def say(line: str, paced: bool) -> None:
+    print(line, flush=True)
+    if paced and not sys.stdin.readline():   # the caller has gone
+        sys.exit(1)
+
+
+def main(root: Path, die_spec: str, saves: int, paced: bool) -> None:
     net, opt = build()
     found = checkpoint.latest(root)
     step = checkpoint.load(found).meta["global_step"] if found else 0
@@ -70,9 +81,9 @@ def main(root: Path, die_spec: str, saves: int) -> None:
         meta = {"global_step": step, "epoch": 0, "step_in_epoch": step, "world_size": 1,
                 "model": "linear256"}
         snap = checkpoint.snapshot(net, opt, meta)
-        print(f"saving {step}", flush=True)
+        say(f"saving {step}", paced)
         checkpoint.write(root, snap, keep_last=2)
-        print(f"saved {step}", flush=True)
+        say(f"saved {step}", paced)
 
 
 if __name__ == "__main__":
@@ -80,5 +91,6 @@ if __name__ == "__main__":
     parser.add_argument("root", type=Path)
     parser.add_argument("--die-before", default="")
     parser.add_argument("--saves", type=int, default=0)
+    parser.add_argument("--paced", action="store_true")
     args = parser.parse_args()
-    main(args.root, args.die_before, args.saves)
+    main(args.root, args.die_before, args.saves, args.paced)
