@@ -155,6 +155,9 @@ def _validate_nodes(d: DistConfig) -> None:
     if d.node_rank >= d.nnodes:
         raise ConfigError(f"dist.node_rank must be below dist.nnodes ({d.node_rank} >= {d.nnodes}); "
                           "number the machines 0 .. nnodes-1")
+    if d.min_nnodes > d.nnodes:
+        raise ConfigError(f"dist.min_nnodes={d.min_nnodes} is above dist.nnodes={d.nnodes}; give "
+                          f"dist.nnodes={d.min_nnodes}:{max(d.nnodes, d.min_nnodes)}, MIN:MAX")
     if d.nnodes > 1 and d.launcher != "launch":
         raise ConfigError(f"dist.nnodes={d.nnodes} needs dist.launcher=launch (spawn runs on one "
                           "machine; mpirun takes its machines from dist.hostfile)")

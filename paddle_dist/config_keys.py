@@ -60,6 +60,8 @@ def set_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> No
         node[leaf] = str(value)
         return
     name = _field(node, leaf, dotted)
+    if dotted == "dist.nnodes" and isinstance(value, str) and ":" in value:
+        node.min_nnodes, value, from_text = _nodes_range(value), value.partition(":")[2].strip(), True
     current, type_name = getattr(node, name), _field_type(node, name)
     if from_text:
         value = _from_text(value, type_name)
@@ -69,6 +71,15 @@ def set_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> No
         merge(cfg, value, f"{dotted}.")
         return
     setattr(node, name, _coerce(dotted, value, type_name))
+
+
+def _nodes_range(text: str) -> int:
+    """dist.nnodes=MIN:MAX, as torchrun's --nnodes: MIN (dist.min_nnodes); MAX stays nnodes's."""
+    low, _, high = text.partition(":")
+    if not (low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high)):
+        raise ConfigError(f"dist.nnodes={text!r} must be N or MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2 "
+                          "(in YAML, quote it: nnodes: \"1:2\")")
+    return int(low)
 
 
 def _field(node: Any, name: str, dotted: str) -> str:

@@ -131,7 +131,12 @@ class DistConfig:
     start_method: str = "auto"     # spawn launcher: auto (fork on CPU: the ranks reuse this
                                    # process's `import paddle`; spawn on GPU, as CUDA needs) |
                                    # spawn | fork | forkserver
-    nnodes: int = 1                # machines in the job (launch mode: each runs train.py once)
+    nnodes: int = 1                # machines in the job (launch mode: each runs train.py once);
+                                   # MIN:MAX (e.g. 1:2, quoted in YAML) sets min_nnodes too
+    min_nnodes: int = 0            # elastic: the fewest machines the job may start or restart on
+                                   # (a lost machine: dist.max_restarts); 0 = all of nnodes
+    last_call: float = 30.0        # elastic: once min_nnodes machines have met, seconds to wait
+                                   # for the others before going on without them
     node_rank: int = 0             # this machine's index, 0 .. nnodes-1
     master: str = ""               # host:port of node 0's rendezvous; needed when nnodes > 1
     host: str = ""                 # this machine's address as the others see it; "" = the
@@ -256,6 +261,7 @@ POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch"
 NON_NEGATIVE = ("train.clip_grad_norm", "train.ema_decay", "data.num_workers", "model.num_classes", "train.epochs", "dist.node_rank", "train.max_steps", "train.weight_decay", "checkpoint.every_epochs",
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
-                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb")
+                "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb",
+                "dist.min_nnodes", "dist.last_call")
 FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow",
-               "perturb", "term", "interrupt")   # faults.inject (runtime/inject.py)
+               "perturb", "term", "interrupt", "lose")   # faults.inject (runtime/inject.py)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import selectors
 import socket
 import time
@@ -53,12 +54,17 @@ class MeetingHost:
         listener = listen(self.place.master)
         self.selector.register(listener, selectors.EVENT_READ)
         deadline = deadline_after(self.place.timeout)
+        last_call = None       # elastic: when the wait for the machines beyond the fewest ends
         try:
             while len(self.arrived) < self.place.nnodes:
                 now = time.monotonic()
+                enough = self.place.enough(len(self.arrived))
+                last_call = (last_call or now + self.place.last_call) if enough else None
+                if enough and now >= min(last_call, deadline):
+                    break
                 if now >= deadline:
                     self._give_up()
-                for key, _ in self.selector.select(min(POLL_S, deadline - now)):
+                for key, _ in self.selector.select(min(POLL_S, deadline - now, (last_call or now + POLL_S) - now)):
                     if key.fileobj is listener:
                         self._accept(listener)
                     elif key.fileobj in self.peers:     # not dropped by an earlier event
@@ -67,14 +73,15 @@ class MeetingHost:
             # Serve Paddle's rendezvous on the same listener before saying go: the others'
             # Paddle launchers find it there, and no other process can take the port between.
             self.selector.unregister(listener)
-            nodes = {r: Node(p, a, self.hosts.get(r, "")) for r, (p, a) in sorted(self.arrived.items())}
-            server, listener = kvserver.KVServer(listener, nodes).start(), None
+            met = Meeting.of(self.place.run, {r: Node(p, a, self.hosts.get(r, "")) for r, (p, a)
+                                              in self.arrived.items()}, self.place.nnodes)
+            server, listener = kvserver.KVServer(listener, met.nodes).start(), None
             try:
                 self._tell_all({"go": True, **({"run": self.place.run} if self.place.run else {})})
             except BaseException:
                 server.close()
                 raise
-            return Meeting(self.place.run, nodes, 0, rendezvous=server)
+            return dataclasses.replace(met, rendezvous=server)
         finally:
             if listener is not None:
                 listener.close()

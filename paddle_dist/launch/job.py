@@ -21,13 +21,14 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import cifar, compat, errors
 from .. import config as configlib
 from ..data import mnist
 from ..errors import UserError
-from ..runs import commands, rundir
+from ..runs import commands, rundir, status
+from ..runs.topology import Meeting, Node
 from ..runtime import devices as devicelib, engines, netcheck, variables as varlib
 from ..runtime.env import DistEnv, detect
 from ..runtime.variables import HostFacts
@@ -86,9 +87,13 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     `-m module`) with `script_args` and the config resolved here."""
     spec = resolve(cfg)
     cfg = spec.cfg
-    p = launcher.plan(cfg, spec.here, script=script, module=module, script_args=script_args,
-                      environ=spec.facts.environ, gpu_info=spec.facts.gpus, cpu_count=spec.facts.cores,
-                      job_config=cfg.to_dict())
+
+    def planner(cfg: configlib.Config) -> launcher.LaunchPlan:
+        return launcher.plan(cfg, spec.here, script=script, module=module, script_args=script_args,
+                             environ=spec.facts.environ, gpu_info=spec.facts.gpus, cpu_count=spec.facts.cores,
+                             job_config=cfg.to_dict())
+
+    p = planner(cfg)
     if p.mode == "none":
         from .. import worker
 
@@ -118,7 +123,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     print(exposure.start_line(cfg), flush=True)
     if spec.node is None:      # under srun, Slurm starts the other machines' tasks itself
         tell_other_nodes(cfg, script, script_args, module)
-    code = 0
+    code, known = 0, {}       # known: the machines each meeting saw, by node_rank (for `_without`)
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
             # A restart continues from the latest checkpoint, whatever resume said first;
@@ -129,7 +134,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
                   "checkpoint", flush=True)
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
             rundir.clear_status(run_dir)
-        code = _start(p, cfg, run_dir)
+        code = _start(p, cfg, run_dir, planner, known)
         if code in FINAL:
             break
     return code
@@ -141,7 +146,8 @@ def _as_node_launcher(cfg: configlib.Config, node: dict) -> configlib.Config:
     one this is and, unless dist.master does, where node 0 is."""
     for key, default in (("nnodes", 1), ("node_rank", 0)):
         given = getattr(cfg.dist, key)
-        if given not in (node[key], default):
+        elastic = key == "nnodes" and 0 < cfg.dist.min_nnodes <= node[key] <= given
+        if given not in (node[key], default) and not elastic:
             raise UserError(f"dist.{key}={given}, but srun started this task as node_rank "
                             f"{node['node_rank']} of {node['nnodes']} nodes; drop dist.{key}")
     changes = {"dist.nnodes": node["nnodes"], "dist.node_rank": node["node_rank"],
@@ -189,8 +195,10 @@ def _check_data(cfg) -> None:
             cifar.load_cifar10(cfg.data.root, split)
 
 
-def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path]) -> int:
-    """One attempt: the ranks of plan `p`, running `cfg`."""
+def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path],
+           planner: Callable[[configlib.Config], launcher.LaunchPlan], known: Dict[int, Node]) -> int:
+    """One attempt: the ranks of plan `p`, running `cfg` (on the machines that met, when
+    some of an elastic job's did not: planned anew by `planner`)."""
     if p.mode in ("launch", "mpirun"):
         met = None
         if p.gate is not None:
@@ -198,6 +206,10 @@ def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path
             if code:
                 return code
             cfg = configlib.replace_key(cfg, "output.run_dir", str(run_dir))
+            cfg, p = _without(met, cfg, p, planner, known)
+            if p.gate is None:         # one machine left: its ranks meet on its loopback
+                met.rendezvous.close()
+                met = None
         return launcher.launch(p, run_dir=run_dir, met=met, job_config=cfg.to_dict(),
                                log_dir=str(launch_logs(run_dir, cfg.dist)))
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
@@ -208,6 +220,32 @@ def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path
     finally:
         varlib.restore(old)
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
+
+
+def _without(met: Meeting, cfg: configlib.Config, p: launcher.LaunchPlan,
+             planner: Callable[[configlib.Config], launcher.LaunchPlan],
+             known: Dict[int, Node]) -> Tuple[configlib.Config, launcher.LaunchPlan]:
+    """An elastic job whose machines did not all meet goes on with those that did: the
+    config and plan of `met`'s machines, renumbered (topology.Meeting.of), after one line
+    naming the absent ones. The ranks then continue the run's latest checkpoint on fewer
+    ranks, with the data plan that keeps its global batch (trainer/sampling.py). `known`:
+    every machine seen so far, by configured node_rank."""
+    present = [r for r in range(cfg.dist.nnodes) if r not in met.absent]
+    was = sum(known[r].nprocs for r in known)
+    known.update({r: met.nodes[i] for i, r in enumerate(present)})
+    if not met.absent:
+        return cfg, p
+    absent = ", ".join(f"node_rank {r}" + (f" ({', '.join(dict.fromkeys(filter(None, (known[r].host, known[r].address))))})"
+                                           if r in known else "") for r in met.absent)
+    print(f"paddle_dist: going on without {absent}: {len(met.nodes)} of {cfg.dist.nnodes} machines "
+          f"(dist.nnodes={cfg.dist.min_nnodes}:{cfg.dist.nnodes}), {met.world_size} ranks"
+          + (f" (were {was})" if was and was != met.world_size else "")
+          + (f"; this machine is node_rank {met.node_rank} now" if met.node_rank != cfg.dist.node_rank else ""),
+          flush=True)
+    for key, value in (("dist.node_rank", met.node_rank), ("dist.min_nnodes", 0),
+                       ("dist.nnodes", len(met.nodes))):     # each step a valid config
+        cfg = configlib.replace_key(cfg, key, value)
+    return cfg, planner(cfg)
 
 
 def launch_logs(run_dir: Path, dist) -> Path:
@@ -221,7 +259,8 @@ def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
     run directory), or (exit code, None, None) when they did not all come. Node 0 tells
     them its run's name; every other machine writes under a directory of that name
     (rundir.node_run_dir). Each clears its own ranks' status records, which an earlier
-    attempt of the run may have left."""
+    attempt of the run may have left; node 0 also those of ranks beyond the job's world
+    when an elastic job goes on with fewer machines (_without)."""
     node0 = gate.node_rank == 0
     code, met = launcher.wait_for_machines(dataclasses.replace(gate, run=run_dir.name if node0 else ""))
     if code:
@@ -230,7 +269,8 @@ def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
         run_dir = rundir.node_run_dir(cfg, met.run)
         print(f"paddle_dist: this machine's outputs in {run_dir} (node 0's run {met.run or run_dir.name})",
               flush=True)
-    rundir.clear_status(run_dir, met.ranks_of(gate.node_rank))
+    beyond = [r for r in status.read_all(run_dir) if r >= met.world_size] if node0 and met.absent else []
+    rundir.clear_status(run_dir, [*met.ranks_of(met.node_rank), *beyond])
     return 0, met, run_dir
 
 

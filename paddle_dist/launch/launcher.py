@@ -155,7 +155,9 @@ def gate_of(cfg, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
     if d.nnodes == 1:
         return None
     return rendezvous.MeetingPlace(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout,
-                                   token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key)
+                                   token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key,
+                                   min_nodes=d.min_nnodes if d.min_nnodes < d.nnodes else 0,
+                                   last_call=d.last_call)
 
 
 def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:

@@ -93,9 +93,8 @@ def _join(place: MeetingPlace, token: bytes = b"", client: Optional[tls.Client] 
             verdict, seen = _talk(sock, place, deadline, seen, token)
         if verdict is not None:
             if "go" in verdict:
-                return Meeting(verdict.get("run", ""), {int(r): Node(v[0], v[1])
-                                                         for r, v in (seen or {}).items()},
-                               place.node_rank)
+                return Meeting.of(verdict.get("run", ""), {int(r): Node(v[0], v[1]) for r, v in (seen or {}).items()},
+                                  place.nnodes, place.node_rank)
             if "error" in verdict:
                 raise UserError(f"node 0 at {place.master} refused this node: {verdict['error']}")
             raise NodesMissing(missing_line(place, verdict.get("arrived") or seen or {},

@@ -39,6 +39,12 @@ class MeetingPlace:
     tls_ca: str = ""          # dist.tls_*: meet over mutual TLS with certificates of this CA (tls.py)
     tls_cert: str = ""
     tls_key: str = ""
+    min_nodes: int = 0        # elastic (dist.min_nnodes): this many may go on without the others,
+    last_call: float = 30.0   # this many seconds after they met; 0 = not elastic: all must meet
+
+    def enough(self, arrived: int) -> bool:
+        """Whether `arrived` machines may go on without the others (elastic)."""
+        return 0 < self.min_nodes <= arrived
 
 
 def plain_name(text) -> bool:

@@ -34,6 +34,26 @@ class Meeting:
     node_rank: int = 0
     # node 0: Paddle's launchers' rendezvous, served on the meeting's listener (kvserver.py)
     rendezvous: Optional[object] = field(default=None, compare=False, repr=False)
+    # elastic: the node_ranks (as configured) that did not come; the machines that did are
+    # numbered 0, 1, ... in node_rank order, in `nodes` and `node_rank`
+    absent: Tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, run: str, arrived: Dict[int, Node], nnodes: int, node_rank: int = 0,
+           rendezvous: Optional[object] = None) -> "Meeting":
+        """The meeting of the machines `arrived` ({configured node_rank: Node}) out of
+        `nnodes`, seen from configured node `node_rank`: renumbered when some are absent.
+
+        Example:
+            Meeting.of("", {0: Node(2, "a"), 2: Node(2, "c")}, 3, node_rank=2).node_rank   # 1
+        """
+        order = sorted(arrived)
+        return cls(run, {i: arrived[r] for i, r in enumerate(order)}, order.index(node_rank), rendezvous,
+                   tuple(r for r in range(nnodes) if r not in arrived))
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nprocs for n in self.nodes.values())
 
     def ranks_of(self, node_rank: int) -> range:
         """The global ranks of node `node_rank`: Paddle's launcher numbers the ranks of the

@@ -11,7 +11,9 @@
   (trainer/agreement.py);
 - term: SIGTERMs its parent (the launcher: a stop request, as a scheduler sends);
 - interrupt: SIGINTs its parent (Ctrl+C in the terminal of the launcher);
-  both at an exact step, where a signal from outside would land anywhere.
+  both at an exact step, where a signal from outside would land anywhere;
+- lose: SIGKILLs its machine's paddle_dist launcher, whose ranks go with it: a machine
+  lost at an exact step (an elastic job goes on without it: launch/job.py).
 
 The rank's Monitor holds an Injector and calls it after every step, before a checkpoint
 is written and after the optimizer step.
@@ -30,6 +32,7 @@ import threading
 import time
 from typing import Callable, Optional, Tuple
 
+from .. import procfs
 from ..errors import EXIT_FAILED
 
 SLOW_SAVE_S = 35.0       # longer than gloo's fixed timeout of a collective (monitor.GLOO_TIMEOUT_S)
@@ -101,6 +104,9 @@ class Injector:
             os.kill(os.getppid(), signal.SIGTERM)
         if kind == "interrupt":
             os.kill(os.getppid(), signal.SIGINT)
+        if kind == "lose":
+            os.kill(_machine_launcher(), signal.SIGKILL)
+            threading.Event().wait(SIGNAL_WAIT_S)   # until the launcher's end ends this rank
         if kind == "hang":
             threading.Event().wait()   # a stall in user code: no progress, no collective
         if kind == "nativehang":       # a C call that never returns and keeps the GIL
@@ -108,6 +114,15 @@ class Injector:
             while True:
                 libc.sleep(3600)       # (a signal ends one sleep; the next one starts)
         # slowsave acts in save_delay(); slow in after_step(); perturb in perturb()
+
+
+def _machine_launcher() -> int:
+    """This rank's paddle_dist launcher: its parent, or, under Paddle's launcher (a
+    multi-node launch), its parent's."""
+    parent = os.getppid()
+    if "paddle.distributed.launch" in procfs.cmdline(parent):
+        return procfs.parent_of(parent)
+    return parent
 
 
 def _await_signal(seen: Callable[[], bool], beat: Callable[[], None]) -> None:

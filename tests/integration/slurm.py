@@ -1,4 +1,6 @@
-"""The `slurm_cluster` fixture: a real one-node Slurm cluster for the test session.
+"""The `slurm_cluster` fixture: a real one-node Slurm cluster for the test session; and
+`slurm_two_nodes_cluster`: a two-node one, for a test module, its slurmds in two network
+namespaces.
 
 munged, slurmctld and slurmd run in the foreground as children of the test process, with
 everything they write (munge key and socket, slurm.conf, state, spool, logs, pid files)
@@ -15,10 +17,21 @@ Use it from a test module:
 
     def test_x(slurm):
         procs.run(["srun", "-n", "2", "hostname"], env=slurm.env)
+
+Two nodes (tests/integration/netns.py's hosts A 198.18.0.1 and B 198.18.0.2): slurmctld and
+node `nodea` run in A, node `nodeb` in B, munged outside both (its socket is a path, which
+both reach). Clients must run inside A: `cluster.cmd(argv)` puts `ip netns exec A` before
+argv, and `cluster.client` does so itself. `slurm_two_nodes` downs no node, but a test may
+(`cluster.set_node("nodeb", "DOWN")`); it is resumed after the test.
+    from .slurm import slurm_two_nodes, slurm_two_nodes_cluster  # noqa: F401
+
+    def test_x(slurm_two_nodes):
+        procs.run(slurm_two_nodes.cmd(["srun", "-N", "2", "hostname", "-I"]), env=slurm_two_nodes.env)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import random
@@ -36,6 +49,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
+from .netns import make_two_hosts
 from .procs import ROOT
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -43,6 +57,7 @@ CLIENTS = ("srun", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
 PARTITION = "pdtest"
 START_TIMEOUT_S = 30       # the node registers and turns idle within a few seconds here
 STOP_TIMEOUT_S = 20
+NODE_A, NODE_B = "nodea", "nodeb"   # the two-node cluster's nodes
 
 
 class Unavailable(Exception):
@@ -55,14 +70,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def slurm_conf(root: Path, host: str, cpus: int) -> str:
-    """A one-node slurm.conf: no cgroups (linuxproc, task/none), no accounting, state,
-    spool and logs under `root`, free ports, and a random first job id: the rendezvous
-    port paddle_dist derives from the job id then differs from another cluster's on this
-    machine (two test sessions side by side)."""
+def slurm_conf(root: Path, host: str, cpus: int, nodes: Dict[str, str], ctld_addr: str) -> str:
+    """A slurm.conf for `nodes` (name: address), slurmctld on `host` at `ctld_addr`: no
+    cgroups (linuxproc, task/none), no accounting, state, spool and logs under `root` (a
+    slurmd's own by its node name, %n), free ports, and a random first job id: the
+    rendezvous port paddle_dist derives from the job id then differs from another
+    cluster's on this machine (two test sessions side by side)."""
+    node_lines = "".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN\n"
+                         for name, addr in nodes.items())
     return f"""\
 ClusterName=pdtest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={_free_port()}
@@ -71,11 +89,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/socket
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd.%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -87,26 +105,39 @@ ReturnToService=2
 KillWait=30
 SchedulerParameters=sched_min_interval=0
 FirstJobId={random.randint(1000, 900000)}
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{node_lines}\
+PartitionName={PARTITION} Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
 @dataclass
 class Cluster:
     """A running cluster: `env` is the environment for its clients (SLURM_CONF, and the
-    test's Python first on PATH, so that a job's `python` is this one)."""
+    test's Python first on PATH, so that a job's `python` is this one). `nodes` maps each
+    node to its address, `prefixes` a node to what runs a command on its host (`ip netns
+    exec B`; none: this machine). Clients run on the first node's host, beside slurmctld."""
 
     root: Path
     host: str
     env: Dict[str, str]
+    nodes: Dict[str, str] = field(default_factory=dict)
+    prefixes: Dict[str, List[str]] = field(default_factory=dict)
     daemons: Dict[str, subprocess.Popen] = field(default_factory=dict)
+    pid_files: Dict[str, Path] = field(default_factory=dict)
+
+    def cmd(self, argv: List[str], node: str = "") -> List[str]:
+        """`argv` as run on `node`'s host (default the first node's, where clients run).
+
+        Example:
+            procs.run(cluster.cmd(["srun", "-N", "2", "hostname", "-I"]), env=cluster.env)
+        """
+        return self.prefixes.get(node or next(iter(self.nodes)), []) + list(argv)
 
     def client(self, args: List[str], timeout: float = 30,
                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
         """Run a Slurm client command (bounded), with `env` added to the cluster's; its
         output as text. (sbatch passes its environment on to the job.)"""
-        return subprocess.run(args, env={**os.environ, **self.env, **(env or {})}, text=True,
+        return subprocess.run(self.cmd(args), env={**os.environ, **self.env, **(env or {})}, text=True,
                               timeout=timeout,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT))
 
@@ -131,9 +162,8 @@ class Cluster:
         return out.split()
 
     def steps_running(self) -> List[str]:
-        """The job steps slurmd still runs: each slurmstepd keeps a socket in the spool."""
-        spool = self.root / "spool"
-        return [p.name for p in spool.glob(f"{self.host}_*")] if spool.is_dir() else []
+        """The job steps the slurmds still run: each slurmstepd keeps a socket in its spool."""
+        return [p.name for node in self.nodes for p in (self.root / "spool" / node).glob(f"{node}_*")]
 
     def drain(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Cancel every job and wait until no job and no step is left."""
@@ -142,12 +172,31 @@ class Cluster:
         self.wait_for(lambda: not self.jobs() and not self.steps_running(),
                       "the cluster's jobs to end", timeout)
 
-    def node_state(self) -> str:
-        return self.client(["sinfo", "-h", "-n", self.host, "-o", "%T"]).stdout.strip()
+    def node_states(self) -> Dict[str, str]:
+        """Each node's state as sinfo says it (idle, mixed, down, idle*: not responding)."""
+        out = self.client(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def node_state(self, node: str = "") -> str:
+        return self.node_states().get(node or next(iter(self.nodes)), "")
+
+    def set_node(self, node: str, state: str) -> None:
+        """`scontrol update NodeName=node State=state` (DOWN, RESUME, ...): it must succeed."""
+        args = ["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=test"]
+        result = self.client(args if state.upper() in ("DOWN", "DRAIN") else args[:-1])
+        assert result.returncode == 0, f"{' '.join(args)}: {result.stderr}"
+
+    def wait_idle(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait (bounded) until every node is idle; fail when a daemon has died meanwhile."""
+        def idle():
+            dead = [name for name, proc in self.daemons.items() if proc.poll() is not None]
+            assert not dead, f"{', '.join(dead)} exited\n{self.logs()}"
+            return set(self.node_states().values()) == {"idle"}
+        self.wait_for(idle, "every node to be idle", timeout, poll_s=0.2)
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        for name in ["slurmctld.log"] + [f"slurmd.{node}.log" for node in self.nodes]:
             path = self.root / name
             if path.exists():
                 parts.append(f"--- {name}\n" + "\n".join(path.read_text().splitlines()[-15:]))
@@ -183,12 +232,14 @@ def _munge_key(munge_dir: Path, user: pwd.struct_passwd) -> Path:
     return key
 
 
-def _start(cluster: Cluster, name: str, args: List[str], user: Optional[str] = None) -> None:
+def _start(cluster: Cluster, name: str, args: List[str], pid_file: Path,
+           user: Optional[str] = None) -> None:
     log = open(cluster.root / f"{name}.out", "wb")
     with log:
         cluster.daemons[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                                  start_new_session=True, user=user,
                                                  env=dict(os.environ, **cluster.env))
+    cluster.pid_files[name] = pid_file
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float) -> None:
@@ -200,37 +251,67 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def prepare(root: Path) -> Cluster:
-    """Write the munge key and slurm.conf under `root`; nothing starts yet."""
+def prepare(root: Path, nodes: Optional[Dict[str, str]] = None,
+            prefixes: Optional[Dict[str, List[str]]] = None) -> Cluster:
+    """Write the munge key and slurm.conf under `root`; nothing starts yet. `nodes`: name
+    to address (default: this host's name at 127.0.0.1); slurmctld runs beside the first.
+    `prefixes`: what runs a command on a node's host (`ip netns exec B`; default nothing)."""
     host = socket.gethostname().split(".")[0]
+    nodes = nodes or {host: "127.0.0.1"}
     munge_user = pwd.getpwnam("munge")
     munge_dir = root / "munge"
     munge_dir.mkdir()
     munge_dir.chmod(0o755)   # the socket needs x for all; the key itself is 0400
     os.chown(munge_dir, munge_user.pw_uid, munge_user.pw_gid)
-    key = _munge_key(munge_dir, munge_user)
-    for sub in ("state", "spool"):
+    _munge_key(munge_dir, munge_user)
+    for sub in ["state", "spool"] + [f"spool/{node}" for node in nodes]:
         (root / sub).mkdir()
     conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, host, os.cpu_count() or 1))
+    conf.write_text(slurm_conf(root, host, os.cpu_count() or 1, nodes, next(iter(nodes.values()))))
     path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    return Cluster(root=root, host=host, env={"SLURM_CONF": str(conf), "PATH": path})
+    return Cluster(root=root, host=host, env={"SLURM_CONF": str(conf), "PATH": path},
+                   nodes=dict(nodes), prefixes=dict(prefixes or {}))
+
+
+def _refused(cluster: Cluster) -> str:
+    """Why a slurmd after the first exited at its start while the first runs ("" if none did):
+    its log's last error (a Slurm built to allow one slurmd a host may say so)."""
+    first, *others = [cluster.daemons[f"slurmd.{node}"] for node in cluster.nodes]
+    if first.poll() is not None:
+        return ""
+    for node in cluster.nodes:
+        if cluster.daemons[f"slurmd.{node}"].poll() is not None:
+            lines = [line for name in (f"slurmd.{node}.log", f"slurmd.{node}.out")
+                     if (cluster.root / name).exists()
+                     for line in (cluster.root / name).read_text().splitlines() if "error" in line]
+            return (f"slurmd would not run a second daemon ({node}) on this host: "
+                    f"{lines[-1].strip() if lines else 'it exited, saying nothing'}")
+    return ""
 
 
 def start(cluster: Cluster) -> None:
-    """Start munged, slurmctld and slurmd; return once the node is idle."""
+    """Start munged, slurmctld and a slurmd for each node; return once every node is idle.
+    Raises Unavailable when a second slurmd exits at its start (see _refused)."""
     root, munge_dir = cluster.root, cluster.root / "munge"
     key, conf = munge_dir / "munge.key", root / "slurm.conf"
     _start(cluster, "munged", [
         find("munged"), "-F", f"--key-file={key}", f"--socket={munge_dir}/socket",
         f"--pid-file={munge_dir}/munged.pid", f"--log-file={munge_dir}/munged.log",
-        f"--seed-file={munge_dir}/munged.seed"], user="munge")
+        f"--seed-file={munge_dir}/munged.seed"], munge_dir / "munged.pid", user="munge")
     _wait_for_file(munge_dir / "socket", cluster.daemons["munged"], 10)
-    _start(cluster, "slurmctld", [find("slurmctld"), "-D", "-f", str(conf)])
+    _start(cluster, "slurmctld", cluster.cmd([find("slurmctld"), "-D", "-f", str(conf)]),
+           root / "slurmctld.pid")
     _wait_for_file(root / "slurmctld.pid", cluster.daemons["slurmctld"], 10)
-    _start(cluster, "slurmd", [find("slurmd"), "-D", "-f", str(conf)])
-    cluster.wait_for(lambda: cluster.node_state() == "idle", "the node to be idle", START_TIMEOUT_S,
-                     poll_s=0.2)
+    for node in cluster.nodes:
+        _start(cluster, f"slurmd.{node}", cluster.cmd([find("slurmd"), "-D", "-f", str(conf), "-N", node],
+                                                      node), root / f"slurmd.{node}.pid")
+    try:
+        cluster.wait_idle()
+    except AssertionError:
+        refused = _refused(cluster)
+        if refused:
+            raise Unavailable(refused) from None
+        raise
 
 
 def _pid_from_file(path: Path) -> Optional[int]:
@@ -241,18 +322,15 @@ def _pid_from_file(path: Path) -> Optional[int]:
 
 
 def stop(cluster: Cluster) -> List[str]:
-    """Stop the daemons (slurmd, slurmctld, then munged) by their pid files, SIGKILL after
-    a bound; return the names of any that needed it."""
-    pid_files = {"slurmd": cluster.root / "slurmd.pid", "slurmctld": cluster.root / "slurmctld.pid",
-                 "munged": cluster.root / "munge" / "munged.pid"}
+    """Stop the daemons in the reverse order of their start (the slurmds, slurmctld, then
+    munged) by their pid files, SIGKILL after a bound; return the names of any that needed it."""
     forced = []
-    for name in ("slurmd", "slurmctld", "munged"):
-        proc = cluster.daemons.get(name)
-        if proc is None:
-            continue
-        pid = _pid_from_file(pid_files[name])
-        # The pid file names the daemon itself; in the foreground that is our child, so the
-        # two agree. Anything else in the file (a stale one) is not ours to signal.
+    for name in reversed(list(cluster.daemons)):
+        proc = cluster.daemons[name]
+        pid = _pid_from_file(cluster.pid_files[name])
+        # The pid file names the daemon itself; in the foreground that is our child (`ip
+        # netns exec` execs it), so the two agree. Anything else in the file (a stale one)
+        # is not ours to signal.
         if proc.poll() is None:
             os.kill(pid if pid == proc.pid else proc.pid, signal.SIGTERM)
         try:
@@ -264,28 +342,37 @@ def stop(cluster: Cluster) -> List[str]:
     return forced
 
 
+@contextlib.contextmanager
+def running(nodes: Optional[Dict[str, str]] = None,
+            prefixes: Optional[Dict[str, List[str]]] = None) -> Iterator[Cluster]:
+    """A cluster (see prepare) under a fresh temporary directory for the block; then its
+    jobs cancelled, its daemons stopped and the directory removed, whatever happens."""
+    root = Path(tempfile.mkdtemp(prefix="paddle_dist-slurm-"))
+    root.chmod(0o755)   # munged checks every directory above its key and socket
+    cluster, forced = None, []
+    try:
+        cluster = prepare(root, nodes, prefixes)
+        start(cluster)
+        yield cluster
+    finally:
+        try:
+            if cluster and "slurmctld" in cluster.daemons:
+                cluster.drain()
+        finally:
+            forced = stop(cluster) if cluster else []
+            shutil.rmtree(root, ignore_errors=True)
+    assert not forced, f"Slurm daemons that ignored SIGTERM: {forced}"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Cluster]:
     """A one-node cluster for the whole session (see the module docstring)."""
     try:
         check_available()
+        with running() as cluster:
+            yield cluster
     except Unavailable as e:
         pytest.skip(str(e))
-    root = Path(tempfile.mkdtemp(prefix="paddle_dist-slurm-"))
-    root.chmod(0o755)   # munged checks every directory above its key and socket
-    cluster = Cluster(root=root, host="", env={})
-    try:
-        cluster = prepare(root)
-        start(cluster)
-        yield cluster
-    finally:
-        try:
-            if "slurmctld" in cluster.daemons:
-                cluster.drain()
-        finally:
-            forced = stop(cluster)
-            shutil.rmtree(root, ignore_errors=True)
-        assert not forced, f"Slurm daemons that ignored SIGTERM: {forced}"
 
 
 @pytest.fixture
@@ -294,3 +381,35 @@ def slurm(slurm_cluster: Cluster) -> Iterator[Cluster]:
     leaves no job running into the next one."""
     yield slurm_cluster
     slurm_cluster.drain()
+
+
+@pytest.fixture(scope="module")
+def slurm_two_nodes_cluster() -> Iterator[Cluster]:
+    """Two nodes for a test module: slurmctld and `nodea` in network namespace A
+    (198.18.0.1), `nodeb` in B (198.18.0.2); see the module docstring."""
+    try:
+        check_available()
+    except Unavailable as e:
+        pytest.skip(str(e))
+    with make_two_hosts() as hosts:     # skips where namespaces cannot be built
+        # Not `ip netns exec`: it mounts a fresh /sys, without the cgroup file systems
+        # slurmd needs (it exits: "No filesystem mounted on /sys/fs/cgroup").
+        enter = {node: ["nsenter", f"--net=/run/netns/{ns}"] for node, ns in ((NODE_A, hosts.a), (NODE_B, hosts.b))}
+        try:
+            with running({NODE_A: hosts.ip_a, NODE_B: hosts.ip_b}, enter) as cluster:
+                yield cluster
+        except Unavailable as e:
+            pytest.skip(str(e))
+
+
+@pytest.fixture
+def slurm_two_nodes(slurm_two_nodes_cluster: Cluster) -> Iterator[Cluster]:
+    """The module's two-node cluster; after the test its jobs are cancelled and a node
+    the test set DOWN (or drained) is resumed, so the next test finds both idle."""
+    cluster = slurm_two_nodes_cluster
+    yield cluster
+    cluster.drain()
+    for node, state in cluster.node_states().items():
+        if state.startswith(("down", "drain")):
+            cluster.set_node(node, "RESUME")
+    cluster.wait_idle()

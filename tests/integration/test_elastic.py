@@ -1,0 +1,80 @@
+"""Elastic restart across two hosts in network namespaces (198.18.0.1 and 198.18.0.2): a
+job of 2 machines x 2 ranks that may go on with one (`dist.nnodes=1:2`) loses host B's
+launcher mid-epoch (faults.inject=lose: SIGKILL of the launcher at an exact step, its ranks
+with it). Host A's ranks fail, its launcher restarts them (dist.max_restarts), meets again,
+goes on alone after dist.last_call seconds, and its 2 ranks continue the 4-rank checkpoint
+with 2 micro-batches a step: the uninterrupted 4-rank run within float rounding, on the
+same samples in every step.
+"""
+
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .netns import two_hosts  # noqa: F401  (fixture)
+from .procs import PY, check, run
+
+JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=16", "-o", "train.max_steps=24",
+       "-o", "checkpoint.every_steps=5", "-o", "checkpoint.every_epochs=0", "-o", "dist.nprocs=2",
+       "-o", "dist.rendezvous_timeout=60", "-o", "train.log_samples=true",
+       # SGD, as in test_multinode: Adam's normalisation magnifies float re-association.
+       "-o", "train.optimizer=sgd", "-o", "train.lr=0.05"]
+
+
+def _both(hosts, run_dir: Path, port: int, *extra: str):
+    """The job on both hosts at once, each bounded and checked for leftovers (procs.run)."""
+    job = JOB + ["-o", f"dist.master={hosts.ip_a}:{port}", "-o", f"output.run_dir={run_dir}", *extra]
+    commands = [(hosts.a, job + ["-o", "dist.node_rank=0", "-o", f"dist.host={hosts.ip_a}"]),
+                (hosts.b, job + ["-o", "dist.node_rank=1", "-o", f"dist.host={hosts.ip_b}"])]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(run, hosts.cmd(ns, [PY] + argv), 300) for ns, argv in commands]
+        return [f.result() for f in futures]
+
+
+def _latest(run_dir: Path) -> dict:
+    folder = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    return {f"{name}:{key}": value for name in ("model", "optimizer")
+            for key, value in np.load(folder / f"{name}.npz").items()}
+
+
+def _samples(run_dir: Path) -> dict:
+    """global step -> the digests of its samples that the run's attempts logged."""
+    found: dict = {}
+    for line in (run_dir / "samples.tsv").read_text().splitlines():
+        step, _, _, digest = line.split("\t")
+        found.setdefault(int(step), set()).add(digest)
+    return found
+
+
+def test_a_lost_host_leaves_the_other_to_finish_the_run_alone(two_hosts, tmp_path):
+    clean = tmp_path / "clean"
+    for result in _both(two_hosts, clean, 6181, "-o", "dist.nnodes=2"):
+        check(result)
+
+    out = tmp_path / "elastic"
+    a, b = _both(two_hosts, out, 6182, "-o", "dist.nnodes=1:2", "-o", "dist.max_restarts=1",
+                 "-o", "dist.last_call=2", "-o", "faults.inject=lose:2:12")
+    assert b.returncode == -9, (b.returncode, b.stderr[-2000:])          # host B's launcher: SIGKILL
+    check(a)
+    assert "paddle_dist: restart 1/1 from the latest checkpoint" in a.stdout, a.stdout
+    assert (f"paddle_dist: going on without node_rank 1 ({socket.gethostname()}, {two_hosts.ip_b}): 1 of 2 machines "
+            "(dist.nnodes=1:2), 2 ranks (were 4)") in a.stdout, a.stdout
+    log = (out / "logs" / "rank0.log").read_text()
+    assert "continuing on 2 ranks (was 4): 2 micro-batches per step keep the global batch of 64" in log
+    assert "resuming from" in log and "ckpt_000000010" in log
+
+    # The same samples in every optimizer step, the steps redone after the loss included.
+    ran, went_on = _samples(clean), _samples(out)
+    assert sorted(ran) == sorted(went_on) == list(range(1, 25))
+    assert all(len(ran[s]) == 1 and went_on[s] == ran[s] for s in ran)
+    # Weights and optimizer state within float rounding of the uninterrupted 4-rank run.
+    want, got = _latest(clean), _latest(out)
+    assert want.keys() == got.keys()
+    assert max(float(np.abs(want[k] - got[k]).max()) for k in want) <= 1e-6
+    status = [json.loads((out / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["state"] for s in status] == ["done", "done"]
+    assert not (out / "status" / "rank2.json").exists()      # host B's old records went
+    assert status[0]["weights_sha256"] == status[1]["weights_sha256"]

@@ -1,0 +1,82 @@
+"""A real two-node Slurm cluster (tests/integration/slurm.py's `slurm_two_nodes`: two
+slurmds in two network namespaces, tests/integration/netns.py): its nodes are two hosts,
+each at its own address, and a requeued job that loses a node runs again on the other.
+
+Root, Slurm's packages and network namespaces are needed, else these tests skip saying why.
+"""
+
+import json
+
+from .procs import ROOT, check, run
+from .slurm import NODE_A, NODE_B, slurm_two_nodes, slurm_two_nodes_cluster  # noqa: F401  (fixtures)
+from .netns import IP_A, IP_B
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "slurm_node.py"
+
+
+def _records(text):
+    """The JSON lines scripts/slurm_node.py printed, in order."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _where(records):
+    """(node, address, SLURM_JOB_NUM_NODES) of each record: the srun tasks' by node, then
+    the batch script's."""
+    tasks = sorted((r for r in records if not r["waits"]), key=lambda r: r["SLURM_NODEID"])
+    tasks += [r for r in records if r["waits"]]
+    return [(r["SLURMD_NODENAME"], " ".join(r["addresses"]), r["SLURM_JOB_NUM_NODES"]) for r in tasks]
+
+
+def test_srun_runs_a_task_on_each_node_at_its_own_address(slurm_two_nodes):  # noqa: F811
+    cluster = slurm_two_nodes
+    assert cluster.node_states() == {NODE_A: "idle", NODE_B: "idle"}
+    result = check(run(cluster.cmd(["srun", "-N", "2", "--ntasks-per-node=1", "python", str(SCRIPT)]),
+                       env=cluster.env, timeout=60))
+    tasks = sorted(_records(result.stdout), key=lambda task: task["SLURM_NODEID"])
+    assert [(t["SLURM_NODEID"], t["SLURMD_NODENAME"], t["addresses"], t["SLURM_JOB_NUM_NODES"])
+            for t in tasks] == [("0", NODE_A, [IP_A], "2"), ("1", NODE_B, [IP_B], "2")], result.stdout
+
+
+def test_a_requeued_job_that_lost_a_node_runs_again_on_the_other(slurm_two_nodes, tmp_path):  # noqa: F811
+    """sbatch -N 1-2 --spread-job (as many nodes as are free) --requeue: it starts on both
+    nodes; requeued, with node B DOWN, it starts again (restart 1) on node A alone, and
+    ends well once told to."""
+    cluster, out, go = slurm_two_nodes, tmp_path / "job.out", tmp_path / "go"
+    script = f"srun --ntasks-per-node=1 python {SCRIPT}; python {SCRIPT} --wait {go} --limit 60"
+    submitted = cluster.client(["sbatch", "--parsable", "-N", "1-2", "--spread-job", "--ntasks-per-node=1",
+                                "--requeue", "--open-mode=append", f"--output={out}", "--wrap", script])
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+
+    def run_number(restart):
+        """The records of run `restart` (its srun's tasks', then the batch script's) once
+        that script waits, while the job runs."""
+        def waiting():
+            state = cluster.job(job_id).get("JobState")
+            assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
+                f"job {job_id} is {state}:\n{out.read_text() if out.exists() else ''}"
+            records = _records(out.read_text()) if out.exists() else []
+            mine = [r for r in records if r["SLURM_RESTART_COUNT"] == restart]
+            return mine if mine and mine[-1]["waits"] else None
+        return cluster.wait_for(waiting, f"run {restart} of job {job_id}", timeout=60, poll_s=0.05)
+
+    first = run_number(None)      # Slurm sets SLURM_RESTART_COUNT from the first restart on
+    assert _where(first) == [(NODE_A, IP_A, "2"), (NODE_B, IP_B, "2"), (NODE_A, IP_A, "2")], first
+
+    assert cluster.client(["scontrol", "requeue", job_id]).returncode == 0
+    cluster.wait_for(lambda: cluster.job(job_id).get("JobState") == "PENDING", "the requeued job")
+    cluster.set_node(NODE_B, "DOWN")
+    cluster.wait_for(lambda: cluster.node_states().get(NODE_B, "").startswith("down"), f"{NODE_B} down")
+    # Slurm holds a requeued job back for about two minutes (its BeginTime); let it go now.
+    assert cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"]).returncode == 0
+
+    second = run_number("1")
+    assert _where(second) == [(NODE_A, IP_A, "1"), (NODE_A, IP_A, "1")], second
+    go.touch()
+
+    def ended():
+        job = cluster.job(job_id)
+        return job if job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED") else None
+    job = cluster.wait_for(ended, f"job {job_id} to end", timeout=60, poll_s=0.1)
+    assert (job["JobState"], job["ExitCode"], job["Restarts"], job["NodeList"]) == \
+        ("COMPLETED", "0:0", "1", NODE_A), out.read_text()

@@ -1,0 +1,118 @@
+"""Elastic jobs (`dist.nnodes=MIN:MAX`): the config, the machines' meeting going on with
+fewer, the job's plan for the machines that met, and the injected loss of a machine.
+The whole story across two hosts is tests/integration/test_elastic.py."""
+
+import dataclasses
+
+import pytest
+
+from paddle_dist import config as configlib
+from paddle_dist.errors import ConfigError, UserError
+from paddle_dist.launch import job, launcher, rendezvous
+from paddle_dist.runs.topology import Meeting, Node
+from paddle_dist.runtime import inject
+
+from .test_nodes import _Node, _listening
+
+
+def _gate(port, node_rank, nnodes=3, min_nodes=2, timeout=5.0, last_call=0.2):
+    return rendezvous.MeetingPlace(f"127.0.0.1:{port}", nnodes, node_rank, 2, timeout,
+                                   min_nodes=min_nodes, last_call=last_call)
+
+
+# ---------------------------------------------------------------- config
+def test_nnodes_takes_min_colon_max_as_torchrun_does():
+    cfg = configlib.with_overrides(["dist.nnodes=1:2", "dist.master=10.0.0.1:6170"])
+    assert (cfg.dist.nnodes, cfg.dist.min_nnodes) == (2, 1)
+    plain = configlib.with_overrides(["dist.nnodes=2", "dist.master=10.0.0.1:6170"])
+    assert (plain.dist.nnodes, plain.dist.min_nnodes) == (2, 0)
+    gate = launcher.gate_of(cfg, 2)
+    assert (gate.min_nodes, gate.last_call) == (1, 30.0)
+    assert launcher.gate_of(plain, 2).min_nodes == 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dist.nnodes=2:1"], "must be N or MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2"),
+    (["dist.nnodes=0:2"], "must be N or MIN:MAX"),
+    (["dist.nnodes=2", "dist.min_nnodes=3"], "dist.min_nnodes=3 is above dist.nnodes=2; give dist.nnodes=3:3"),
+])
+def test_a_wrong_range_is_refused_with_the_fix(overrides, says):
+    with pytest.raises(ConfigError) as e:
+        configlib.with_overrides(overrides + ["dist.master=10.0.0.1:6170"])
+    assert says in str(e.value)
+
+
+# ---------------------------------------------------------------- meeting
+def test_the_machines_that_met_go_on_renumbered_after_the_last_call():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_gate(port, 0), keep=True)
+    host.start()
+    _listening(port)
+    third = rendezvous.meet(_gate(port, 2))          # node_rank 1 never comes
+    assert host.result() is None
+    for met, me in ((host.met, 0), (third, 1)):
+        assert met.absent == (1,) and met.node_rank == me and sorted(met.nodes) == [0, 1]
+        assert met.world_size == 4 and met.ranks_of(me) == range(2 * me, 2 * me + 2)
+    # Paddle's launchers number the machines as they went on: 0 and 1.
+    assert sorted(host.met.rendezvous.nodes) == [0, 1]
+    host.met.rendezvous.close()
+
+
+def test_all_the_machines_go_at_once_without_a_last_call():
+    port = launcher.free_port("127.0.0.1")
+    nodes = [_Node(_gate(port, r, nnodes=2, min_nodes=1, last_call=3600)) for r in (0, 1)]
+    for node in nodes:
+        node.start()
+    assert [node.result() for node in nodes] == [None, None]      # 20 s bound, not 3600
+    assert [node.met.absent for node in nodes] == [(), ()]
+
+
+def test_fewer_than_the_fewest_is_a_missing_node():
+    port = launcher.free_port("127.0.0.1")
+    with pytest.raises(rendezvous.NodesMissing) as e:
+        rendezvous.meet(_gate(port, 0, timeout=0.5))
+    assert "1 of 3 nodes" in str(e.value) and "missing node_rank 1, 2" in str(e.value)
+
+
+def test_meeting_of_renumbers_in_node_rank_order():
+    met = Meeting.of("run", {0: Node(2, "a"), 2: Node(1, "c"), 3: Node(2, "d")}, 4, node_rank=3)
+    assert (met.node_rank, met.absent, met.world_size) == (2, (1,), 5)
+    assert [met.nodes[i].address for i in range(3)] == ["a", "c", "d"]
+    assert met.ranks_of(2) == range(3, 5)
+
+
+# ---------------------------------------------------------------- the job
+def test_the_job_goes_on_with_the_machines_that_met_and_says_which_is_lost(capsys):
+    cfg = configlib.with_overrides(["dist.nnodes=2:3", "dist.master=10.0.0.1:6170", "dist.node_rank=2"])
+    known = {0: Node(2, "10.0.0.1", "a"), 1: Node(2, "10.0.0.2", "b"), 2: Node(2, "10.0.0.3", "c")}
+    met = Meeting.of("run", {0: known[0], 2: known[2]}, 3, node_rank=2)
+    planned = []
+    cfg2, _ = job._without(met, cfg, None, lambda c: planned.append(c) or "plan", known)
+    assert (cfg2.dist.nnodes, cfg2.dist.node_rank, cfg2.dist.min_nnodes) == (2, 1, 0)
+    assert planned == [cfg2]
+    assert capsys.readouterr().out == (
+        "paddle_dist: going on without node_rank 1 (b, 10.0.0.2): 2 of 3 machines (dist.nnodes=2:3), "
+        "4 ranks (were 6); this machine is node_rank 1 now\n")
+    every = Meeting.of("run", dict(known), 3, node_rank=2)
+    assert job._without(every, cfg, "same plan", None, {}) == (cfg, "same plan")
+
+
+def test_an_srun_task_on_fewer_nodes_than_the_most_is_an_elastic_jobs_node():
+    cfg = configlib.with_overrides(["dist.nnodes=1:2", "dist.master=10.0.0.1:6170", "dist.nprocs=2"])
+    node = {"nnodes": 1, "node_rank": 0, "master": "10.0.0.1:6170"}
+    assert job._as_node_launcher(cfg, node).dist.nnodes == 1
+    fixed = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, min_nnodes=0))
+    with pytest.raises(UserError, match="dist.nnodes=2, but srun started this task as node_rank 0 of 1"):
+        job._as_node_launcher(fixed, node)
+
+
+# ---------------------------------------------------------------- faults.inject=lose
+@pytest.mark.parametrize("parent_cmdline, killed", [
+    (["python", "-m", "paddle.distributed.launch", "--nnodes", "2", "train.py"], 100),   # its launcher's
+    (["python", "train.py"], 200),                                                       # its parent
+])
+def test_lose_kills_the_machines_paddle_dist_launcher(monkeypatch, parent_cmdline, killed):
+    monkeypatch.setattr(inject.os, "getppid", lambda: 200)
+    monkeypatch.setattr(inject.procfs, "cmdline", lambda pid: parent_cmdline if pid == 200 else [])
+    monkeypatch.setattr(inject.procfs, "parent_of", lambda pid: 100)
+    assert inject._machine_launcher() == killed
