@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, run
@@ -49,14 +50,15 @@ def _samples(run_dir: Path) -> dict:
     return found
 
 
-def test_a_lost_host_leaves_the_other_to_finish_the_run_alone(two_hosts, tmp_path):
+@pytest.mark.parametrize("api, port", [("loop", 6181), ("hapi", 6183)])
+def test_a_lost_host_leaves_the_other_to_finish_the_run_alone(two_hosts, tmp_path, api, port):
     clean = tmp_path / "clean"
-    for result in _both(two_hosts, clean, 6181, "-o", "dist.nnodes=2"):
+    for result in _both(two_hosts, clean, port, "-o", "dist.nnodes=2", "-o", f"train.api={api}"):
         check(result)
 
     out = tmp_path / "elastic"
-    a, b = _both(two_hosts, out, 6182, "-o", "dist.nnodes=1:2", "-o", "dist.max_restarts=1",
-                 "-o", "dist.last_call=2", "-o", "faults.inject=lose:2:12")
+    a, b = _both(two_hosts, out, port + 1, "-o", "dist.nnodes=1:2", "-o", "dist.max_restarts=1",
+                 "-o", "dist.last_call=2", "-o", "faults.inject=lose:2:12", "-o", f"train.api={api}")
     assert b.returncode == -9, (b.returncode, b.stderr[-2000:])          # host B's launcher: SIGKILL
     check(a)
     assert "paddle_dist: restart 1/1 from the latest checkpoint" in a.stdout, a.stdout
