@@ -24,6 +24,7 @@ import yaml
 
 from .config_keys import merge, parse_override, set_key
 from .errors import ConfigError
+from .security import private
 from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TASKS, DEFAULT_CONFIG,
                      FAULT_KINDS, MODEL_INPUTS, MODEL_TASKS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
                      Config, DistConfig, TrainConfig)
@@ -281,7 +282,7 @@ def dump(cfg: Config, path: Path, fit: Optional[Dict[str, Any]] = None) -> None:
             for key in ("optimizer", "lr", "weight_decay"):
                 data["train"].pop(key)
         data = {FIT_RECORD: fit, **data}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    private.write_text(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def config_differences(old: Dict[str, Any], new: Dict[str, Any], limit: int = 6) -> str:

@@ -29,6 +29,7 @@ import numpy as np
 import paddle
 
 from .. import compat
+from ..security import private
 from .format import (AVERAGED, FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
                      _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
@@ -318,7 +319,7 @@ def _checkpoint_dirs(root: Path) -> List[Path]:
 
 def _save_npz(path: Path, arrays: Dict[str, np.ndarray]) -> None:
     """np.savez's layout (np.load reads it), but with fixed time stamps and no pickling."""
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=private.nofollow) as f:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, array in arrays.items():
                 entry = zipfile.ZipInfo(f"{name}.npy", date_time=ZIP_TIME)
@@ -329,7 +330,7 @@ def _save_npz(path: Path, arrays: Dict[str, np.ndarray]) -> None:
 
 
 def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
+    with open(path, "w", opener=private.nofollow) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

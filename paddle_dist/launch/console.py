@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import REFUSAL_LINE
 from ..runs.logs import is_noise
+from ..security import private
 
 
 class Console:
@@ -58,7 +59,7 @@ class Console:
 
 def tee(stream, path: Path, console: Console) -> None:
     """Copy a rank's output to this terminal and to its log file as it comes."""
-    with open(path, "ab") as log:
+    with open(path, "ab", opener=private.nofollow) as log:
         for chunk in iter(lambda: stream.read1(65536), b""):
             log.write(chunk)
             log.flush()

@@ -36,6 +36,7 @@ from .outcome import finish, global_ranks, launcher_exit_codes, machines_of, poi
 from ..procfs import children_of, die_with_parent
 from ..runs.report import POLL_S
 from ..runs.topology import Meeting
+from ..security import private
 
 GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
                          # every job: time to stop after Ctrl+C before SIGKILL
@@ -176,7 +177,7 @@ def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Option
     log_dir.mkdir(parents=True, exist_ok=True)
     err_path = log_dir / "launcher.err"
     started = time.monotonic()
-    with open(err_path, "w") as err:
+    with open(err_path, "w", opener=private.nofollow) as err:
         proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
                                 preexec_fn=die_with_parent)
     ranks = set()   # Paddle's launcher puts every rank in a session of its own
@@ -232,7 +233,7 @@ def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[
     ranks = None
     try:
         for rank, extra in enumerate(rank_envs):
-            with open(log_dir / f"workerlog.{rank}", "wb") as log:
+            with open(log_dir / f"workerlog.{rank}", "wb", opener=private.nofollow) as log:
                 procs.append(subprocess.Popen(
                     argv, env=dict(child_env, **extra), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,

@@ -339,7 +339,7 @@ def _record(path: Path, identity: dict, command: Sequence[str], continues: bool)
         info["command"] = list(command)
     info["same_command_continues"] = continues
     tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(info, indent=1))
+    private.write_text(tmp, json.dumps(info, indent=1))
     os.replace(tmp, path / RUN_FILE)
 
 

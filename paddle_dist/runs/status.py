@@ -87,7 +87,11 @@ class RankStatus:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict()))
+        # Never through a link (security/private.nofollow; the watchdog imports this
+        # module alone, so nothing of the package is imported here).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_dict()))
         os.replace(tmp, path)
 
 

@@ -19,7 +19,8 @@ heartbeat alone (the watchdog then judges that rank by itself) and says why once
 What a killed job leaves (its directory, its token among it) is removed by the next job of
 the same user, or by `python -m paddle_dist.runs --clean` (clean()).
 
-This module imports nothing but the standard library: the launcher and the watchdog use it.
+This module imports nothing but the standard library and errors.py (which imports nothing
+else): the launcher and the watchdog use it.
 
 Example:
     folder = make_job_dir()            # '/dev/shm/paddle_dist-1000/job-4711-k2j3h4'
@@ -29,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pwd
@@ -39,6 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
+
+from ..errors import UserError
 
 SHM = "/dev/shm"
 LAUNCHED = re.compile(r"^job-(\d+)-")           # in the user's directory: job-<launcher pid>-<random>
@@ -141,6 +145,32 @@ def create(path: str) -> int:
     """A new file at `path`, readable by its owner alone: never an existing file, never
     through a link. Returns its descriptor."""
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+class LinkRefused(UserError):
+    """A file of a run is a symbolic link, which paddle_dist never writes through (exit 2)."""
+
+
+def nofollow(path, flags: int) -> int:
+    """An opener for open(): the file at `path` itself, never through a symbolic link (a
+    run's files: one another user planted would have us write where they chose).
+
+    Example:
+        with open(run_dir / "samples.tsv", "a", opener=nofollow) as out: ...
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LinkRefused(f"{path} is a symbolic link, and paddle_dist writes no file of a run "
+                              "through one; remove the link") from None
+        raise
+
+
+def write_text(path, text: str) -> None:
+    """`path`'s text, written without following a link (nofollow)."""
+    with open(path, "w", opener=nofollow) as f:
+        f.write(text)
 
 
 def clean() -> List[str]:

@@ -30,6 +30,7 @@ from .feed import Feed
 from .loading import Source
 from .sampling import DataPlan, PlannedBatchSampler, SeededSamples
 from .selection import Best
+from ..security import private
 from ..sync.batchstats import BatchStats
 
 
@@ -228,7 +229,7 @@ class Session:
         """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
         if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
             digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
-            with open(Path(self.run_dir) / "samples.tsv", "a") as out:
+            with open(Path(self.run_dir) / "samples.tsv", "a", opener=private.nofollow) as out:
                 out.write(f"{self.pos.global_step}\t{self.pos.epoch + 1}\t{self.pos.step_in_epoch}\t{digest}\n")
 
     def _save_mid_epoch(self) -> None:

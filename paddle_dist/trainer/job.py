@@ -42,6 +42,7 @@ from . import sampling
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
                      total_steps)
 from .resuming import batches_at, resume
+from ..security import private
 from .sampling import DataPlan
 from .evaluation import evaluate, gather, metric_names
 from .own import fit, fit_record
@@ -124,7 +125,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     if env.is_main:
         configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml", fit=prepared.record)
         if parts.classes:
-            (run_dir / "classes.json").write_text(json.dumps(parts.classes))
+            private.write_text(run_dir / "classes.json", json.dumps(parts.classes))
     monitor = rank_monitor.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running(), collectives.watched(monitor.phase):
         try:
@@ -339,7 +340,7 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
         metrics.update(eval_only=True, checkpoint=result.resumed_from)
     path = Path(run_dir) / "metrics.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metrics, indent=1))
+    private.write_text(tmp, json.dumps(metrics, indent=1))
     tmp.replace(path)
 
 

@@ -24,7 +24,17 @@ from typing import Dict, List, Optional, Sequence
 
 import paddle
 
+from ..security import private
+
 NAME = "paddle_dist"
+
+
+class _RunLog(logging.FileHandler):
+    """A rank's log in its run directory, never written through a link (private.nofollow)."""
+
+    def _open(self):
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors,
+                    opener=private.nofollow)
 
 
 def setup(run_dir: Optional[Path], env) -> logging.Logger:
@@ -37,7 +47,7 @@ def setup(run_dir: Optional[Path], env) -> logging.Logger:
         handler.close()
     if run_dir is not None:
         (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(Path(run_dir) / "logs" / f"rank{env.global_rank}.log")
+        file_handler = _RunLog(Path(run_dir) / "logs" / f"rank{env.global_rank}.log")
         file_handler.setFormatter(logging.Formatter(
             f"%(asctime)s rank{env.global_rank} %(levelname)s %(message)s"))
         log.addHandler(file_handler)

@@ -1,31 +1,26 @@
-"""The `slurm_cluster` fixture: a real one-node Slurm cluster for the test session; and
-`slurm_two_nodes_cluster`: a two-node one, for a test module, its slurmds in two network
-namespaces.
+"""Real Slurm clusters for the tests: `slurm_cluster`, one node, for the session, and
+`slurm_two_nodes_cluster`, two nodes, for a test module (`slurm` and `slurm_two_nodes`:
+the same, cleaned after each test).
 
-munged, slurmctld and slurmd run in the foreground as children of the test process, with
-everything they write (munge key and socket, slurm.conf, state, spool, logs, pid files)
-under one temporary directory; /etc is left alone. Clients (srun, sbatch, scontrol) find
-the cluster through SLURM_CONF, which only the commands' own environment carries
-(`cluster.env`). The cluster starts when the first test asks for it and stops at the end
-of the session: jobs are cancelled, the daemons stopped by the pids in their pid files,
-and the directory removed. Without root or without the binaries (Debian: slurmd
-slurmctld slurm-client munge, which `make system-deps` installs as root) the tests skip,
-saying why.
+munged, slurmctld and the slurmds run in the foreground as children of the test process,
+with everything they write (munge key and socket, slurm.conf, state, spool, logs, pid
+files) under one temporary directory; /etc is left alone. Clients (srun, sbatch, scontrol)
+find the cluster through SLURM_CONF, which only the commands' own environment carries
+(`cluster.env`). At the end jobs are cancelled, the daemons stopped by the pids in their
+pid files, and the directory removed. Without root or without the binaries (Debian:
+slurmd slurmctld slurm-client munge, which `make system-deps` installs as root) the tests
+skip, saying why.
 
-Use it from a test module:
-    from .slurm import slurm  # noqa: F401  (the fixture)
+Two nodes: tests/integration/netns.py's hosts, slurmctld and node `nodea` in namespace A
+(198.18.0.1), `nodeb` in B (198.18.0.2), munged in neither (its socket is a path both
+reach). Clients run inside A: `cluster.cmd(argv)` prefixes what enters A (`client` does).
+A test may down a node (`cluster.set_node(NODE_B, "DOWN")`); it is resumed after the test.
 
+Use it from a test module (import slurm_cluster too, slurm_two_nodes_cluster for two nodes):
     def test_x(slurm):
         procs.run(["srun", "-n", "2", "hostname"], env=slurm.env)
 
-Two nodes (tests/integration/netns.py's hosts A 198.18.0.1 and B 198.18.0.2): slurmctld and
-node `nodea` run in A, node `nodeb` in B, munged outside both (its socket is a path, which
-both reach). Clients must run inside A: `cluster.cmd(argv)` puts `ip netns exec A` before
-argv, and `cluster.client` does so itself. `slurm_two_nodes` downs no node, but a test may
-(`cluster.set_node("nodeb", "DOWN")`); it is resumed after the test.
-    from .slurm import slurm_two_nodes, slurm_two_nodes_cluster  # noqa: F401
-
-    def test_x(slurm_two_nodes):
+    def test_y(slurm_two_nodes):
         procs.run(slurm_two_nodes.cmd(["srun", "-N", "2", "hostname", "-I"]), env=slurm_two_nodes.env)
 """
 
@@ -73,9 +68,8 @@ def _free_port() -> int:
 def slurm_conf(root: Path, host: str, cpus: int, nodes: Dict[str, str], ctld_addr: str) -> str:
     """A slurm.conf for `nodes` (name: address), slurmctld on `host` at `ctld_addr`: no
     cgroups (linuxproc, task/none), no accounting, state, spool and logs under `root` (a
-    slurmd's own by its node name, %n), free ports, and a random first job id: the
-    rendezvous port paddle_dist derives from the job id then differs from another
-    cluster's on this machine (two test sessions side by side)."""
+    slurmd's by its node name, %n), free ports, and a random first job id: the rendezvous
+    port paddle_dist derives from it then differs from another cluster's on this machine."""
     node_lines = "".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN\n"
                          for name, addr in nodes.items())
     return f"""\
@@ -114,8 +108,8 @@ PartitionName={PARTITION} Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE S
 class Cluster:
     """A running cluster: `env` is the environment for its clients (SLURM_CONF, and the
     test's Python first on PATH, so that a job's `python` is this one). `nodes` maps each
-    node to its address, `prefixes` a node to what runs a command on its host (`ip netns
-    exec B`; none: this machine). Clients run on the first node's host, beside slurmctld."""
+    node to its address, `prefixes` a node to what runs a command on its host (nsenter
+    into namespace B; none: this machine). Clients run on the first node's host."""
 
     root: Path
     host: str
@@ -138,8 +132,7 @@ class Cluster:
         """Run a Slurm client command (bounded), with `env` added to the cluster's; its
         output as text. (sbatch passes its environment on to the job.)"""
         return subprocess.run(self.cmd(args), env={**os.environ, **self.env, **(env or {})}, text=True,
-                              timeout=timeout,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(ROOT))
+                              timeout=timeout, capture_output=True, cwd=str(ROOT))
 
     def job(self, job_id: str) -> Dict[str, str]:
         """`scontrol show job` as a dict (JobState, ExitCode, Restarts, ...); {} when unknown."""
@@ -158,8 +151,7 @@ class Cluster:
             time.sleep(poll_s)
 
     def jobs(self) -> List[str]:
-        out = self.client(["squeue", "-h", "-o", "%i"]).stdout
-        return out.split()
+        return self.client(["squeue", "-h", "-o", "%i"]).stdout.split()
 
     def steps_running(self) -> List[str]:
         """The job steps the slurmds still run: each slurmstepd keeps a socket in its spool."""
@@ -177,13 +169,10 @@ class Cluster:
         out = self.client(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
         return dict(line.split() for line in out.splitlines() if line.strip())
 
-    def node_state(self, node: str = "") -> str:
-        return self.node_states().get(node or next(iter(self.nodes)), "")
-
     def set_node(self, node: str, state: str) -> None:
         """`scontrol update NodeName=node State=state` (DOWN, RESUME, ...): it must succeed."""
         args = ["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=test"]
-        result = self.client(args if state.upper() in ("DOWN", "DRAIN") else args[:-1])
+        result = self.client(args)
         assert result.returncode == 0, f"{' '.join(args)}: {result.stderr}"
 
     def wait_idle(self, timeout: float = START_TIMEOUT_S) -> None:
@@ -195,12 +184,9 @@ class Cluster:
         self.wait_for(idle, "every node to be idle", timeout, poll_s=0.2)
 
     def logs(self) -> str:
-        parts = []
-        for name in ["slurmctld.log"] + [f"slurmd.{node}.log" for node in self.nodes]:
-            path = self.root / name
-            if path.exists():
-                parts.append(f"--- {name}\n" + "\n".join(path.read_text().splitlines()[-15:]))
-        return "\n".join(parts)
+        paths = [self.root / "slurmctld.log"] + [self.root / f"slurmd.{node}.log" for node in self.nodes]
+        return "\n".join(f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-15:])
+                         for path in paths if path.exists())
 
 
 def find(program: str) -> Optional[str]:
@@ -255,7 +241,7 @@ def prepare(root: Path, nodes: Optional[Dict[str, str]] = None,
             prefixes: Optional[Dict[str, List[str]]] = None) -> Cluster:
     """Write the munge key and slurm.conf under `root`; nothing starts yet. `nodes`: name
     to address (default: this host's name at 127.0.0.1); slurmctld runs beside the first.
-    `prefixes`: what runs a command on a node's host (`ip netns exec B`; default nothing)."""
+    `prefixes`: what runs a command on a node's host (default nothing)."""
     host = socket.gethostname().split(".")[0]
     nodes = nodes or {host: "127.0.0.1"}
     munge_user = pwd.getpwnam("munge")
@@ -275,18 +261,14 @@ def prepare(root: Path, nodes: Optional[Dict[str, str]] = None,
 
 def _refused(cluster: Cluster) -> str:
     """Why a slurmd after the first exited at its start while the first runs ("" if none did):
-    its log's last error (a Slurm built to allow one slurmd a host may say so)."""
-    first, *others = [cluster.daemons[f"slurmd.{node}"] for node in cluster.nodes]
-    if first.poll() is not None:
+    its log's last two errors (a Slurm built to allow one slurmd a host may say so)."""
+    exited = [node for node in cluster.nodes if cluster.daemons[f"slurmd.{node}"].poll() is not None]
+    if not exited or exited[0] == next(iter(cluster.nodes)):
         return ""
-    for node in cluster.nodes:
-        if cluster.daemons[f"slurmd.{node}"].poll() is not None:
-            lines = [line for name in (f"slurmd.{node}.log", f"slurmd.{node}.out")
-                     if (cluster.root / name).exists()
-                     for line in (cluster.root / name).read_text().splitlines() if "error" in line]
-            return (f"slurmd would not run a second daemon ({node}) on this host: "
-                    f"{lines[-1].strip() if lines else 'it exited, saying nothing'}")
-    return ""
+    log = cluster.root / f"slurmd.{exited[0]}.log"
+    errors = [line.strip() for line in (log.read_text() if log.exists() else "").splitlines() if "error" in line]
+    return (f"slurmd would not run a second daemon ({exited[0]}) on this host: "
+            f"{'; '.join(errors[-2:]) or 'it exited, saying nothing'}")
 
 
 def start(cluster: Cluster) -> None:
@@ -308,9 +290,8 @@ def start(cluster: Cluster) -> None:
     try:
         cluster.wait_idle()
     except AssertionError:
-        refused = _refused(cluster)
-        if refused:
-            raise Unavailable(refused) from None
+        if _refused(cluster):
+            raise Unavailable(_refused(cluster)) from None
         raise
 
 
@@ -328,8 +309,8 @@ def stop(cluster: Cluster) -> List[str]:
     for name in reversed(list(cluster.daemons)):
         proc = cluster.daemons[name]
         pid = _pid_from_file(cluster.pid_files[name])
-        # The pid file names the daemon itself; in the foreground that is our child (`ip
-        # netns exec` execs it), so the two agree. Anything else in the file (a stale one)
+        # The pid file names the daemon itself; in the foreground that is our child
+        # (nsenter execs it), so the two agree. Anything else in the file (a stale one)
         # is not ours to signal.
         if proc.poll() is None:
             os.kill(pid if pid == proc.pid else proc.pid, signal.SIGTERM)
@@ -385,16 +366,17 @@ def slurm(slurm_cluster: Cluster) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def slurm_two_nodes_cluster() -> Iterator[Cluster]:
-    """Two nodes for a test module: slurmctld and `nodea` in network namespace A
-    (198.18.0.1), `nodeb` in B (198.18.0.2); see the module docstring."""
+    """A two-node cluster for a test module (see the module docstring)."""
     try:
         check_available()
+        if find("nsenter") is None:
+            raise Unavailable("two Slurm nodes need nsenter (apt-get install util-linux)")
     except Unavailable as e:
         pytest.skip(str(e))
     with make_two_hosts() as hosts:     # skips where namespaces cannot be built
-        # Not `ip netns exec`: it mounts a fresh /sys, without the cgroup file systems
-        # slurmd needs (it exits: "No filesystem mounted on /sys/fs/cgroup").
-        enter = {node: ["nsenter", f"--net=/run/netns/{ns}"] for node, ns in ((NODE_A, hosts.a), (NODE_B, hosts.b))}
+        # nsenter, not `ip netns exec` (hosts.cmd): that mounts a fresh /sys, without the
+        # cgroup file systems slurmd needs (it exits: "No filesystem mounted on /sys/fs/cgroup").
+        enter = {node: ["nsenter", f"--net=/var/run/netns/{ns}"] for node, ns in ((NODE_A, hosts.a), (NODE_B, hosts.b))}
         try:
             with running({NODE_A: hosts.ip_a, NODE_B: hosts.ip_b}, enter) as cluster:
                 yield cluster

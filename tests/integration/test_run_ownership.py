@@ -106,3 +106,26 @@ def test_a_job_given_another_users_root_exits_2_with_one_line_and_writes_nothing
     assert "is not yours alone (it belongs to user nobody (uid 65534))" in done.stderr
     assert sorted(p.name for p in root.iterdir()) == [planted.name]
     assert secret.read_text() == "root's\n"
+
+
+def test_no_file_of_a_run_is_written_through_a_link(shared, tmp_path):
+    """Links in a run directory of one's own (made before the job, say by an earlier
+    version or by hand) are never followed: the job ends with exit 2 and one line naming
+    the link, and the files they point to are untouched."""
+    folder, secret = shared
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank0.log").symlink_to(secret)
+    done = run(["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", f"output.run_dir={run_dir}",
+                "-o", "train.max_steps=1"], timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{run_dir}/logs/rank0.log is a symbolic link, and paddle_dist writes no file of a run " \
+           "through one; remove the link" in done.stderr
+    assert secret.read_text() == "root's\n"
+    run_dir = tmp_path / "run2"
+    run_dir.mkdir()
+    (run_dir / "samples.tsv").symlink_to(secret)
+    done = run(["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", f"output.run_dir={run_dir}",
+                "-o", "train.max_steps=1", "-o", "train.log_samples=true"], timeout=120)
+    assert done.returncode == 2 and "samples.tsv is a symbolic link" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and secret.read_text() == "root's\n"

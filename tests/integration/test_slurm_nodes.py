@@ -6,10 +6,14 @@ Root, Slurm's packages and network namespaces are needed, else these tests skip 
 """
 
 import json
+from types import SimpleNamespace
 
-from .procs import ROOT, check, run
-from .slurm import NODE_A, NODE_B, slurm_two_nodes, slurm_two_nodes_cluster  # noqa: F401  (fixtures)
+from . import slurm
 from .netns import IP_A, IP_B
+from .procs import ROOT, check, run
+from .slurm import NODE_A, NODE_B
+
+slurm_two_nodes_cluster, slurm_two_nodes = slurm.slurm_two_nodes_cluster, slurm.slurm_two_nodes  # fixtures
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "slurm_node.py"
 
@@ -27,7 +31,7 @@ def _where(records):
     return [(r["SLURMD_NODENAME"], " ".join(r["addresses"]), r["SLURM_JOB_NUM_NODES"]) for r in tasks]
 
 
-def test_srun_runs_a_task_on_each_node_at_its_own_address(slurm_two_nodes):  # noqa: F811
+def test_srun_runs_a_task_on_each_node_at_its_own_address(slurm_two_nodes):
     cluster = slurm_two_nodes
     assert cluster.node_states() == {NODE_A: "idle", NODE_B: "idle"}
     result = check(run(cluster.cmd(["srun", "-N", "2", "--ntasks-per-node=1", "python", str(SCRIPT)]),
@@ -37,7 +41,7 @@ def test_srun_runs_a_task_on_each_node_at_its_own_address(slurm_two_nodes):  # n
             for t in tasks] == [("0", NODE_A, [IP_A], "2"), ("1", NODE_B, [IP_B], "2")], result.stdout
 
 
-def test_a_requeued_job_that_lost_a_node_runs_again_on_the_other(slurm_two_nodes, tmp_path):  # noqa: F811
+def test_a_requeued_job_that_lost_a_node_runs_again_on_the_other(slurm_two_nodes, tmp_path):
     """sbatch -N 1-2 (as many nodes as are free) --requeue: it starts on both
     nodes; requeued, with node B DOWN, it starts again (restart 1) on node A alone, and
     ends well once told to."""
@@ -80,3 +84,16 @@ def test_a_requeued_job_that_lost_a_node_runs_again_on_the_other(slurm_two_nodes
     job = cluster.wait_for(ended, f"job {job_id} to end", timeout=60, poll_s=0.1)
     assert (job["JobState"], job["ExitCode"], job["Restarts"], job["NodeList"]) == \
         ("COMPLETED", "0:0", "1", NODE_A), out.read_text()
+
+
+def test_a_second_slurmd_that_exits_at_its_start_is_named_with_its_errors(tmp_path):
+    """Where slurmd refuses a second daemon on one host, slurm_two_nodes_cluster skips with
+    this line (start raises Unavailable); where the first died too, it is a failure."""
+    cluster = slurm.Cluster(root=tmp_path, host="h", env={}, nodes={NODE_A: IP_A, NODE_B: IP_B})
+    (tmp_path / f"slurmd.{NODE_B}.log").write_text("[t] error: port in use\n[t] info\n[t] error: init failed\n")
+    cluster.daemons = {f"slurmd.{NODE_A}": SimpleNamespace(poll=lambda: None),
+                       f"slurmd.{NODE_B}": SimpleNamespace(poll=lambda: 1)}
+    assert slurm._refused(cluster) == ("slurmd would not run a second daemon (nodeb) on this host: "
+                                       "[t] error: port in use; [t] error: init failed")
+    cluster.daemons[f"slurmd.{NODE_A}"] = SimpleNamespace(poll=lambda: 1)
+    assert slurm._refused(cluster) == ""

@@ -103,3 +103,29 @@ def test_restrict_closes_a_directory_and_the_umask_only_tightens(tmp_path):
         assert private.closed_umask("group") == 0o077 and os.umask(old) == 0o077    # never looser
     finally:
         os.umask(old)
+
+
+def test_a_run_file_is_never_opened_through_a_link(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("theirs")
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(private.LinkRefused, match=r"link is a symbolic link, .* remove the link"):
+        private.write_text(tmp_path / "link", "mine")
+    with pytest.raises(private.LinkRefused):
+        open(tmp_path / "link", "a", opener=private.nofollow)
+    assert target.read_text() == "theirs"
+    private.write_text(tmp_path / "plain", "mine")
+    assert (tmp_path / "plain").read_text() == "mine"
+
+
+def test_a_status_record_is_never_written_through_a_link(tmp_path):
+    from paddle_dist.runs import status
+
+    target = tmp_path / "target"
+    target.write_text("theirs")
+    record = status.RankStatus.make(rank=0, state=status.RUNNING)
+    path = tmp_path / "rank0.json"
+    (tmp_path / f"rank0.json.tmp-{os.getpid()}").symlink_to(target)
+    with pytest.raises(OSError):
+        record.write(path)
+    assert target.read_text() == "theirs" and not path.exists()
