@@ -38,6 +38,7 @@ import paddle
 import paddle.distributed as dist
 
 from ..compat import BatchNormState, numpy_view
+from ..errors import UserError
 from .collectives import collective
 
 
@@ -259,3 +260,19 @@ def batch_norm_layers(net: paddle.nn.Layer) -> List[str]:
         if state is not None and not state.frozen:
             found.append(name or type(layer).__name__)
     return found
+
+
+def check_no_sync_batch_norm(net: paddle.nn.Layer, device: str) -> None:
+    """Paddle has no CPU kernel for SyncBatchNorm, whose forward normalises with the
+    statistics of every rank's batch (a BatchNorm's, with this module's statistics,
+    normalises with its own rank's: other training math). On a CPU, one line says so
+    (exit 2) before anything runs, where Paddle would fail inside the first forward."""
+    if device != "cpu":
+        return
+    found = [name or type(layer).__name__ for name, layer in net.named_sublayers(include_self=True)
+             if isinstance(layer, paddle.nn.SyncBatchNorm)]
+    if found:
+        raise UserError(f"the model has SyncBatchNorm layers ({', '.join(map(repr, found[:3]))}"
+                        f"{' and more' * (len(found) > 3)}), and Paddle has no CPU kernel for them; on CPUs "
+                        "build it with BatchNorm2D (paddle_dist keeps its running statistics those of the "
+                        "whole batch on every rank, docs/sync.md), or train on GPUs")

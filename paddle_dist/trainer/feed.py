@@ -80,6 +80,21 @@ class Feed:
             labels = [value for key, value in batch.items() if key not in names]
         return [batch[n] for n in names], _flatten(labels)
 
+    def dict_hint(self, batch) -> str:
+        """For a dict batch split by position because no key is named after `forward`'s
+        arguments (nor given InputSpecs): its keys with their types, and the fix; else ""."""
+        if self.split_batch is not None or not isinstance(batch, dict) or \
+                (self.input_names and all(n in batch for n in self.input_names)):
+            return ""
+        tensors = [k for k, v in batch.items() if hasattr(v, "shape")]
+        fix = (f"inputs=[paddle.static.InputSpec(name={tensors[0]!r})]" if tensors else "inputs=") + (
+            f", labels=[paddle.static.InputSpec(name={tensors[1]!r})]" if len(tensors) > 1 else "")
+        keys = "; ".join(f"{k}: {describe([v]) if hasattr(v, 'shape') else type(v).__name__}"
+                         for k, v in batch.items())
+        return (f"; the samples are dicts with keys {keys}, none named after forward's arguments "
+                f"({', '.join(self.input_names) or 'none'}), so they were split by position: "
+                f"name the model's inputs and the labels, e.g. fit(..., {fix})")
+
     def outputs(self, model, inputs: Sequence, labels: Sequence) -> List[Any]:
         """The model's outputs as a list (the labels go in too when it computes the loss)."""
         given = [*inputs, *labels] if self.model_loss else list(inputs)

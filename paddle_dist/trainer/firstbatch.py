@@ -3,10 +3,11 @@
 Each rank reads its first training batch in its own thread, splits it, and runs the
 model's forward and the loss on it, then its first evaluation batch (a few samples)
 through the forward, the loss and every metric's compute and update (the metrics are
-reset before each evaluation). The model runs in evaluation mode without gradients, and
-the random generators and BatchNorm statistics are put back after, so training is
-bitwise what it would have been (a forward hook that counts only training calls, as a
-user's lr recorder may, sees none of these). A sample
+reset before each evaluation). The training batch runs in training mode (a model with
+heads in training only returns them, as its loss expects), the evaluation batch in
+evaluation mode, both without gradients, and the random generators and BatchNorm
+statistics are put back after, so training is bitwise what it would have been (the
+optimizer is never called; a forward hook of the user's sees one training call). A sample
 in the wrong layout, a metric that cannot read the outputs, or a crash at evaluation
 shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
 
@@ -52,32 +53,34 @@ def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batch
     net, feed = parts.model, parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices, batched))
-    inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch))
+    hint = feed.dict_hint(batch)
+    inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch), hint)
     if training:         # what paddle.Model is told of a training batch's fields (hapi.py)
         feed.counts = (len(inputs), len(labels))
-    held = f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'})"
-    net.eval()
+    held = (f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'}; "
+            f"in {what} mode)")
+    net.train() if training else net.eval()
     with paddle.no_grad(), autocast(precision):
-        outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels))
+        outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels), hint)
         _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
-              lambda: feed.loss_of(parts.loss, outputs, labels))
+              lambda: feed.loss_of(parts.loss, outputs, labels), hint)
         given = feed._rest(outputs) if feed.model_loss else outputs
         for metric in parts.metrics if not training else ():
             name = type(metric).__name__
             _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
                   f"({describe(labels)}) of {held}",
-                  lambda: metric.update(*computed(metric, given, labels)))
+                  lambda: metric.update(*computed(metric, given, labels)), hint)
 
 
-def _step(what: str, fn: Callable):
+def _step(what: str, fn: Callable, hint: str = ""):
     try:
         return fn()
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure here is the input's: one line
-        raise DataError(f"{what} failed: {type(exc).__name__}: {key_line(exc)}; check that the "
-                        "samples have the layout and dtype the model, the loss and the metrics expect "
-                        "(the check before epoch 1)") from exc
+        raise DataError(f"{what} failed: {type(exc).__name__}: {key_line(exc)}"
+                        + (hint or "; check that the samples have the layout and dtype the model, the "
+                                   "loss and the metrics expect") + " (the check before epoch 1)") from exc
 
 
 def key_line(exc: BaseException, limit: int = 400) -> str:

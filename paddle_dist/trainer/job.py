@@ -35,7 +35,7 @@ from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
 from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
-from ..sync.batchstats import BatchStats
+from ..sync.batchstats import BatchStats, check_no_sync_batch_norm
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from . import sampling
@@ -90,6 +90,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     _check_monitor(parts, cfg)
+    check_no_sync_batch_norm(parts.model, env.device)
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     check_optimizer(optimizer, parts.model, resolve_mode(cfg.sync.mode, env.device, cfg.sync.compress,
                                                          cfg.sync.bucket_mb, cfg.sync.transport))

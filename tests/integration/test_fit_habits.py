@@ -181,3 +181,29 @@ def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_mem
     last = sorted((clean / "run" / "checkpoints").glob("ckpt_*"))[-1].name
     a, b = (np.load(out / "run" / "checkpoints" / last / "ema.npz") for out in (clean, killed))
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_the_check_before_epoch_1_runs_training_batches_in_training_mode(api, tmp_path):
+    """A model with heads in training only and a loss that takes them all, as PaddleSeg's
+    BiSeNetV2 and its loss: the check runs the training batch as training runs it."""
+    done = run([*LAUNCH, "-o", f"train.api={api}", SCRIPT, "aux_heads", str(tmp_path)], cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "!= 3 heads" not in done.stderr
+
+
+def test_dict_samples_split_by_position_say_their_keys_and_the_inputspec_fix(tmp_path):
+    done = run([SCRIPT, "dict_keys"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "in training mode" in done.stderr
+    assert ("the samples are dicts with keys img: float32 [4, 4]; label: int64 [4, 1]; trans_info: list, "
+            "none named after forward's arguments (x), so they were split by position") in done.stderr
+    assert ("fit(..., inputs=[paddle.static.InputSpec(name='img')], "
+            "labels=[paddle.static.InputSpec(name='label')])") in done.stderr
+
+
+def test_a_sync_batch_norm_on_a_cpu_is_one_line_before_anything_runs(tmp_path):
+    done = run([SCRIPT, "sync_bn"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "SyncBatchNorm layers ('1'), and Paddle has no CPU kernel for them" in done.stderr
+    assert "sync_batch_norm is not registered" not in done.stderr and not (tmp_path / "runs").exists()

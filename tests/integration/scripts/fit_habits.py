@@ -9,6 +9,10 @@
                                       # OUT/rank<N>.npz
     fit_habits.py hwc                 # images in HWC layout into a Conv2D: refused before epoch 1
     fit_habits.py own_sampler         # a DataLoader with a batch sampler of the user's own
+    fit_habits.py aux_heads OUT       # a model with extra heads in training only, and a loss
+                                      # that takes them all (as PaddleSeg's); prints what it saw
+    fit_habits.py dict_keys           # dict samples whose keys are not forward's names
+    fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
 """
 
 import json
@@ -181,5 +185,58 @@ def own_sampler():
     paddle_dist.fit(net(), paddle.io.DataLoader(data, batch_sampler=Halves(data)))
 
 
+class AuxHeads(paddle.nn.Layer):
+    """Three heads in training, one in evaluation; its BatchNorm shows the check's forward
+    leaves no trace."""
+
+    def __init__(self):
+        super().__init__()
+        paddle.seed(7)
+        self.body, self.norm = paddle.nn.Linear(4, 16), paddle.nn.BatchNorm1D(16)
+        self.heads = paddle.nn.LayerList([paddle.nn.Linear(16, 2) for _ in range(3)])
+
+    def forward(self, x):
+        h = F.relu(self.norm(self.body(x)))
+        return [head(h) for head in self.heads] if self.training else self.heads[0](h)
+
+
+def aux_loss(*args):
+    *logits, label = args
+    if len(logits) != 3:
+        raise ValueError(f"{len(logits)} != 3 heads")
+    return sum(F.cross_entropy(x, label) for x in logits)
+
+
+def aux_heads(out):
+    model = AuxHeads()
+    paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8, loss=aux_loss,
+                    config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/run"]))
+    print(json.dumps({"norm_mean": model.norm._mean.numpy().tolist()}))
+
+
+class Named(paddle.io.Dataset):
+    def __getitem__(self, i):
+        return {"img": np.ones(4, "float32") * i, "label": np.array([i % 2], "int64"), "trans_info": "flip"}
+
+    def __len__(self):
+        return 16
+
+
+def dict_keys():
+    class Net(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = paddle.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+    paddle_dist.fit(Net(), Named(), epochs=1, batch_size=4)
+
+
+def sync_bn():
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.SyncBatchNorm(8), paddle.nn.Linear(8, 2))
+    paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8)
+
+
 if __name__ == "__main__":
-    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
+    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
