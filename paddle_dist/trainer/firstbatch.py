@@ -3,11 +3,13 @@
 Each rank reads its first training batch in its own thread, splits it, and runs the
 model's forward and the loss on it, then its first evaluation batch (a few samples)
 through the forward, the loss and every metric's compute and update (the metrics are
-reset before each evaluation). The training batch runs in training mode (a model with
-heads in training only returns them, as its loss expects), the evaluation batch in
-evaluation mode, both without gradients, and the random generators and BatchNorm
-statistics are put back after, so training is bitwise what it would have been (the
-optimizer is never called; a forward hook of the user's sees one training call). A sample
+reset before each evaluation). Both run in evaluation mode without gradients (a forward
+hook of the user's that counts training calls, as an lr recorder may, sees none of
+these); a training batch whose forward or loss fails there runs again in training mode
+(a model with heads in training only returns them there, as its loss expects), and a
+failure says the mode. The random generators and BatchNorm statistics are put back
+after, and the optimizer is never called, so training is bitwise what it would have
+been. A sample
 in the wrong layout, a metric that cannot read the outputs, or a crash at evaluation
 shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
 
@@ -50,22 +52,33 @@ def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
 
 def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batched: bool,
          training: bool) -> None:
-    net, feed = parts.model, parts.feed
+    feed = parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices, batched))
     hint = feed.dict_hint(batch)
     inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch), hint)
     if training:         # what paddle.Model is told of a training batch's fields (hapi.py)
         feed.counts = (len(inputs), len(labels))
+        try:             # quietly first: a user's hook that counts training forwards sees none
+            _forward(parts, inputs, labels, what, "evaluation", precision, hint)
+        except DataError:   # outputs of training only (auxiliary heads): as training runs it
+            _forward(parts, inputs, labels, what, "training", precision, hint)
+    else:
+        _forward(parts, inputs, labels, what, "evaluation", precision, hint)
+
+
+def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hint: str) -> None:
+    """The forward, the loss and (evaluating) the metrics on one batch, in `mode`."""
+    net, feed = parts.model, parts.feed
     held = (f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'}; "
-            f"in {what} mode)")
-    net.train() if training else net.eval()
+            f"in {mode} mode)")
+    net.train() if mode == "training" else net.eval()
     with paddle.no_grad(), autocast(precision):
         outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels), hint)
         _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
               lambda: feed.loss_of(parts.loss, outputs, labels), hint)
         given = feed._rest(outputs) if feed.model_loss else outputs
-        for metric in parts.metrics if not training else ():
+        for metric in parts.metrics if what == "evaluation" else ():
             name = type(metric).__name__
             _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
                   f"({describe(labels)}) of {held}",
