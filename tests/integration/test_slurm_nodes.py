@@ -42,13 +42,13 @@ def test_srun_runs_a_task_on_each_node_at_its_own_address(slurm_two_nodes):
 
 
 def test_a_requeued_job_that_lost_a_node_runs_again_on_the_other(slurm_two_nodes, tmp_path):
-    """sbatch -N 1-2 (as many nodes as are free) --requeue: it starts on both
-    nodes; requeued, with node B DOWN, it starts again (restart 1) on node A alone, and
-    ends well once told to."""
+    """sbatch -N 1-2 --requeue: it starts on both nodes (Slurm gives as many as are free);
+    requeued, with node B DOWN, it starts again (restart 1) on node A alone, and ends well
+    once told to. (Without -n: with --ntasks-per-node=1 it got one node.)"""
     cluster, out, go = slurm_two_nodes, tmp_path / "job.out", tmp_path / "go"
     script = f"srun --ntasks-per-node=1 python {SCRIPT}; python {SCRIPT} --wait {go} --limit 60"
-    submitted = cluster.client(["sbatch", "--parsable", "-N", "1-2",
-                                "--requeue", "--open-mode=append", f"--output={out}", "--wrap", script])
+    submitted = cluster.client(["sbatch", "--parsable", "-N", "1-2", "--requeue", "--open-mode=append",
+                                f"--output={out}", "--wrap", script])
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
 
