@@ -275,4 +275,4 @@ def check_no_sync_batch_norm(net: paddle.nn.Layer, device: str) -> None:
         raise UserError(f"the model has SyncBatchNorm layers ({', '.join(map(repr, found[:3]))}"
                         f"{' and more' * (len(found) > 3)}), and Paddle has no CPU kernel for them; on CPUs "
                         "build it with BatchNorm2D (paddle_dist keeps its running statistics those of the "
-                        "whole batch on every rank, docs/sync.md), or train on GPUs")
+                        "whole batch on every rank: docs/own_model.md), or train on GPUs")
