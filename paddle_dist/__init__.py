@@ -25,9 +25,10 @@ from .errors import for_scripts  # noqa: E402
 # a launcher's command line, and still a ConfigError/DataError to catch (errors.for_scripts).
 detect = for_scripts(detect)
 
-__all__ = ["Config", "DistEnv", "checkpoint", "detect", "export", "fit", "load_config", "seed_everything", "setup"]
+__all__ = ["Config", "DistEnv", "checkpoint", "detect", "export", "fit", "load_config", "seed_everything",
+           "setup", "steps"]
 # These import paddle (about a second), which a launcher that only starts ranks never needs.
-_LAZY = {"fit": "trainer", "setup": "runtime.process", "seed_everything": "runtime.process"}
+_LAZY = {"fit": "trainer", "steps": "trainer", "setup": "runtime.process", "seed_everything": "runtime.process"}
 
 
 def __getattr__(name):

@@ -14,8 +14,8 @@ Example:
 
 import importlib
 
-__all__ = ["Parts", "Result", "fit", "train"]
-_HOME = {"Parts": "job", "Result": "job", "train": "job", "fit": "own"}
+__all__ = ["Parts", "Result", "fit", "steps", "train"]
+_HOME = {"Parts": "job", "Result": "job", "train": "job", "fit": "own", "steps": "own"}
 
 
 def __getattr__(name):

@@ -38,7 +38,7 @@ from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, reso
 from ..sync.batchstats import BatchStats, check_no_sync_batch_norm
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
-from . import sampling
+from . import sampling, schedule
 from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
                      total_steps)
 from .resuming import batches_at, resume
@@ -201,6 +201,9 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
              f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     log.info(f"paddle_dist: {prepared.lr_text}")
+    sized = schedule.length_warning(optimizer._learning_rate, cfg.train.scheduler_every, per_epoch, limit)
+    if sized and lr_policy is None and env.is_main:
+        log.warning(f"paddle_dist: {sized}")
     progress = progress_log.Progress(env, run_dir, per_epoch, cfg.train.epochs,
                                      cfg.train.batch_size * cfg.train.accumulate_steps,
                                      cfg.train.log_every, limit, start.global_step)

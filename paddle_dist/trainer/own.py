@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import numpy as np
@@ -21,10 +22,11 @@ from .. import errors
 from .. import config as configlib
 from ..runtime import protocol
 from ..runtime import process
+from ..runtime.env import detect
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
 from . import callbacks as callbacklib
-from .common import Parts, Result, default_loss, optimizer_factory
+from .common import Parts, Result, default_loss, optimizer_factory, steps_per_epoch, total_steps
 from .evaluation import metric_names
 from .feed import MODEL_LOSS, Feed
 from .loading import Source
@@ -64,12 +66,7 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
     Ctrl+C with 130, another rank's failure with 5, each without a traceback
     (errors.Preempted, Interrupted, StoppedByPeer: SystemExits, which a script may catch).
     """
-    if config is None:           # the defaults, and what `python -m paddle_dist.launch` was given
-        given_path, given = protocol.launch_options()
-        cfg = configlib.load(given_path, given, fit_record=True) if given_path \
-            else configlib.with_overrides(given)
-    else:
-        cfg = config if isinstance(config, configlib.Config) else configlib.load(config, fit_record=True)
+    cfg = _config_of(config)
     if cfg.output.name in ("", configlib.DEFAULT_CONFIG):
         # Not the built-in LeNet job: the run is named after the user's model (a copy:
         # the caller's config stays as it was).
@@ -110,6 +107,47 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
         raise errors.Interrupted() from None
     except PeerFailure as exc:
         raise errors.StoppedByPeer(str(exc)) from None
+
+
+def _config_of(config: Union[None, str, configlib.Config]) -> configlib.Config:
+    """fit()'s config: the given one, or the defaults with what `python -m
+    paddle_dist.launch` was given."""
+    if config is None:
+        given_path, given = protocol.launch_options()
+        return configlib.load(given_path, given, fit_record=True) if given_path \
+            else configlib.with_overrides(given)
+    return config if isinstance(config, configlib.Config) else configlib.load(config, fit_record=True)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What fit() will do with a dataset on this job's ranks, known before the optimizer."""
+    per_epoch: int        # optimizer steps a rank takes in an epoch
+    total: int            # optimizer steps of the whole run (train.epochs, train.max_steps)
+    world_size: int
+    micro_batches: int    # micro-batches per optimizer step on a rank (train.accumulate_steps)
+
+
+def steps(train_data, config: Union[None, str, configlib.Config] = None, epochs: Optional[int] = None,
+          batch_size: Optional[int] = None) -> Steps:
+    """The optimizer steps fit(model, train_data, config=config, epochs=..., batch_size=...)
+    will take on this job's ranks, for sizing a scheduler before fit(): len(DataLoader)
+    counts every rank's samples, so a schedule sized from it runs W times too long.
+
+    Example:
+        plan = paddle_dist.steps(train_loader, cfg)
+        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(0.1, T_max=plan.total)
+    """
+    cfg = _config_of(config)
+    for key, value in (("train.epochs", epochs), ("train.batch_size", batch_size)):
+        if value is not None:
+            cfg = configlib.replace_key(cfg, key, value)
+    source = Source.of(train_data, "train_data")
+    cfg = _loader_settings(cfg, source, None)
+    world = detect().world_size
+    micro = steps_per_epoch(len(source), cfg.train.batch_size, world, cfg.train.drop_last)
+    per_epoch = -(-micro // cfg.train.accumulate_steps)
+    return Steps(per_epoch, total_steps(cfg, per_epoch), world, cfg.train.accumulate_steps)
 
 
 def _metric_list(metrics) -> list:

@@ -98,3 +98,31 @@ class LrPolicy:
 def global_batch(train, world_size: int) -> int:
     """Samples behind one optimizer step on all ranks together."""
     return train.batch_size * world_size * train.accumulate_steps
+
+
+# A scheduler of the user's own that runs for a fixed length: its attribute that says it.
+SCHEDULER_LENGTHS = {"CosineAnnealingDecay": "T_max", "PolynomialDecay": "decay_steps",
+                     "OneCycleLR": "total_steps"}
+
+
+def length_warning(scheduler, every: str, per_epoch: int, limit: int) -> str:
+    """One line when the optimizer's own scheduler is sized at least 2x off the run: it is
+    stepped `every` step or epoch, and the run takes `limit` optimizer steps, `per_epoch`
+    an epoch (a length taken from len(DataLoader) before fit() counts every rank's samples);
+    "" otherwise.
+
+    Example:
+        length_warning(CosineAnnealingDecay(0.1, T_max=64), "step", 16, 32)
+        # 'the optimizer's CosineAnnealingDecay runs for T_max=64 steps, but this run takes 32 ...'
+    """
+    name = type(scheduler).__name__
+    attribute = SCHEDULER_LENGTHS.get(name)
+    length = getattr(scheduler, attribute, None) if attribute else None
+    if not length or limit <= 0:
+        return ""
+    unit, runs = ("steps", limit) if every == "step" else ("epochs", -(-limit // max(per_epoch, 1)))
+    if max(length, runs) < 2 * min(length, runs):
+        return ""
+    return (f"the optimizer's {name} runs for {attribute}={length} {unit}, but this run takes {runs} "
+            f"({per_epoch} optimizer steps an epoch on each rank); size it from "
+            "paddle_dist.steps(train_data, config).total (or .per_epoch), not len(DataLoader)")

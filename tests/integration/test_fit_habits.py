@@ -207,3 +207,14 @@ def test_a_sync_batch_norm_on_a_cpu_is_one_line_before_anything_runs(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "SyncBatchNorm layers ('1'), and Paddle has no CPU kernel for them" in done.stderr
     assert "sync_batch_norm is not registered" not in done.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_schedule_sized_from_len_dataloader_is_named_and_steps_gives_the_run(tmp_path):
+    done = run([*LAUNCH, SCRIPT, "schedule", str(tmp_path)], cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for rank in (0, 1):      # 64 samples, 4 a batch: 16 batches in the loader, 8 a rank
+        assert json.loads((tmp_path / f"steps{rank}.json").read_text()) == {
+            "len": 16, "per_epoch": 8, "total": 16, "world_size": 2, "micro_batches": 1}
+    said = done.stdout + done.stderr
+    assert said.count("the optimizer's CosineAnnealingDecay runs for T_max=32 steps, but this run takes "
+                      "16 (8 optimizer steps an epoch on each rank); size it from paddle_dist.steps") == 1

@@ -13,6 +13,8 @@
                                       # that takes them all (as PaddleSeg's); prints what it saw
     fit_habits.py dict_keys           # dict samples whose keys are not forward's names
     fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
+    fit_habits.py schedule OUT        # a cosine schedule sized from len(DataLoader), and one
+                                      # from paddle_dist.steps(); OUT/steps<rank>.json
 """
 
 import json
@@ -238,5 +240,18 @@ def sync_bn():
     paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8)
 
 
+def schedule(out):
+    out, rank = Path(out), paddle.distributed.get_rank()
+    loader = paddle.io.DataLoader(Points(64, 0), batch_size=4, shuffle=True)
+    plan = paddle_dist.steps(loader, epochs=2)
+    (out / f"steps{rank}.json").write_text(json.dumps({"len": len(loader), **vars(plan)}))
+    for name, length in (("len", len(loader) * 2), ("steps", plan.total)):
+        model = net()
+        scheduler = paddle.optimizer.lr.CosineAnnealingDecay(0.1, T_max=length)
+        paddle_dist.fit(model, loader, epochs=2, optimizer=paddle.optimizer.SGD(scheduler, parameters=model.parameters()),
+                        config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/{name}"]))
+
+
 if __name__ == "__main__":
-    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
+    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads,
+     "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
