@@ -183,6 +183,7 @@ def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_mem
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_the_check_before_epoch_1_runs_training_batches_in_training_mode(api, tmp_path):
     """A model with heads in training only and a loss that takes them all, as PaddleSeg's
@@ -192,6 +193,7 @@ def test_the_check_before_epoch_1_runs_training_batches_in_training_mode(api, tm
     assert "!= 3 heads" not in done.stderr
 
 
+@pytest.mark.compat
 def test_dict_samples_split_by_position_say_their_keys_and_the_inputspec_fix(tmp_path):
     done = run([SCRIPT, "dict_keys"], cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -202,6 +204,7 @@ def test_dict_samples_split_by_position_say_their_keys_and_the_inputspec_fix(tmp
             "labels=[paddle.static.InputSpec(name='label')])") in done.stderr
 
 
+@pytest.mark.compat
 def test_a_sync_batch_norm_on_a_cpu_is_one_line_before_anything_runs(tmp_path):
     done = run([SCRIPT, "sync_bn"], cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -209,6 +212,7 @@ def test_a_sync_batch_norm_on_a_cpu_is_one_line_before_anything_runs(tmp_path):
     assert "sync_batch_norm is not registered" not in done.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.compat
 def test_a_schedule_sized_from_len_dataloader_is_named_and_steps_gives_the_run(tmp_path):
     done = run([*LAUNCH, SCRIPT, "schedule", str(tmp_path)], cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

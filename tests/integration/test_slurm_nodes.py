@@ -6,7 +6,10 @@ Root, Slurm's packages and network namespaces are needed, else these tests skip 
 """
 
 import json
+import shlex
 from types import SimpleNamespace
+
+import numpy as np
 
 from . import slurm
 from .netns import IP_A, IP_B
@@ -97,3 +100,80 @@ def test_a_second_slurmd_that_exits_at_its_start_is_named_with_its_errors(tmp_pa
                                        "[t] error: port in use; [t] error: init failed")
     cluster.daemons[f"slurmd.{NODE_A}"] = SimpleNamespace(poll=lambda: 1)
     assert slurm._refused(cluster) == ""
+
+
+# paddle_dist's own job, srun's task on each node its launcher (dist.nprocs=2 ranks a node).
+TRAIN = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=16", "-o", "train.max_steps=60",
+         "-o", "checkpoint.every_steps=5", "-o", "checkpoint.every_epochs=0", "-o", "train.log_samples=true",
+         "-o", "dist.rendezvous_timeout=60",
+         # SGD, as in test_elastic: Adam's normalisation magnifies float re-association.
+         "-o", "train.optimizer=sgd", "-o", "train.lr=0.05"]
+
+
+def _last_samples(run_dir):
+    """global step -> the digest of its samples that the run logged last (a step redone
+    after the requeue counts as it ran the second time)."""
+    found = {}
+    for line in (run_dir / "samples.tsv").read_text().splitlines():
+        step, _, _, digest = line.split("\t")
+        found[int(step)] = digest
+    return found
+
+
+def _latest_model(run_dir):
+    folder = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    return dict(np.load(folder / "model.npz"))
+
+
+def test_a_requeued_paddle_dist_job_that_lost_a_node_continues_on_the_other(slurm_two_nodes, tmp_path):
+    """sbatch -N 1-2 --requeue of `srun --ntasks-per-node=1 python train.py -o dist.nprocs=2`:
+    4 ranks on both nodes until the first checkpoint; requeued with node B DOWN, its 2 ranks
+    on node A continue that run with 2 micro-batches a step, to the end, on the same samples
+    in every step as an uninterrupted 4-rank run, and within float rounding of its weights."""
+    cluster, run_dir, clean, out = slurm_two_nodes, tmp_path / "run", tmp_path / "clean", tmp_path / "job.out"
+    train = shlex.join(["srun", "--ntasks-per-node=1", "python"] + TRAIN +
+                       ["-o", "dist.nprocs=2", "-o", f"output.run_dir={run_dir}"])
+    # The first host of the node list is a name (nodea) the namespaces do not resolve.
+    script = f"export MASTER_ADDR={IP_A}; cd {shlex.quote(str(ROOT))}; {train}"
+    submitted = cluster.client(["sbatch", "--parsable", "-N", "1-2", "--requeue", "--open-mode=append",
+                                f"--output={out}", "--wrap", script])
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+
+    def first_checkpoint():
+        state = cluster.job(job_id).get("JobState")
+        assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
+            f"job {job_id} is {state} before its first checkpoint:\n{out.read_text() if out.exists() else ''}"
+        return (run_dir / "checkpoints" / "latest").exists()
+    cluster.wait_for(first_checkpoint, f"job {job_id}'s first checkpoint", timeout=120, poll_s=0.05)
+    assert cluster.job(job_id).get("NumNodes") == "2", cluster.job(job_id)
+
+    assert cluster.client(["scontrol", "requeue", job_id]).returncode == 0
+    cluster.wait_for(lambda: cluster.job(job_id).get("JobState") == "PENDING", "the requeued job")
+    cluster.set_node(NODE_B, "DOWN")
+    cluster.wait_for(lambda: cluster.node_states().get(NODE_B, "").startswith("down"), f"{NODE_B} down")
+    # Slurm holds a requeued job back for about two minutes (its BeginTime); let it go now.
+    assert cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"]).returncode == 0
+
+    # Meanwhile the uninterrupted run: 4 ranks on one host, no Slurm.
+    check(run(TRAIN + ["-o", "dist.nprocs=4", "-o", f"output.run_dir={clean}"], timeout=300))
+
+    def ended():
+        job = cluster.job(job_id)
+        return job if job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED") else None
+    job = cluster.wait_for(ended, f"job {job_id} to end", timeout=300, poll_s=0.2)
+    log = out.read_text()
+    assert (job["JobState"], job["ExitCode"], job["Restarts"], job["NodeList"]) == \
+        ("COMPLETED", "0:0", "1", NODE_A), log
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert "continuing on 2 ranks (was 4): 2 micro-batches per step keep the global batch of 64" in rank0, rank0
+
+    ran, went_on = _last_samples(clean), _last_samples(run_dir)
+    assert sorted(ran) == sorted(went_on) == list(range(1, 61))
+    assert went_on == ran
+    want, got = _latest_model(clean), _latest_model(run_dir)
+    assert want.keys() == got.keys()
+    assert max(float(np.abs(want[k] - got[k]).max()) for k in want) <= 1e-6
+    status = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(s["state"], s["step"]) for s in status] == [("done", 60), ("done", 60)]
+    assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
