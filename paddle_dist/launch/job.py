@@ -150,8 +150,9 @@ def _as_node_launcher(cfg: configlib.Config, node: dict) -> configlib.Config:
         if given not in (node[key], default) and not elastic:
             raise UserError(f"dist.{key}={given}, but srun started this task as node_rank "
                             f"{node['node_rank']} of {node['nnodes']} nodes; drop dist.{key}")
-    changes = {"dist.nnodes": node["nnodes"], "dist.node_rank": node["node_rank"],
-               "dist.master": cfg.dist.master or node["master"], "dist.launcher": "launch"}
+    # In this order: each step is a valid config (more nodes need the master first).
+    changes = {"dist.master": cfg.dist.master or node["master"], "dist.launcher": "launch",
+               "dist.nnodes": node["nnodes"], "dist.node_rank": node["node_rank"]}
     for key, value in changes.items():
         cfg = configlib.replace_key(cfg, key, value)
     print(f"paddle_dist: srun task of node {cfg.dist.node_rank} of {cfg.dist.nnodes}: it starts this "

@@ -70,14 +70,14 @@ def _submit(cluster, out, run_dir, **variables):
     return result.stdout.strip().split(";")[0]
 
 
-def _first_checkpoint(cluster, job_id, run_dir, out):
+def _first_checkpoint(cluster, job_id, run_dir, out, timeout=90):
     """Wait (bounded) until the job's first checkpoint exists, while it still runs."""
     def ready():
         state = cluster.job(job_id).get("JobState")
         assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
             f"job {job_id} is {state} before its first checkpoint:\n{out.read_text() if out.exists() else ''}"
         return (run_dir / "checkpoints" / "latest").exists()
-    cluster.wait_for(ready, f"job {job_id}'s first checkpoint", timeout=90, poll_s=0.02)
+    cluster.wait_for(ready, f"job {job_id}'s first checkpoint", timeout=timeout, poll_s=0.02)
 
 
 def _ended(cluster, job_id, timeout=120):

@@ -15,6 +15,7 @@ from . import slurm
 from .netns import IP_A, IP_B
 from .procs import ROOT, check, run
 from .slurm import NODE_A, NODE_B
+from .test_slurm import _first_checkpoint
 
 slurm_two_nodes_cluster, slurm_two_nodes = slurm.slurm_two_nodes_cluster, slurm.slurm_two_nodes  # fixtures
 
@@ -133,19 +134,15 @@ def test_a_requeued_paddle_dist_job_that_lost_a_node_continues_on_the_other(slur
     cluster, run_dir, clean, out = slurm_two_nodes, tmp_path / "run", tmp_path / "clean", tmp_path / "job.out"
     train = shlex.join(["srun", "--ntasks-per-node=1", "python"] + TRAIN +
                        ["-o", "dist.nprocs=2", "-o", f"output.run_dir={run_dir}"])
-    # The first host of the node list is a name (nodea) the namespaces do not resolve.
+    # The first host of the node list is a name (nodea) the namespaces do not resolve:
+    # MASTER_ADDR says where node 0 is, as on a cluster without DNS for its nodes.
     script = f"export MASTER_ADDR={IP_A}; cd {shlex.quote(str(ROOT))}; {train}"
     submitted = cluster.client(["sbatch", "--parsable", "-N", "1-2", "--requeue", "--open-mode=append",
                                 f"--output={out}", "--wrap", script])
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
 
-    def first_checkpoint():
-        state = cluster.job(job_id).get("JobState")
-        assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
-            f"job {job_id} is {state} before its first checkpoint:\n{out.read_text() if out.exists() else ''}"
-        return (run_dir / "checkpoints" / "latest").exists()
-    cluster.wait_for(first_checkpoint, f"job {job_id}'s first checkpoint", timeout=120, poll_s=0.05)
+    _first_checkpoint(cluster, job_id, run_dir, out, timeout=120)
     assert cluster.job(job_id).get("NumNodes") == "2", cluster.job(job_id)
 
     assert cluster.client(["scontrol", "requeue", job_id]).returncode == 0
@@ -165,6 +162,8 @@ def test_a_requeued_paddle_dist_job_that_lost_a_node_continues_on_the_other(slur
     log = out.read_text()
     assert (job["JobState"], job["ExitCode"], job["Restarts"], job["NodeList"]) == \
         ("COMPLETED", "0:0", "1", NODE_A), log
+    assert "srun task of node 1 of 2: it starts this node's 2 ranks" in log, log      # run 0: both nodes
+    assert "srun task of node 0 of 1: it starts this node's 2 ranks" in log, log      # run 1: node A
     rank0 = (run_dir / "logs" / "rank0.log").read_text()
     assert "continuing on 2 ranks (was 4): 2 micro-batches per step keep the global batch of 64" in rank0, rank0
 

@@ -116,3 +116,9 @@ def test_lose_kills_the_machines_paddle_dist_launcher(monkeypatch, parent_cmdlin
     monkeypatch.setattr(inject.procfs, "cmdline", lambda pid: parent_cmdline if pid == 200 else [])
     monkeypatch.setattr(inject.procfs, "parent_of", lambda pid: 100)
     assert inject._machine_launcher() == killed
+
+
+def test_an_srun_task_of_two_nodes_takes_the_master_slurm_gives():
+    cfg = configlib.with_overrides(["dist.nprocs=2"])
+    node = job._as_node_launcher(cfg, {"nnodes": 2, "node_rank": 1, "master": "10.0.0.1:12345"})
+    assert (node.dist.nnodes, node.dist.node_rank, node.dist.master) == (2, 1, "10.0.0.1:12345")
