@@ -22,7 +22,7 @@ from .. import checkpoint
 from .amp import AmpPlan
 from .amp import scaler_state as amp_scaler_state
 from ..errors import Preempted
-from . import agreement
+from . import agreement, untrained
 from .callbacks import Events, ModelView, hapi_logs
 from .ema import Ema, MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
@@ -260,6 +260,8 @@ class Session:
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
+        if epoch == self.resumed_epoch and self.env.is_main and self.sync.mode != "dataparallel":
+            untrained.warn(self.parts.model)      # the job's first epoch
         self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
         at = Position(epoch=epoch + 1, global_step=self.pos.global_step)

@@ -222,3 +222,14 @@ def test_a_schedule_sized_from_len_dataloader_is_named_and_steps_gives_the_run(t
     said = done.stdout + done.stderr
     assert said.count("the optimizer's CosineAnnealingDecay runs for T_max=32 steps, but this run takes "
                       "16 (8 optimizer steps an epoch on each rank); size it from paddle_dist.steps") == 1
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_parameter_no_rank_trained_in_the_first_epoch_is_named_once(api, tmp_path):
+    done = run([*LAUNCH, "-o", f"train.api={api}", SCRIPT, "untrained"], cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert said.count("2 of 6 trainable parameters got no gradient on any rank in the whole first "
+                      "epoch, so they keep their initial values: unused.weight, unused.bias.") == 1, said
+    assert "use_reentrant=False" in said

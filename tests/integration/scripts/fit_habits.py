@@ -13,6 +13,7 @@
                                       # that takes them all (as PaddleSeg's); prints what it saw
     fit_habits.py dict_keys           # dict samples whose keys are not forward's names
     fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
+    fit_habits.py untrained           # a trainable head the loss never reaches
     fit_habits.py schedule OUT        # a cosine schedule sized from len(DataLoader), and one
                                       # from paddle_dist.steps(); OUT/steps<rank>.json
 """
@@ -238,6 +239,17 @@ def dict_keys():
 def sync_bn():
     model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.SyncBatchNorm(8), paddle.nn.Linear(8, 2))
     paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8)
+
+
+def untrained():
+    class TwoHeads(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.body, self.used, self.unused = paddle.nn.Linear(4, 8), paddle.nn.Linear(8, 2), paddle.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.used(F.relu(self.body(x)))
+    paddle_dist.fit(TwoHeads(), Points(32, 0), epochs=2, batch_size=8)
 
 
 def schedule(out):
