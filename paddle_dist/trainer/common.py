@@ -86,13 +86,13 @@ class Result:
 class Position:
     """Where training stands: the epoch in progress and the steps already done;
     `epoch_loss`: the sum of the step losses (each the mean over its ranks) and the count
-    of the steps of the epoch in progress that an earlier attempt ran, so that a resumed
-    epoch's train loss still covers the whole epoch."""
+    of the steps of the epoch in progress that an earlier attempt ran, and the sums of the
+    loss's parts by name, so that a resumed epoch's train loss still covers the whole epoch."""
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
-    epoch_loss: Tuple[float, float] = (0.0, 0.0)
+    epoch_loss: tuple = (0.0, 0.0, {})
 
 
 def default_loss(task: str):
@@ -197,9 +197,10 @@ class Session:
         if self.events:
             self.events.batch_begin(self.pos.step_in_epoch)
 
-    def after_step(self, loss) -> bool:
+    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached.
-        `loss`: the step's mean loss, a device tensor (left unread) or a number."""
+        `loss`: the step's mean loss, a device tensor (left unread) or a number; `parts`:
+        the means of its parts by name (feed.loss_parts), likewise."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self._log_samples()
@@ -211,10 +212,11 @@ class Session:
             self.result.first_step_at = time.time()
         measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
         lr = float(self.optimizer.get_lr())
-        self.progress.step(loss, lr, self.sync.comm_seconds if measurable else None)
+        self.progress.step(loss, lr, self.sync.comm_seconds if measurable else None, parts or {})
         if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
-            self.events.batch_end(self.pos.step_in_epoch - 1,
-                                  {"loss": [float(loss)], "lr": lr, "batch_size": self.cfg.train.batch_size})
+            self.events.batch_end(self.pos.step_in_epoch - 1, {
+                "loss": [float(loss)], **{k: [float(v)] for k, v in (parts or {}).items()},
+                "lr": lr, "batch_size": self.cfg.train.batch_size})
         self.step_scheduler("step")
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
@@ -238,28 +240,37 @@ class Session:
         self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step,
                            self._epoch_loss()))
 
-    def _epoch_loss(self) -> Tuple[float, float]:
-        """(sum, count) of the epoch's step losses so far, an earlier attempt's included
-        (that attempt may have had another number of ranks): a step's loss is the mean of
-        its ranks' (each the mean of its micro-batches'), summed here in one all-reduce."""
-        losses = self.progress.epoch_losses()
-        total, n = all_reduce_sum([sum(losses), len(losses)], self.env, self.monitor.phase) / self.env.world_size
+    def _epoch_loss(self) -> Tuple[float, float, Dict[str, float]]:
+        """(sum, count, {part: sum}) of the epoch's step losses and their parts so far, an
+        earlier attempt's included (that attempt may have had another number of ranks): a
+        step's loss is the mean of its ranks' (each the mean of its micro-batches'),
+        summed here in one all-reduce."""
+        losses, parts = self.progress.epoch_losses(), self.progress.epoch_parts()
+        names = sorted(parts)
+        summed = all_reduce_sum([sum(losses), len(losses), *(sum(parts[k]) for k in names)], self.env,
+                                self.monitor.phase) / self.env.world_size
+        total, n, named = float(summed[0]), float(summed[1]), dict(zip(names, map(float, summed[2:])))
         if self.pos.epoch == self.resumed_epoch:
+            before = dict(self.pos_loss[2]) if len(self.pos_loss) > 2 else {}
             total, n = total + self.pos_loss[0], n + self.pos_loss[1]
-        return float(total), float(n)
+            named = {k: named.get(k, 0.0) + before.get(k, 0.0) for k in sorted({*named, *before})}
+        return total, n, named
 
     def end_epoch(self, epoch: int) -> Dict[str, Any]:
-        """Global train loss, exact evaluation, history, epoch-end checkpoint."""
+        """Global train loss (and its parts), exact evaluation, history, epoch-end checkpoint."""
         self.progress.pause()
-        total, n = self._epoch_loss()
-        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1))}
+        total, n, named = self._epoch_loss()
+        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1)),
+                                   **{f"train_{k}": v / max(n, 1) for k, v in named.items()}}
         # paddle.Model's order: the epoch's end, then its evaluation.
-        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr())})
+        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr()),
+                                      **{k: [v / max(n, 1)] for k, v in named.items()}})
         if self.parts.eval_data is not None:
             metrics.update({f"eval_{k}": v for k, v in self.evaluate().items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
-                                {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")})
+                                {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")},
+                                {k: v / max(n, 1) for k, v in named.items()})
         if epoch == self.resumed_epoch and self.env.is_main and self.sync.mode != "dataparallel":
             untrained.warn(self.parts.model)      # the job's first epoch
         self.step_scheduler("epoch")

@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -47,6 +47,8 @@ class Feed:
         self.label_count = _count(labels, "labels")
         # (inputs, labels) of a training batch: set by the check before epoch 1 (firstbatch)
         self.counts: Optional[Tuple[int, int]] = None
+        self.loss_parts: Dict[str, Any] = {}      # the last loss's parts (loss_parts)
+        self.step_parts: Dict[str, Any] = {}      # their means over the last optimizer step's micro-batches
 
     def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
         """(inputs, labels) of one collated batch."""
@@ -107,16 +109,20 @@ class Feed:
         return self.loss_of(loss_fn, outputs, labels), (self._rest(outputs) if self.model_loss else outputs)
 
     def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence):
-        """The mean loss: `loss_fn(*outputs, *labels)`, or the model's own."""
+        """The mean loss: `loss_fn(*outputs, *labels)`, or the model's own. Its parts, when
+        it has some, are left in `self.loss_parts` (loss_parts)."""
         if not self.model_loss:
-            return _scalar(loss_fn(*outputs, *labels))
+            loss, self.loss_parts = loss_parts(loss_fn(*outputs, *labels))
+            return loss
         first = outputs[0]
         if not isinstance(first, dict):
+            self.loss_parts = {}
             return _scalar(first)
         if "loss" not in first:
             raise DataError(f"loss='model': the model returned a dict with keys {sorted(first)} "
                             "but no 'loss'; return the loss, a tuple (loss, ...) or a dict with 'loss'")
-        return _scalar(first["loss"])
+        loss, self.loss_parts = loss_parts({k: v for k, v in first.items() if k == "loss" or k.startswith("loss_")})
+        return loss
 
     @staticmethod
     def _rest(outputs: Sequence) -> List[Any]:
@@ -147,6 +153,27 @@ def describe(fields) -> str:
         dtype = str(getattr(value, "dtype", type(value).__name__)).replace("paddle.", "")
         words.append(f"{dtype} {list(getattr(value, 'shape', []))}")
     return ", ".join(words)
+
+
+def loss_parts(loss) -> Tuple[Any, Dict[str, Any]]:
+    """(the mean loss, its parts as detached float64 means by name) of what a loss function
+    returned: a tensor (no parts); a list or tuple of terms, summed as paddle.Model sums
+    them (parts loss_0, loss_1, ...); a dict with "loss" and its parts (PaddleDetection's
+    {"loss", "loss_cls", "loss_box"}), or of parts alone, summed.
+
+    Example:
+        loss_parts({"loss_cls": a, "loss_box": b})    # (a + b, {"loss_cls": a, "loss_box": b})
+    """
+    if isinstance(loss, dict):
+        if not loss:
+            raise DataError("the loss returned an empty dict; return the loss, or a dict of its parts")
+        named = {k: _scalar(v) for k, v in loss.items()}
+        total = named.pop("loss") if "loss" in named else paddle.add_n(list(named.values()))
+        return total, {k: v.detach().astype("float64") for k, v in named.items()}
+    if isinstance(loss, (list, tuple)) and len(loss) > 1:
+        return _scalar(loss), {f"loss_{i}": paddle.sum(term).detach().astype("float64")    # as _scalar sums them
+                               for i, term in enumerate(loss)}
+    return _scalar(loss), {}
 
 
 def _scalar(loss):

@@ -34,14 +34,14 @@ class _Bridge(paddle.callbacks.Callback):
         self.session, self.sampler, self.loss = session, sampler, loss
         self.first = session.pos.epoch
         self.k = session.cfg.train.accumulate_steps
-        self.group_losses = []
+        self.group_losses, self.group_parts = [], []    # the group's losses and their parts
 
     def on_epoch_begin(self, epoch, logs=None):
         real = self.first + epoch          # hapi counts the epochs of this fit() call
         done = self.session.pos.step_in_epoch if epoch == 0 else 0
         self.sampler.start(real, done)
         self.session.begin_epoch(real)
-        self.group_losses = []
+        self.group_losses, self.group_parts = [], []
 
     def on_train_batch_begin(self, step, logs=None):
         if step % self.k == 0:
@@ -55,10 +55,13 @@ class _Bridge(paddle.callbacks.Callback):
     def on_train_batch_end(self, step, logs=None):
         # hapi has read the loss on the host already (its logs hold numpy): a number here.
         self.group_losses.append(to_float(logs["loss"]) * self.loss.divisor)
+        self.group_parts.append({k: to_float(v) for k, v in self.loss.feed.loss_parts.items()})
         if (step + 1) % self.k and step + 1 != len(self.sampler):
             return                          # hapi accumulates: no optimizer step yet
-        loss, self.group_losses = sum(self.group_losses) / len(self.group_losses), []
-        if self.session.after_step(loss):
+        loss, count = sum(self.group_losses) / len(self.group_losses), len(self.group_losses)
+        parts = {k: sum(p[k] for p in self.group_parts) / count for k in self.group_parts[0]}
+        self.group_losses, self.group_parts = [], []
+        if self.session.after_step(loss, parts):
             # The step limit: hapi leaves its batch loop when num_iters runs out, which it
             # checks right after this callback.
             self.model.num_iters = 1

@@ -342,6 +342,9 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
     }
     if configlib.evaluates_only(cfg):
         metrics.update(eval_only=True, checkpoint=result.resumed_from)
+    for key in ("test_accuracy", "test_loss", "test_samples"):     # what does not apply is left out
+        if metrics[key] is None:
+            del metrics[key]
     path = Path(run_dir) / "metrics.json"
     tmp = path.with_suffix(".json.tmp")
     private.write_text(tmp, json.dumps(metrics, indent=1))

@@ -37,7 +37,7 @@ def run(session: Session) -> None:
             session.before_step()
             loss = step(model, parts.loss, group, session.optimizer, session.amp, session.scaler,
                         session.sync.arm, parts.feed)
-            if session.after_step(loss):
+            if session.after_step(loss, parts.feed.step_parts):
                 break
         session.end_epoch(epoch)
         if session.done:
@@ -59,7 +59,8 @@ def groups(batches, k: int):
 def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
          arm: Callable[[bool], None] = lambda final: None, feed: Feed = None) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
-    detached float64 tensor on the device (read it on the host only when it is needed:
+    detached float64 tensor on the device (the means of its parts, if any, are left in
+    `feed.step_parts`) (read it on the host only when it is needed:
     on a GPU every read waits for the queued work, see progress.read_values).
 
     Each micro-batch's mean loss is divided by the group's size, so the summed gradient
@@ -68,7 +69,7 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
     tells the gradient sync whether an optimizer step follows the coming backward().
     `group` holds (inputs, labels) lists, split by `feed` (default: one input, the rest labels)."""
     feed = feed or Feed(model, inputs=1)
-    total = None
+    total, named = None, {}
     for i, (inputs, labels) in enumerate(group):
         if len(group) > 1:
             arm(i == len(group) - 1)
@@ -79,10 +80,13 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
         # Summed in float64, like Python floats: the same mean as reading each loss would give.
         value = loss.detach().astype("float64")
         total = value if total is None else total + value
+        for name, part in feed.loss_parts.items():
+            named[name] = part if name not in named else named[name] + part
     if scaler is not None:
         scaler.step(optimizer)      # averages, then skips the step on inf/nan
         scaler.update()
     else:
         optimizer.step()
     optimizer.clear_grad()
+    feed.step_parts = {name: part / len(group) for name, part in named.items()}   # the loss's parts, likewise
     return total / len(group)

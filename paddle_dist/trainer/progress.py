@@ -107,6 +107,7 @@ class Progress:
         self.step_count = 0                   # steps of this run
         self._read: List[float] = []          # losses of this run's steps, read so far
         self._pending: list = []              # losses of the steps after those, not read yet
+        self._parts: List[Dict[str, object]] = []   # each step's loss parts (unread tensors or numbers)
         self._reported = self._epoch_from = 0  # steps of this run before the last report / epoch
         self.train_time, self._t_last = 0.0, None
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
@@ -118,16 +119,17 @@ class Progress:
         self.epoch, self.epoch_step, self._t_last = epoch, done, time.perf_counter()
         self._epoch_from = self.step_count
 
-    def step(self, loss, lr: float, comm_s: Optional[float] = None) -> None:
-        """`loss`: a tensor (kept unread until the next report) or a number. `comm_s`:
-        seconds spent communicating so far, when measurable (it splits the time per step
-        into compute and communication in VisualDL)."""
+    def step(self, loss, lr: float, comm_s: Optional[float] = None, parts: Optional[Dict[str, object]] = None) -> None:
+        """`loss`: a tensor (kept unread until the next report) or a number; `parts`: its
+        parts by name, likewise. `comm_s`: seconds spent communicating so far, when
+        measurable (it splits the time per step into compute and communication in VisualDL)."""
         now = time.perf_counter()
         self.train_time += now - self._t_last
         self._t_last = now
         self.step_count += 1
         self.epoch_step += 1
         self._pending.append(loss)
+        self._parts.append(parts or {})
         if self.epoch_step % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
             self._report(lr)
             self._report_times(comm_s)
@@ -144,6 +146,16 @@ class Progress:
     def epoch_losses(self) -> List[float]:
         """The losses of this run's steps in the epoch in progress, as floats."""
         return self.losses[self._epoch_from:]
+
+    def epoch_parts(self) -> Dict[str, List[float]]:
+        """The loss parts of this run's steps in the epoch in progress, by name, as floats."""
+        return self._parts_of(self._epoch_from)
+
+    def _parts_of(self, start: int) -> Dict[str, List[float]]:
+        steps = self._parts[start:]
+        names = sorted({name for step in steps for name in step})
+        values = read_values([step.get(name, 0.0) for step in steps for name in names])
+        return {name: values[i::len(names)] for i, name in enumerate(names)}
 
     def _report_times(self, comm_s: Optional[float]) -> None:
         steps = self.step_count - self._mark[0]
@@ -179,14 +191,20 @@ class Progress:
             value = read_values([self.grad_norm.last])[0]        # the last step's, after averaging
             norm = f" grad norm {value:.3g}"
             self.scalar("train/grad_norm", value)
+        parts = {k: sum(v) / len(v) for k, v in self._parts_of(len(self._read) - len(window)).items()}
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
-                      f"loss {mean:.4f} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}")
+                      f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}")
         self.scalar("train/loss", mean)
+        for name, value in parts.items():
+            self.scalar(f"train/{name}", value)
         self.scalar("train/lr", lr)
         self.scalar("train/samples_per_s", speed)
 
-    def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float]) -> None:
-        line = f"epoch {epoch + 1}/{self.epochs} done: train loss {train_loss:.4f}"
+    def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float],
+                  parts: Optional[Dict[str, float]] = None) -> None:
+        line = f"epoch {epoch + 1}/{self.epochs} done: train loss {train_loss:.4f}{_said(parts or {})}"
+        for key, value in (parts or {}).items():
+            self.scalar(f"train_epoch/{key}", value, step=epoch + 1)
         numbers = {k: v for k, v in metrics.items() if k != "count" and isinstance(v, (int, float))}
         if metrics:
             found = " ".join(f"{k} {v:.4f}" for k, v in numbers.items())
@@ -204,6 +222,11 @@ class Progress:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _said(parts: Dict[str, float]) -> str:
+    """' (loss_cls 0.5012, loss_box 0.2231)': a loss's parts beside it."""
+    return f" ({', '.join(f'{k} {v:.4f}' for k, v in parts.items())})" if parts else ""
 
 
 def read_values(values: Sequence) -> List[float]:

@@ -233,3 +233,32 @@ def test_a_parameter_no_rank_trained_in_the_first_epoch_is_named_once(api, tmp_p
     assert said.count("2 of 6 trainable parameters got no gradient on any rank in the whole first "
                       "epoch, so they keep their initial values: unused.weight, unused.bias.") == 1, said
     assert "use_reentrant=False" in said
+
+
+@pytest.mark.compat
+def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path):
+    """A detector-like model whose own loss is {loss, loss_cls, loss_box}: its parts are in
+    the progress lines, metrics.json, VisualDL and the callbacks' logs, at both levels on
+    2 ranks, equal to one process on the union of the batches."""
+    runs = {"loop": [*LAUNCH, SCRIPT], "hapi": [*LAUNCH, "-o", "train.api=hapi", SCRIPT], "one": [SCRIPT]}
+    history = {}
+    for name, command in runs.items():
+        out = tmp_path / name
+        out.mkdir()
+        done = run(command + ["loss_parts", str(out), "16" if name == "one" else "8"], cwd=out, timeout=180)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        said = done.stdout + done.stderr
+        assert re.search(r"step 2/4 loss [\d.]+ \(loss_box [\d.]+, loss_cls [\d.]+\) lr", said), said
+        assert re.search(r"epoch 2/2 done: train loss [\d.]+ \(loss_box [\d.]+, loss_cls [\d.]+\)", said), said
+        metrics = json.loads((out / "run" / "metrics.json").read_text())
+        assert "test_accuracy" not in metrics and "test_loss" not in metrics     # no evaluation: left out
+        history[name] = metrics["history"]
+        for epoch in history[name]:
+            assert epoch["train_loss"] == pytest.approx(epoch["train_loss_cls"] + epoch["train_loss_box"], rel=1e-6)
+        events = json.loads((out / "parts0.json").read_text())
+        assert dict(events)["on_train_batch_end"] == ["batch_size", "loss", "loss_box", "loss_cls", "lr"]
+        assert b"train/loss_cls" in b"".join(p.read_bytes() for p in (out / "run" / "vdl").iterdir())
+    assert history["loop"] == history["hapi"]
+    for two, one in zip(history["loop"], history["one"]):
+        assert two.keys() == one.keys()
+        assert all(two[k] == pytest.approx(one[k], rel=1e-6) for k in two)

@@ -14,6 +14,8 @@
     fit_habits.py dict_keys           # dict samples whose keys are not forward's names
     fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
     fit_habits.py untrained           # a trainable head the loss never reaches
+    fit_habits.py loss_parts OUT BATCH  # a detector-like model whose loss="model" is a dict
+                                      # {loss, loss_cls, loss_box}; OUT/parts<rank>.json
     fit_habits.py schedule OUT        # a cosine schedule sized from len(DataLoader), and one
                                       # from paddle_dist.steps(); OUT/steps<rank>.json
 """
@@ -252,6 +254,31 @@ def untrained():
     paddle_dist.fit(TwoHeads(), Points(32, 0), epochs=2, batch_size=8)
 
 
+class Detector(paddle.nn.Layer):
+    """Computes its own loss in training, in parts, as PaddleDetection's architectures do."""
+
+    def __init__(self):
+        super().__init__()
+        paddle.seed(7)
+        self.body, self.cls, self.box = paddle.nn.Linear(4, 16), paddle.nn.Linear(16, 2), paddle.nn.Linear(16, 1)
+
+    def forward(self, x, label):
+        h = F.relu(self.body(x))
+        loss_cls = F.cross_entropy(self.cls(h), label)
+        loss_box = F.smooth_l1_loss(self.box(h), x[:, :1])
+        return {"loss": loss_cls + loss_box, "loss_cls": loss_cls, "loss_box": loss_box}
+
+
+def loss_parts(out, batch):
+    out, rank = Path(out), paddle.distributed.get_rank()
+    record = Record()
+    model = Detector()
+    paddle_dist.fit(model, Points(64, 0), loss="model", epochs=2, batch_size=int(batch), callbacks=[record],
+                    optimizer=paddle.optimizer.SGD(0.1, parameters=model.parameters()),
+                    config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/run", "train.log_every=2"]))
+    (out / f"parts{rank}.json").write_text(json.dumps(record.events))
+
+
 def schedule(out):
     out, rank = Path(out), paddle.distributed.get_rank()
     loader = paddle.io.DataLoader(Points(64, 0), batch_size=4, shuffle=True)
@@ -265,5 +292,5 @@ def schedule(out):
 
 
 if __name__ == "__main__":
-    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads,
+    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts,
      "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
