@@ -101,6 +101,8 @@ class TrainConfig:
                                    # indices over all ranks (the same at any world size), to compare runs
     ema_warmup: bool = True        # the average's decay warms up as min(decay, (1+n)/(10+n)) after n
                                    # updates (PaddleDetection's ModelEMA); false: decay from the start
+    eval_loss: bool = True         # evaluation computes the loss too; false: the metrics alone, as
+                                   # suites evaluate (outputs or labels the loss cannot take)
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw

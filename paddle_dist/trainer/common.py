@@ -293,7 +293,8 @@ class Session:
             agreement.check_evaluated(parts.model, self.env, self.pos.global_step, self.monitor.phase)
             found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
                              cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
-                             cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None)
+                             cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None,
+                             cfg.train.eval_loss)
         self.events.eval_end(hapi_logs(found, ""))
         return found
 

@@ -92,11 +92,14 @@ def builtin_accuracy(outputs: Sequence, labels: Sequence) -> Optional[paddle.Ten
 @paddle.no_grad()
 def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_size: int,
              task: str = "classification", beat: Callable[[], None] = lambda: None, phase=None,
-             batched: bool = True, workers: int = 0, amp=None, events=None) -> Dict[str, Any]:
+             batched: bool = True, workers: int = 0, amp=None, events=None,
+             with_loss: bool = True) -> Dict[str, Any]:
     """Loss, the metrics (or, with none and a classifier, accuracy) and the sample count over
     the whole of `source`, identical on all ranks. `events`: the callbacks' eval batch
     begin/end (callbacks.Events); `amp`: the job's precision plan, whose autocast the
-    forward runs under at O2 (16-bit weights need 16-bit inputs; O1 evaluates in float32)."""
+    forward runs under at O2 (16-bit weights need 16-bit inputs; O1 evaluates in float32).
+    No loss without `with_loss` (train.eval_loss) or from a model that gives none
+    (Feed.evaluated): then the result has no "loss"."""
     from .amp import AmpPlan, autocast
 
     was_training = net.training
@@ -106,7 +109,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
     for metric in metrics:
         metric.reset()
     try:
-        loss_sum = correct = count = 0.0
+        loss_sum = correct = count = lossless = 0.0
         accuracy = task == "classification" and not metrics
         for step in range(sampler.rounds):
             batch, results = next(batches, None), None
@@ -115,9 +118,10 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
                 if events is not None:
                     events.eval_batch_begin(step)
                 with autocast(amp if amp is not None and amp.level == "O2" else AmpPlan()):
-                    loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
+                    loss, outputs = feed.evaluated(net, loss_fn, inputs, labels, with_loss)
                 n = batch_size_of(inputs)
-                loss_sum += float(loss) * n
+                loss_sum += float(loss) * n if loss is not None else 0.0
+                lossless += loss is None
                 count += n
                 if accuracy:
                     hits = builtin_accuracy(outputs, labels)
@@ -129,16 +133,19 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_siz
                     for metric, args in zip(metrics, found or ()):
                         metric.update(*args)
             if batch is not None and events is not None:
-                events.eval_batch_end(step, {"loss": [float(loss)], "batch_size": n})
+                events.eval_batch_end(step, {**({"loss": [float(loss)]} if loss is not None else {}),
+                                             "batch_size": n})
             beat()
     finally:
         batches.close()           # its DataLoader workers, if any, end now
     if was_training:
         net.train()
     # A rank whose batches were not classifier outputs counts no accuracy: the ranks agree.
-    sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0], env, phase)
-    loss_sum, correct, count, refused = (float(v) for v in sums)
-    found: Dict[str, Any] = {"loss": loss_sum / max(count, 1), "count": int(count)}
+    sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0, lossless],
+                          env, phase)
+    loss_sum, correct, count, refused, lossless = (float(v) for v in sums)
+    found: Dict[str, Any] = {"count": int(count)} if lossless else \
+        {"loss": loss_sum / max(count, 1), "count": int(count)}
     if task == "classification" and not metrics and not refused:
         found["accuracy"] = correct / max(count, 1)
     for metric in metrics:

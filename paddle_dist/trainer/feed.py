@@ -49,6 +49,7 @@ class Feed:
         self.counts: Optional[Tuple[int, int]] = None
         self.loss_parts: Dict[str, Any] = {}      # the last loss's parts (loss_parts)
         self.step_parts: Dict[str, Any] = {}      # their means over the last optimizer step's micro-batches
+        self.eval_loss = True                     # False once a model_loss model returned none evaluating
 
     def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
         """(inputs, labels) of one collated batch."""
@@ -108,6 +109,29 @@ class Feed:
         outputs = self.outputs(model, inputs, labels)
         return self.loss_of(loss_fn, outputs, labels), (self._rest(outputs) if self.model_loss else outputs)
 
+    def evaluated(self, model, loss_fn, inputs, labels, with_loss: bool = True):
+        """(the mean loss or None, the outputs the metrics get) of an evaluation batch: no
+        loss when `with_loss` is false (train.eval_loss), nor from a model with its own
+        loss (loss="model") that returns none in evaluation (a detector's detections: a
+        first output that is no scalar, or a dict without "loss"): then all its outputs
+        go to the metrics."""
+        outputs = self.outputs(model, inputs, labels)
+        if self.model_loss and not returns_loss(outputs):
+            self.eval_loss = False
+            return None, (list(outputs[0].values()) if isinstance(outputs[0], dict) else outputs)
+        if self.model_loss:
+            return (self.loss_of(loss_fn, outputs, labels) if with_loss else None), self._rest(outputs)
+        return (self.loss_of(loss_fn, outputs, labels) if with_loss else None), outputs
+
+    def eval_rule(self, with_loss: bool) -> str:
+        """The start line's words for what evaluation computes."""
+        if self.model_loss and not self.eval_loss:
+            return ("the metrics on all the model's outputs: it returns no loss in evaluation "
+                    "(loss='model'), so there is no eval loss")
+        if not with_loss:
+            return "the metrics alone, no loss on evaluation batches (train.eval_loss=false)"
+        return "the loss and the metrics" + (" (the model's own loss)" if self.model_loss else "")
+
     def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence):
         """The mean loss: `loss_fn(*outputs, *labels)`, or the model's own. Its parts, when
         it has some, are left in `self.loss_parts` (loss_parts)."""
@@ -153,6 +177,15 @@ def describe(fields) -> str:
         dtype = str(getattr(value, "dtype", type(value).__name__)).replace("paddle.", "")
         words.append(f"{dtype} {list(getattr(value, 'shape', []))}")
     return ", ".join(words)
+
+
+def returns_loss(outputs: Sequence) -> bool:
+    """Whether a model with its own loss returned one: a dict with "loss", or a first
+    output that is a one-element tensor."""
+    first = outputs[0] if outputs else None
+    if isinstance(first, dict):
+        return "loss" in first
+    return isinstance(first, paddle.Tensor) and int(np.prod(first.shape)) == 1
 
 
 def loss_parts(loss) -> Tuple[Any, Dict[str, Any]]:

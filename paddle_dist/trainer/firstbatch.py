@@ -29,9 +29,11 @@ import paddle
 from .amp import AmpPlan, autocast
 from ..errors import DataError, UserError
 from .evaluation import buffers, computed
-from .feed import describe
+from .feed import describe, returns_loss
 
 EVAL_SAMPLES = 8          # the evaluation check's batch: a few samples are enough
+EVAL_LOSS_HINT = ("; a loss that cannot take evaluation's outputs or labels (heads of training only, "
+                  "labels of another shape) is left out with -o train.eval_loss=false: the metrics alone")
 
 
 def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
@@ -41,17 +43,18 @@ def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
         if train:
             size = min(cfg.train.batch_size, len(parts.train_data))
             indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
-            _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, training=True)
+            _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
         if parts.eval_data is not None and len(parts.eval_data):
             size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
             indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
-            _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, training=False)
+            _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, False,
+                 cfg.train.eval_loss)
     for metric in parts.metrics:
         metric.reset()
 
 
 def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batched: bool,
-         training: bool) -> None:
+         training: bool, with_loss: bool = True) -> None:
     feed = parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices, batched))
@@ -64,25 +67,38 @@ def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batch
         except DataError:   # outputs of training only (auxiliary heads): as training runs it
             _forward(parts, inputs, labels, what, "training", precision, hint)
     else:
-        _forward(parts, inputs, labels, what, "evaluation", precision, hint)
+        _forward(parts, inputs, labels, what, "evaluation", precision, hint, with_loss)
 
 
-def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hint: str) -> None:
+def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hint: str,
+             with_loss: bool = True) -> None:
     """The forward, the loss and (evaluating) the metrics on one batch, in `mode`."""
     net, feed = parts.model, parts.feed
     held = (f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'}; "
             f"in {mode} mode)")
     net.train() if mode == "training" else net.eval()
     with paddle.no_grad(), autocast(precision):
-        outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels), hint)
-        _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
-              lambda: feed.loss_of(parts.loss, outputs, labels), hint)
-        given = feed._rest(outputs) if feed.model_loss else outputs
+        if what == "evaluation":      # as evaluation computes it: the loss, if any, and the outputs
+            _, given = _step(f"the model's forward and the loss on {held}",
+                             lambda: feed.evaluated(net, parts.loss, inputs, labels, with_loss),
+                             hint or (EVAL_LOSS_HINT if with_loss else ""))
+        else:
+            outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels), hint)
+            _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
+                  lambda: _training_loss(feed, parts.loss, outputs, labels), hint)
+            given = []
         for metric in parts.metrics if what == "evaluation" else ():
             name = type(metric).__name__
             _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
                   f"({describe(labels)}) of {held}",
                   lambda: metric.update(*computed(metric, given, labels)), hint)
+
+
+def _training_loss(feed, loss_fn, outputs, labels):
+    if feed.model_loss and not returns_loss(outputs):     # a detector's detections, evaluating
+        raise ValueError("loss='model', but the model returned no loss (a one-element tensor, or a "
+                         "dict with 'loss')")
+    return feed.loss_of(loss_fn, outputs, labels)
 
 
 def _step(what: str, fn: Callable, hint: str = ""):

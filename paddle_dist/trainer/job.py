@@ -113,7 +113,8 @@ def _check_monitor(parts: Parts, cfg) -> None:
     logged = {"train_loss"}
     if parts.eval_data is not None:
         names = metric_names(parts.metrics) or (["accuracy"] if parts.task == "classification" else [])
-        logged |= {"eval_loss", *(f"eval_{name}" for name in names)}
+        logged |= {"eval_loss", *(f"eval_{name}" for name in names)} if cfg.train.eval_loss else \
+            {f"eval_{name}" for name in names}
     if monitor != configlib.Config().checkpoint.monitor and monitor not in logged:
         raise ConfigError(f"checkpoint.monitor={monitor} is not logged by this job; it logs "
                           f"{', '.join(sorted(logged))}")
@@ -201,6 +202,8 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
              f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     log.info(f"paddle_dist: {prepared.lr_text}")
+    if parts.eval_data is not None:       # the check before epoch 1 saw what evaluation returns
+        log.info(f"paddle_dist: evaluation: {parts.feed.eval_rule(cfg.train.eval_loss)}")
     sized = schedule.length_warning(optimizer._learning_rate, cfg.train.scheduler_every, per_epoch, limit)
     if sized and lr_policy is None and env.is_main:
         log.warning(f"paddle_dist: {sized}")
@@ -263,7 +266,7 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
              f"with {env.world_size} rank(s); nothing is trained")
     found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, env,
                      cfg.train.eval_batch_size, parts.task, monitor.beat, monitor.phase,
-                     cfg.data.batched, cfg.data.num_workers, precision)
+                     cfg.data.batched, cfg.data.num_workers, precision, with_loss=cfg.train.eval_loss)
     metrics = {"epoch": at.epoch, **{f"eval_{k}": v for k, v in found.items()}}
     return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 

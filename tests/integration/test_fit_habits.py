@@ -187,10 +187,26 @@ def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_mem
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_the_check_before_epoch_1_runs_training_batches_in_training_mode(api, tmp_path):
     """A model with heads in training only and a loss that takes them all, as PaddleSeg's
-    BiSeNetV2 and its loss: the check runs the training batch as training runs it."""
-    done = run([*LAUNCH, "-o", f"train.api={api}", SCRIPT, "aux_heads", str(tmp_path)], cwd=tmp_path, timeout=180)
+    BiSeNetV2 and its loss: the check runs the training batch as training runs it, and
+    evaluation, with train.eval_loss=false, computes the metrics alone."""
+    done = run([*LAUNCH, "-o", f"train.api={api}", "-o", "train.eval_loss=false", SCRIPT, "aux_heads",
+                str(tmp_path)], cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "!= 3 heads" not in done.stderr
+    said = done.stdout + done.stderr
+    assert "paddle_dist: evaluation: the metrics alone, no loss on evaluation batches (train.eval_loss=false)" in said
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert "eval_acc" in history[0] and "eval_loss" not in history[0]
+
+
+@pytest.mark.compat
+def test_an_evaluation_loss_that_cannot_take_evaluations_outputs_says_the_option(tmp_path):
+    done = run([SCRIPT, "aux_heads", str(tmp_path)], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert ("the model's forward and the loss on the first evaluation batch (inputs float32 [8, 4]; labels "
+            "int64 [8, 1]; in evaluation mode) failed: ValueError: 1 != 3 heads; a loss that cannot take "
+            "evaluation's outputs or labels") in done.stderr
+    assert "-o train.eval_loss=false: the metrics alone" in done.stderr
 
 
 @pytest.mark.compat
@@ -237,9 +253,10 @@ def test_a_parameter_no_rank_trained_in_the_first_epoch_is_named_once(api, tmp_p
 
 @pytest.mark.compat
 def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path):
-    """A detector-like model whose own loss is {loss, loss_cls, loss_box}: its parts are in
-    the progress lines, metrics.json, VisualDL and the callbacks' logs, at both levels on
-    2 ranks, equal to one process on the union of the batches."""
+    """A detector-like model whose own loss is {loss, loss_cls, loss_box} in training and
+    which returns detections without a loss in evaluation: the parts are in the progress
+    lines, metrics.json, VisualDL and the callbacks' logs, and the detections go to the
+    metric, at both levels on 2 ranks, equal to one process on the union of the batches."""
     runs = {"loop": [*LAUNCH, SCRIPT], "hapi": [*LAUNCH, "-o", "train.api=hapi", SCRIPT], "one": [SCRIPT]}
     history = {}
     for name, command in runs.items():
@@ -249,9 +266,13 @@ def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         said = done.stdout + done.stderr
         assert re.search(r"step 2/4 loss [\d.]+ \(loss_box [\d.]+, loss_cls [\d.]+\) lr", said), said
-        assert re.search(r"epoch 2/2 done: train loss [\d.]+ \(loss_box [\d.]+, loss_cls [\d.]+\)", said), said
+        assert re.search(r"epoch 2/2 done: train loss [\d.]+ \(loss_box [\d.]+, loss_cls [\d.]+\) \| eval acc",
+                         said), said
+        assert ("paddle_dist: evaluation: the metrics on all the model's outputs: it returns no loss in "
+                "evaluation (loss='model'), so there is no eval loss") in said
         metrics = json.loads((out / "run" / "metrics.json").read_text())
-        assert "test_accuracy" not in metrics and "test_loss" not in metrics     # no evaluation: left out
+        assert "test_accuracy" not in metrics and "test_loss" not in metrics     # no such numbers: left out
+        assert metrics["test_metrics"] == {"acc": metrics["history"][-1]["eval_acc"]}
         history[name] = metrics["history"]
         for epoch in history[name]:
             assert epoch["train_loss"] == pytest.approx(epoch["train_loss_cls"] + epoch["train_loss_box"], rel=1e-6)

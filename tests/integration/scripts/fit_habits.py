@@ -15,7 +15,8 @@
     fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
     fit_habits.py untrained           # a trainable head the loss never reaches
     fit_habits.py loss_parts OUT BATCH  # a detector-like model whose loss="model" is a dict
-                                      # {loss, loss_cls, loss_box}; OUT/parts<rank>.json
+                                      # {loss, loss_cls, loss_box} in training, detections in
+                                      # evaluation (no loss); OUT/parts<rank>.json
     fit_habits.py schedule OUT        # a cosine schedule sized from len(DataLoader), and one
                                       # from paddle_dist.steps(); OUT/steps<rank>.json
 """
@@ -214,7 +215,8 @@ def aux_loss(*args):
 
 def aux_heads(out):
     model = AuxHeads()
-    paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8, loss=aux_loss,
+    paddle_dist.fit(model, Points(32, 0), Points(20, 1), epochs=1, batch_size=8, loss=aux_loss,
+                    metrics=[paddle.metric.Accuracy()],
                     config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/run"]))
     print(json.dumps({"norm_mean": model.norm._mean.numpy().tolist()}))
 
@@ -264,6 +266,8 @@ class Detector(paddle.nn.Layer):
 
     def forward(self, x, label):
         h = F.relu(self.body(x))
+        if not self.training:          # detections, no loss (as PaddleDetection's architectures)
+            return F.softmax(self.cls(h))
         loss_cls = F.cross_entropy(self.cls(h), label)
         loss_box = F.smooth_l1_loss(self.box(h), x[:, :1])
         return {"loss": loss_cls + loss_box, "loss_cls": loss_cls, "loss_box": loss_box}
@@ -273,7 +277,8 @@ def loss_parts(out, batch):
     out, rank = Path(out), paddle.distributed.get_rank()
     record = Record()
     model = Detector()
-    paddle_dist.fit(model, Points(64, 0), loss="model", epochs=2, batch_size=int(batch), callbacks=[record],
+    paddle_dist.fit(model, Points(64, 0), Points(40, 1), loss="model", inputs=1, epochs=2, batch_size=int(batch),
+                    callbacks=[record], metrics=[paddle.metric.Accuracy()],
                     optimizer=paddle.optimizer.SGD(0.1, parameters=model.parameters()),
                     config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/run", "train.log_every=2"]))
     (out / f"parts{rank}.json").write_text(json.dumps(record.events))
