@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 # and how the job is started, watched and written, and how long it runs. (The world
 # size, part of dist, is checked on its own when a checkpoint is loaded.)
 VOLATILE_KEYS = ("output", "checkpoint", "faults", "dist", "train.epochs", "train.max_steps",
-                 "train.log_every")
+                 "train.log_every", "train.eval_every_steps")
 
 
 def _config_dir() -> Path:
@@ -106,7 +106,10 @@ class TrainConfig:
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw
-    max_steps: int = 0             # stop after this many steps in total; 0 = run all epochs
+    max_steps: int = 0             # the run's optimizer steps (a suite's `iters`), over as many epochs
+                                   # as they fill; 0 = train.epochs whole epochs
+    eval_every_steps: int = 0      # evaluate (best checkpoint, early stopping, checkpoint.monitor)
+                                   # every N optimizer steps, mid-epoch too, instead of every epoch
     accumulate_steps: int = 1      # micro-batches of batch_size per optimizer step; gradients
                                    # are communicated once per optimizer step
     early_stop_patience: int = 0   # stop after this many evaluations without a better
@@ -264,6 +267,6 @@ NON_NEGATIVE = ("train.clip_grad_norm", "train.ema_decay", "data.num_workers", "
                 "train.warmup_epochs", "train.lr_gamma", "train.early_stop_patience",
                 "checkpoint.every_steps", "checkpoint.keep_last", "dist.rendezvous_timeout",
                 "dist.hang_timeout", "dist.stop_timeout", "dist.max_restarts", "sync.bucket_mb",
-                "dist.min_nnodes", "dist.last_call")
+                "dist.min_nnodes", "dist.last_call", "train.eval_every_steps")
 FAULT_KINDS = ("raise", "exit", "kill", "hang", "nativehang", "slowsave", "slow",
                "perturb", "term", "interrupt", "lose")   # faults.inject (runtime/inject.py)

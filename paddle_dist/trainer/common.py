@@ -8,7 +8,6 @@ seeding, sharding, evaluation, checkpoints and resume.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from .ema import Ema, MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
 from .feed import Feed
 from .loading import Source
-from .sampling import DataPlan, PlannedBatchSampler, SeededSamples
+from .sampling import DataPlan, PlannedBatchSampler
 from .selection import Best
 from ..security import private
 from ..sync.batchstats import BatchStats
@@ -79,7 +78,11 @@ class Result:
 
     @property
     def metrics(self) -> Dict[str, float]:
-        return self.history[-1] if self.history else {}
+        """The last epoch's metrics, with the last evaluation's when they have none of their
+        own (train.eval_every_steps evaluates between epoch ends)."""
+        last = dict(self.history[-1]) if self.history else {}
+        evaluated = next((h for h in reversed(self.history) if "eval_count" in h), {})
+        return last if "eval_count" in last else {**last, **{k: v for k, v in evaluated.items() if k.startswith("eval_")}}
 
 
 @dataclass
@@ -123,19 +126,6 @@ def optimizer_factory(name: str, lr: float, weight_decay: float, clip_norm: floa
 
 
 # ------------------------------------------------------------------ data order
-def train_loader(parts: Parts, cfg, env, plan: Optional[DataPlan] = None):
-    """The training batches of this rank, as (inputs, labels), and their sampler: the run's
-    data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
-    plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
-    source = parts.train_data
-    if not source.gathers(cfg.data.batched):     # a dataset's own batch() seeds its own draws
-        source = dataclasses.replace(source, dataset=SeededSamples(source.dataset, cfg.train.seed))
-    sampler = PlannedBatchSampler(source.dataset, cfg.train.batch_size, plan, env.global_rank,
-                                  env.world_size, cfg.train.shuffle, cfg.train.drop_last)
-    return source.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
-                         env.job_dir), sampler
-
-
 # ------------------------------------------------------------------ the session
 class Session:
     """One rank's training run: counters, progress, checkpoints, stop requests.
@@ -222,10 +212,25 @@ class Session:
         self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
         if self.sync.stop_requested:
             self._stop_for_preemption()
+        evals = self.cfg.train.eval_every_steps     # first: a checkpoint of this step holds its evaluation
+        if evals and self.parts.eval_data is not None and (self.pos.global_step % evals == 0 or self.done):
+            self._evaluate_at_step()
         every = self.cfg.checkpoint.every_steps
         if every and self.pos.global_step % every == 0 and not self.done:
             self._save_mid_epoch()
         return self.done
+
+    def _evaluate_at_step(self) -> None:
+        """train.eval_every_steps: an evaluation after this optimizer step, mid-epoch too,
+        with its entry in the history, and the best checkpoint and early stopping decided on it."""
+        self.progress.pause()
+        found = {f"eval_{k}": v for k, v in self.evaluate().items()}
+        metrics = {"epoch": self.pos.epoch + 1, "step": self.pos.global_step, **found}
+        self.result.history.append(metrics)
+        self.progress.eval_line(self.pos.global_step, {k[5:]: v for k, v in found.items()})
+        self._select(metrics, Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step,
+                                       self._epoch_loss()))
+        self.progress.resume()
 
     def _log_samples(self) -> None:
         """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
@@ -265,7 +270,7 @@ class Session:
         # paddle.Model's order: the epoch's end, then its evaluation.
         self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr()),
                                       **{k: [v / max(n, 1)] for k, v in named.items()}})
-        if self.parts.eval_data is not None:
+        if self.parts.eval_data is not None and not self.cfg.train.eval_every_steps:
             metrics.update({f"eval_{k}": v for k, v in self.evaluate().items()})
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
@@ -326,12 +331,11 @@ class Session:
             if improved and self.cfg.checkpoint.save_best and self.run_dir:
                 self.save(at, Path(self.run_dir) / "best", keep_last=1)
             if self.best.should_stop and not self.done:
-                self.progress.log.info(
-                    f"early stop after epoch {at.epoch}: no better {self.best.monitor} in "
-                    f"{self.best.stale} evaluations ({self.best.describe()})")
+                self.progress.log.info(f"early stop after {_when(at)}: no better {self.best.monitor} in "
+                                       f"{self.best.stale} evaluations ({self.best.describe()})")
                 self.limit = self.pos.global_step
         if stop and not self.done:
-            self.progress.log.info(f"a callback stopped training after epoch {at.epoch}")
+            self.progress.log.info(f"a callback stopped training after {_when(at)}")
             self.limit = self.pos.global_step
 
     def save(self, at: Position, root: Optional[Path] = None, keep_last: Optional[int] = None) -> None:
@@ -382,15 +386,8 @@ class Session:
         self.batch_stats.close()
 
 
-def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_last: bool) -> int:
-    """Steps of Paddle's DistributedBatchSampler per epoch (each rank gets ceil(N/W) samples)."""
-    per_rank = -(-num_samples // world_size)
-    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
-
-
-def total_steps(cfg, per_epoch: int) -> int:
-    full = per_epoch * cfg.train.epochs
-    return min(full, cfg.train.max_steps) if cfg.train.max_steps else full
+def _when(at: Position) -> str:
+    return f"step {at.global_step}" if at.step_in_epoch else f"epoch {at.epoch}"
 
 
 def to_float(value: Any) -> float:

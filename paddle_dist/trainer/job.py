@@ -39,11 +39,10 @@ from ..sync.batchstats import BatchStats, check_no_sync_batch_norm
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from . import sampling, schedule
-from .common import (Parts, Position, Result, Session, make_optimizer, steps_per_epoch,
-                     total_steps)
+from .common import Parts, Position, Result, Session, make_optimizer
 from .resuming import batches_at, resume
 from ..security import private
-from .sampling import DataPlan
+from .sampling import DataPlan, epochs_for, steps_per_epoch, total_steps
 from .evaluation import evaluate, gather, metric_names
 from .own import fit, fit_record
 from .selection import Best
@@ -79,6 +78,8 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     started = time.perf_counter()
     precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
     prepared = _prepare(parts, cfg, env, precision)
+    if cfg.train.max_steps and not configlib.evaluates_only(cfg):    # steps, as suites count: the
+        cfg = configlib.replace_key(cfg, "train.epochs", epochs_for(cfg, prepared.per_epoch))  # epochs they fill
     run_dir = process.make_run_dir(cfg, env, {"fit": prepared.record} if prepared.record else None)
     try:
         return _monitored(parts, cfg, env, run_dir, precision, prepared, started)
@@ -209,7 +210,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
         log.warning(f"paddle_dist: {sized}")
     progress = progress_log.Progress(env, run_dir, per_epoch, cfg.train.epochs,
                                      cfg.train.batch_size * cfg.train.accumulate_steps,
-                                     cfg.train.log_every, limit, start.global_step)
+                                     cfg.train.log_every, limit, start.global_step, bool(cfg.train.max_steps))
     session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
                       limit, digest, lr_policy, batch_stats)
     session.plan = found.plan
@@ -365,5 +366,5 @@ def _summary(log, result: Result, run_dir: Path, cfg) -> None:
     best = Best(cfg.checkpoint.monitor).replay(result.history)
     if best.value is not None and len(result.history) > 1:
         kept = f"; its checkpoint is {run_dir / 'best'}" if cfg.checkpoint.save_best else ""
-        log.info(f"{best.describe()} of {len(result.history)}{kept}")
+        log.info(f"{best.describe()} of {sum(cfg.checkpoint.monitor in h for h in result.history)} evaluations{kept}")
     log.info(f"{result.samples_per_s:,.0f} samples/s, {result.wall_time_s:.1f} s; outputs in {run_dir}")

@@ -17,7 +17,8 @@ import paddle
 
 from .amp import AmpPlan, autocast
 from ..sync import wrap
-from .common import Session, train_loader
+from .common import Session
+from .sampling import train_loader
 from .feed import Feed
 
 

@@ -26,7 +26,8 @@ from ..runtime.env import detect
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
 from . import callbacks as callbacklib
-from .common import Parts, Result, default_loss, optimizer_factory, steps_per_epoch, total_steps
+from .common import Parts, Result, default_loss, optimizer_factory
+from .sampling import steps_per_epoch, total_steps
 from .evaluation import metric_names
 from .feed import MODEL_LOSS, Feed
 from .loading import Source

@@ -98,12 +98,13 @@ class Progress:
 
     def __init__(self, env, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
                  batch_size: int, log_every: int, total_steps: Optional[int] = None,
-                 start_step: int = 0):
+                 start_step: int = 0, by_steps: bool = False):
         self.env, self.log = env, get()
         self.steps_per_epoch, self.epochs, self.log_every = steps_per_epoch, epochs, log_every
         self.global_batch = batch_size * env.world_size
         self.total_steps = total_steps or steps_per_epoch * epochs
         self.start_step = start_step          # steps done before this run (resume)
+        self.by_steps = by_steps              # train.max_steps: lines count the run's steps first
         self.step_count = 0                   # steps of this run
         self._read: List[float] = []          # losses of this run's steps, read so far
         self._pending: list = []              # losses of the steps after those, not read yet
@@ -192,8 +193,9 @@ class Progress:
             norm = f" grad norm {value:.3g}"
             self.scalar("train/grad_norm", value)
         parts = {k: sum(v) / len(v) for k, v in self._parts_of(len(self._read) - len(window)).items()}
+        steps = f"; step {self.start_step + self.step_count}/{self.total_steps}" if self.by_steps else ""
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
-                      f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}")
+                      f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}{steps}")
         self.scalar("train/loss", mean)
         for name, value in parts.items():
             self.scalar(f"train/{name}", value)
@@ -212,6 +214,14 @@ class Progress:
         self.log.info(line)
         for key, value in numbers.items():       # a metric of several values is in metrics.json
             self.scalar(f"eval/{key}", value, step=epoch + 1)
+
+    def eval_line(self, step: int, metrics: Dict[str, float]) -> None:
+        """An evaluation after optimizer step `step` (train.eval_every_steps)."""
+        numbers = {k: v for k, v in metrics.items() if k != "count" and isinstance(v, (int, float))}
+        found = " ".join(f"{k} {v:.4f}" for k, v in numbers.items())
+        self.log.info(f"step {step}/{self.total_steps}: eval {found} on {int(metrics.get('count', 0))} samples")
+        for key, value in numbers.items():
+            self.scalar(f"eval/{key}", value, step=step)
 
     def scalar(self, tag: str, value: float, step: Optional[int] = None) -> None:
         if self.writer is not None:

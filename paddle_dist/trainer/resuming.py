@@ -19,8 +19,8 @@ from .. import checkpoint
 from .. import config as configlib
 from ..runtime import process
 from . import sampling
-from .common import Parts, Position, steps_per_epoch
-from .sampling import DataPlan
+from .common import Parts, Position
+from .sampling import DataPlan, steps_per_epoch
 
 
 @dataclass

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import random
@@ -205,3 +206,34 @@ class SeededSamples(paddle.io.Dataset):
             if kept is not None:
                 random.setstate(kept[0])
                 np.random.set_state(kept[1])
+
+
+def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_last: bool) -> int:
+    """Steps of Paddle's DistributedBatchSampler per epoch (each rank gets ceil(N/W) samples)."""
+    per_rank = -(-num_samples // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+def total_steps(cfg, per_epoch: int) -> int:
+    """The run's optimizer steps: train.max_steps when set (the suites' `iters`: as many
+    epochs as it takes, epochs_for), else train.epochs of `per_epoch`."""
+    return cfg.train.max_steps or per_epoch * cfg.train.epochs
+
+
+def epochs_for(cfg, per_epoch: int) -> int:
+    """The epochs a run counts: train.epochs, or more when train.max_steps needs them."""
+    needed = -(-cfg.train.max_steps // max(per_epoch, 1))
+    return max(cfg.train.epochs, needed)
+
+
+def train_loader(parts, cfg, env, plan: Optional[DataPlan] = None):
+    """The training batches of this rank, as (inputs, labels), and their sampler: the run's
+    data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
+    plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
+    source = parts.train_data
+    if not source.gathers(cfg.data.batched):     # a dataset's own batch() seeds its own draws
+        source = dataclasses.replace(source, dataset=SeededSamples(source.dataset, cfg.train.seed))
+    sampler = PlannedBatchSampler(source.dataset, cfg.train.batch_size, plan, env.global_rank,
+                                  env.world_size, cfg.train.shuffle, cfg.train.drop_last)
+    return source.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
+                         env.job_dir), sampler

@@ -28,6 +28,7 @@ class Best:
     value: Optional[float] = None
     epoch: int = 0                     # 1-based epoch of the best value
     stale: int = 0                     # evaluations since it
+    step: int = 0                      # its optimizer step, when evaluated every N steps
 
     @property
     def higher_is_better(self) -> bool:
@@ -35,7 +36,7 @@ class Best:
         return not self.monitor.endswith(LOWER_IS_BETTER)
 
     def update(self, metrics: Dict[str, Any]) -> bool:
-        """Take one epoch's metrics; True when they hold a new best value."""
+        """Take one evaluation's metrics (an epoch's, or a step's); True when they hold a new best value."""
         value = metrics.get(self.monitor)
         if value is None:
             return False
@@ -43,6 +44,7 @@ class Best:
                                         else value < self.value)
         if better:
             self.value, self.epoch, self.stale = float(value), int(metrics["epoch"]), 0
+            self.step = int(metrics.get("step", 0))
         else:
             self.stale += 1
         return better
@@ -57,4 +59,4 @@ class Best:
         return bool(self.patience) and self.stale >= self.patience
 
     def describe(self) -> str:
-        return f"best {self.monitor} {self.value:.4f} at epoch {self.epoch}"
+        return f"best {self.monitor} {self.value:.4f} at " + (f"step {self.step}" if self.step else f"epoch {self.epoch}")
