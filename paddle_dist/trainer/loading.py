@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
@@ -22,7 +24,8 @@ import paddle
 from paddle.io.dataloader.collate import default_collate_fn
 
 from ..security import private
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from .badsample import Guarded, GuardedCollate, describe, name_of, raise_noted, span
 from .feed import Feed
 
 # The DataLoader settings carried over from a user's loader (besides its workers and collate).
@@ -101,12 +104,15 @@ class Source:
         launcher removes the shared memory of workers killed with their rank."""
         workers = workers if self.num_workers is None else self.num_workers
         if workers == 0 or self.gathers(batched):
-            batches = self._in_thread(batch_sampler, batched)
-        else:
-            options = dict(self.options, worker_init_fn=NotedWorker(job_dir, self.options.get("worker_init_fn")))
-            batches = paddle.io.DataLoader(self.dataset, batch_sampler=batch_sampler, collate_fn=self.collate_fn,
-                                           num_workers=workers, **options)
-        return SplitLoader(batches, feed)
+            return SplitLoader(self._in_thread(batch_sampler, batched), feed)
+        # A failing sample's description comes back from its worker through a file
+        # (badsample.py): in the job's private directory, or one of the loader's own.
+        folder = job_dir or tempfile.mkdtemp(prefix="paddle_dist-samples-")
+        options = dict(self.options, worker_init_fn=NotedWorker(job_dir, self.options.get("worker_init_fn")))
+        batches = paddle.io.DataLoader(Guarded(self.dataset, folder), batch_sampler=batch_sampler,
+                                       collate_fn=GuardedCollate(self.collate_fn or default_collate_fn, folder),
+                                       num_workers=workers, **options)
+        return SplitLoader(batches, feed, folder, own_folder=not job_dir)
 
     def first_batch(self, indices, batched: bool = True):
         """The batch of `indices`, read and collated in this thread (the check before work)."""
@@ -169,10 +175,13 @@ class SampleLoader:
                 try:
                     samples.append(self.dataset[i])
                 except Exception as exc:
-                    if hasattr(exc, "add_note"):        # Python 3.11 and later
-                        exc.add_note(f"paddle_dist: while reading sample {i} of {type(self.dataset).__name__}")
-                    raise
-            yield to_tensors(self.collate_fn(samples))
+                    raise DataError(describe(exc, f"reading sample {i} of {name_of(self.dataset)}")) from exc
+            try:
+                collated = self.collate_fn(samples)
+            except Exception as exc:
+                raise DataError(describe(exc, f"collating samples {span(indices)} with "
+                                              f"{getattr(self.collate_fn, '__name__', 'collate_fn')}")) from exc
+            yield to_tensors(collated)
 
     def __len__(self):
         return len(self.batch_sampler)
@@ -190,16 +199,22 @@ def to_tensors(value):
 
 
 class SplitLoader:
-    """A loader's batches as (inputs, labels) lists."""
+    """A loader's batches as (inputs, labels) lists. `notes`: where its workers describe a
+    sample that failed (badsample.py), raised in place of Paddle's own line; `own_folder`:
+    that directory is the loader's, removed when it ends."""
 
-    def __init__(self, batches, feed: Feed):
-        self.batches, self.feed = batches, feed
+    def __init__(self, batches, feed: Feed, notes: str = "", own_folder: bool = False):
+        self.batches, self.feed, self.notes, self.own_folder = batches, feed, notes, own_folder
 
     def __iter__(self):
         batches = iter(self.batches)
         try:
-            for batch in batches:
-                yield self.feed.split(batch)
+            try:
+                for batch in batches:
+                    yield self.feed.split(batch)
+            except (SystemError, RuntimeError) as exc:     # Paddle's, for a worker's failure
+                raise_noted(self.notes, exc)
+                raise
         finally:
             # A loop left early (the step limit, an early stop, an error) ends its DataLoader
             # workers now: left to the interpreter's exit, Paddle's handler takes their
@@ -207,6 +222,8 @@ class SplitLoader:
             shutdown = getattr(batches, "_try_shutdown_all", None)
             if shutdown is not None:
                 shutdown()
+            if self.own_folder:
+                shutil.rmtree(self.notes, ignore_errors=True)
 
     def __len__(self):
         return len(self.batches)

@@ -282,3 +282,20 @@ def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path
     for two, one in zip(history["loop"], history["one"]):
         assert two.keys() == one.keys()
         assert all(two[k] == pytest.approx(one[k], rel=1e-6) for k in two)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("where, says", [
+    ("item", "reading sample 37 of Broken failed: ValueError: label of sample 37 is out of range "
+             "(fit_habits.py:"),
+    ("collate", "collating samples 32..39 with collate_points failed: ValueError: a box with negative width "
+                "(fit_habits.py:"),
+])
+def test_a_bad_sample_names_itself_with_and_without_workers(workers, where, says, tmp_path):
+    done = run([*LAUNCH, SCRIPT, "bad_sample", str(workers), where], cwd=tmp_path, timeout=180)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert f"paddle_dist: error: {says}" in said, said[-3000:]
+    assert "Blocking queue is killed" not in said.split("paddle_dist: error:")[-1]
+    assert "to continue this run" not in said and "Root cause: rank 0 raised SystemError" not in said

@@ -14,6 +14,8 @@
     fit_habits.py dict_keys           # dict samples whose keys are not forward's names
     fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
     fit_habits.py untrained           # a trainable head the loss never reaches
+    fit_habits.py bad_sample WORKERS WHERE  # sample 37 raises in __getitem__ (WHERE=item) or in
+                                      # the collate_fn (WHERE=collate)
     fit_habits.py loss_parts OUT BATCH  # a detector-like model whose loss="model" is a dict
                                       # {loss, loss_cls, loss_box} in training, detections in
                                       # evaluation (no loss); OUT/parts<rank>.json
@@ -284,6 +286,27 @@ def loss_parts(out, batch):
     (out / f"parts{rank}.json").write_text(json.dumps(record.events))
 
 
+class Broken(Points):
+    def __getitem__(self, i):
+        if i == 37:
+            raise ValueError(f"label of sample {i} is out of range")
+        return super().__getitem__(i)
+
+
+def collate_points(samples):
+    if any(float(x[0]) == float(Points(64, 0).x[37][0]) for x, _ in samples):
+        raise ValueError("a box with negative width")
+    return [np.stack([x for x, _ in samples]), np.stack([y for _, y in samples])]
+
+
+def bad_sample(workers, where):
+    data = Broken(64, 0) if where == "item" else Points(64, 0)
+    loader = paddle.io.DataLoader(data, batch_size=8, num_workers=int(workers),
+                                  collate_fn=collate_points if where == "collate" else None)
+    paddle_dist.fit(net(), loader, epochs=1, config=paddle_dist.load_config(
+        overrides=["train.shuffle=false"]))
+
+
 def schedule(out):
     out, rank = Path(out), paddle.distributed.get_rank()
     loader = paddle.io.DataLoader(Points(64, 0), batch_size=4, shuffle=True)
@@ -297,5 +320,5 @@ def schedule(out):
 
 
 if __name__ == "__main__":
-    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts,
+    {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts, "bad_sample": bad_sample,
      "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
