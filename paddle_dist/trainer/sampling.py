@@ -221,9 +221,8 @@ def total_steps(cfg, per_epoch: int) -> int:
 
 
 def epochs_for(cfg, per_epoch: int) -> int:
-    """The epochs a run counts: train.epochs, or more when train.max_steps needs them."""
-    needed = -(-cfg.train.max_steps // max(per_epoch, 1))
-    return max(cfg.train.epochs, needed)
+    """The epochs a run counts: train.epochs, or with train.max_steps those its steps fill."""
+    return -(-cfg.train.max_steps // max(per_epoch, 1)) if cfg.train.max_steps else cfg.train.epochs
 
 
 def train_loader(parts, cfg, env, plan: Optional[DataPlan] = None):

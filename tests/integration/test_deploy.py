@@ -26,7 +26,7 @@ def demo_run(main_job):
     out = result.stdout + result.stderr
     epochs = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["epochs"]
     assert f"to deploy it: python -m paddle_dist.export {run_dir}" in out
-    assert f"of {epochs}; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
+    assert f"of {epochs} evaluations; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
     status = json.loads((run_dir / "status" / "rank0.json").read_text())
     assert status["epoch"] == epochs                 # 1-based, as "epoch 12/12" was printed
     return run_dir

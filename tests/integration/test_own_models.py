@@ -17,7 +17,8 @@ from .procs import ROOT, run
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_models.py")
 EXAMPLES = ROOT / "docs" / "examples"
 # Each example, with what paddle_dist is given on top (the segmentation one: built-in EMA).
-RUNS = {"segmentation": ["-o", "train.ema_decay=0.9"], "text_classifier": []}
+RUNS = {"segmentation": ["-o", "train.ema_decay=0.9"], "text_classifier": [], "suite_segmentation": [],
+        "suite_detection": []}
 SEEN = {}       # (example, api) -> metrics.json, shared between the tests of one example
 
 
@@ -71,7 +72,7 @@ def test_both_api_levels_report_the_same_numbers(tmp_path_factory, example):
     assert loop["history"] == hapi["history"]
 
 
-@pytest.mark.parametrize("example", sorted(RUNS))
+@pytest.mark.parametrize("example", ["segmentation", "text_classifier"])     # those with a plain form
 def test_the_plain_script_and_the_fit_script_differ_in_five_lines(example):
     """The example's `if plain:` branch is its paddle.Model form, the `else:` branch its
     paddle_dist form: together at most 5 lines."""
@@ -87,3 +88,31 @@ def test_the_plain_script_runs_unchanged_under_paddle_dist_launch(tmp_path):
     done = run(["-m", "paddle_dist.launch", "--nprocs", "2", str(EXAMPLES / "text_classifier.py"), "--plain"],
                cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_paddleseg_style_script_trains_by_steps_and_its_miou_equals_one_process(tmp_path_factory, api):
+    """PaddleSeg's habits (docs/examples/suite_segmentation.py): dict samples with extra
+    keys, heads in training only, a loss on training outputs in parts, validation labels
+    of another shape, mIoU, iterations and evaluation every N of them."""
+    found = train(tmp_path_factory, "suite_segmentation", api)
+    assert [h["step"] for h in found["history"] if "step" in h] == [16, 32, 48] and found["steps"] == 48
+    assert "paddle_dist: evaluation: the metrics alone, no loss on evaluation batches" in found["stdout"]
+    assert "train_loss_aux1" in found["history"][-1] and "test_loss" not in found
+    one = single_process(str(Path(found["out"]) / "run"), "suite_segmentation")
+    assert found["test_metrics"] == {"miou": one["miou"]} and one["miou"] > 0.9
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_paddledetection_style_detector_logs_its_loss_parts_and_its_recall_equals_one_process(
+        tmp_path_factory, api):
+    """PaddleDetection's habits (docs/examples/suite_detection.py): the model's own loss
+    in parts in training, detections without a loss in evaluation."""
+    found = train(tmp_path_factory, "suite_detection", api)
+    assert "no loss in evaluation (loss='model'), so there is no eval loss" in found["stdout"]
+    assert all({"train_loss_cls", "train_loss_box", "eval_recall50"} <= set(h) for h in found["history"])
+    one = single_process(str(Path(found["out"]) / "run"), "suite_detection")
+    assert found["test_metrics"] == {"recall50": one["recall50"]}
+

@@ -4,7 +4,8 @@
                                           # OUT/evaluated.npz: the weights its last evaluation
                                           # used (an EMA callback's averages, if it has one)
     own_models.py evaluate EXAMPLE WEIGHTS    # one plain process: the example's eval loader,
-                                              # fresh metrics, loss per batch; prints JSON
+                                              # fresh metrics, loss per batch (or the example's
+                                              # own evaluate()); prints JSON
 """
 
 import importlib.util
@@ -43,12 +44,16 @@ def evaluate(name, weights):
     import paddle_dist
 
     module = example(name)
-    net, _, eval_loader, loss_fn, _, metrics, _ = module.build()
+    built = module.build()
+    net, eval_loader, loss_fn, metrics = built[0], built[2], built[3], built[5]
     if weights.endswith(".npz"):
         saved = np.load(weights)
         net.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
     else:                      # a run directory: its latest checkpoint (moving averages first)
         paddle_dist.checkpoint.load_weights(net, weights)
+    if hasattr(module, "evaluate"):      # a suite's example evaluates as its suite does
+        print(json.dumps(module.evaluate(net, eval_loader, metrics)))
+        return
     net.eval()
     inputs = len(getattr(module, "INPUTS", [None]))
     loss_sum = count = 0.0
