@@ -31,14 +31,18 @@ _read: List[int] = []           # in a worker: the indices read since its last c
 
 
 def describe(exc: BaseException, what: str) -> str:
-    """One line: what failed, the exception, and the innermost frame outside Paddle and
-    paddle_dist (the user's line)."""
+    """One line: what failed, the exception, and the user's line that raised it."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"{what} failed: {type(exc).__name__}: {message}{user_frame(exc)}; the sample is the data's, so "
+            "running again fails the same way: fix or drop it")
+
+
+def user_frame(exc: BaseException) -> str:
+    """' (file.py:42, in fn)': the innermost frame of `exc` outside Paddle and paddle_dist
+    (the user's code, or a library of theirs), or ""."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if "/paddle/" not in f.filename and "/paddle_dist/" not in f.filename]
-    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return (f"{what} failed: {type(exc).__name__}: {message}{where}; the sample is the data's, so running "
-            "again fails the same way: fix or drop it")
+    return f" ({Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
 def name_of(dataset) -> str:

@@ -391,4 +391,8 @@ def _when(at: Position) -> str:
 
 
 def to_float(value: Any) -> float:
+    """A loss or metric value as a Python float: a tensor's value, a bfloat16 one's too
+    (its .numpy() gives the bits, as uint16)."""
+    if isinstance(value, paddle.Tensor):
+        value = value.astype("float32").numpy()
     return float(np.asarray(value).reshape(-1)[0])

@@ -172,7 +172,11 @@ def _plain(value):
 
 
 def _numpy(value):
-    return value.numpy() if isinstance(value, paddle.Tensor) else value
+    """A metric's compute() result as update() takes it: numpy, with bfloat16 values as
+    float32 (.numpy() of bfloat16 gives the bits, as uint16)."""
+    if isinstance(value, paddle.Tensor):
+        return (value.astype("float32") if value.dtype == paddle.bfloat16 else value).numpy()
+    return value
 
 
 def _as_list(value) -> list:

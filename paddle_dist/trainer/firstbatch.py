@@ -29,6 +29,7 @@ import paddle
 from .amp import AmpPlan, autocast
 from ..errors import DataError, UserError
 from .evaluation import buffers, computed
+from .badsample import user_frame
 from .feed import describe, returns_loss
 
 EVAL_SAMPLES = 8          # the evaluation check's batch: a few samples are enough
@@ -107,7 +108,7 @@ def _step(what: str, fn: Callable, hint: str = ""):
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure here is the input's: one line
-        raise DataError(f"{what} failed: {type(exc).__name__}: {key_line(exc)}"
+        raise DataError(f"{what} failed: {type(exc).__name__}: {key_line(exc)}{user_frame(exc)}"
                         + (hint or "; check that the samples have the layout and dtype the model, the "
                                    "loss and the metrics expect") + " (the check before epoch 1)") from exc
 

@@ -54,8 +54,9 @@ class _Bridge(paddle.callbacks.Callback):
             self.session.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
 
     def on_train_batch_end(self, step, logs=None):
-        # hapi has read the loss on the host already (its logs hold numpy): a number here.
-        self.group_losses.append(to_float(logs["loss"]) * self.loss.divisor)
+        # hapi has read the loss on the host already: a number here. Its logs hold numpy,
+        # whose bfloat16 arrays are the bits (uint16): the loss is read from the tensor.
+        self.group_losses.append(to_float(self.loss.last))
         self.group_parts.append({k: to_float(v) for k, v in self.loss.feed.loss_parts.items()})
         if (step + 1) % self.k and step + 1 != len(self.sampler):
             return                          # hapi accumulates: no optimizer step yet
@@ -85,6 +86,7 @@ class _GroupMean:
         labels = self.feed.counts[1] if not self.feed.model_loss else 0
         outputs, labels = list(args[:len(args) - labels]), list(args[len(args) - labels:])
         loss = self.feed.loss_of(self.inner, outputs, labels)
+        self.last = loss.detach()        # read as a number by the bridge (never hapi's bf16 bits)
         return loss / self.divisor if self.divisor > 1 else loss
 
 

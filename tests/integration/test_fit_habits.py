@@ -204,8 +204,8 @@ def test_an_evaluation_loss_that_cannot_take_evaluations_outputs_says_the_option
     done = run([SCRIPT, "aux_heads", str(tmp_path)], cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert ("the model's forward and the loss on the first evaluation batch (inputs float32 [8, 4]; labels "
-            "int64 [8, 1]; in evaluation mode) failed: ValueError: 1 != 3 heads; a loss that cannot take "
-            "evaluation's outputs or labels") in done.stderr
+            "int64 [8, 1]; in evaluation mode) failed: ValueError: 1 != 3 heads (fit_habits.py:") in done.stderr
+    assert "in aux_loss); a loss that cannot take evaluation's outputs or labels" in done.stderr
     assert "-o train.eval_loss=false: the metrics alone" in done.stderr
 
 

@@ -274,3 +274,33 @@ def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
         found = evaluate(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(), [], env, 2,
                          amp=amp.AmpPlan(level, "bfloat16"))
         assert found["count"] == 5 and seen == [want] * 3
+
+
+def test_bfloat16_losses_and_metric_outputs_are_read_as_values_not_bits():
+    """On a GPU at bf16 O2 the loss and a metric's compute() results may be bfloat16
+    tensors, whose .numpy() gives the bits (uint16): 1.2 would be logged as 16282."""
+    from paddle_dist.trainer.common import to_float
+    from paddle_dist.trainer.evaluation import computed
+
+    loss = paddle.to_tensor(1.2).astype("bfloat16")
+    assert loss.numpy().dtype == np.uint16                # what Paddle hands out
+    assert to_float(loss) == pytest.approx(1.2, abs=1e-2)
+
+    class Scores(paddle.metric.Metric):
+        def compute(self, pred, label):
+            return pred.astype("bfloat16"), label
+
+        def update(self, *args):
+            pass
+
+        def accumulate(self):
+            return 0.0
+
+        def reset(self):
+            pass
+
+        def name(self):
+            return "scores"
+
+    pred, label = computed(Scores(), [paddle.to_tensor([[0.25, 0.75]])], [paddle.to_tensor([[1]])])
+    assert pred.dtype == np.float32 and pred.tolist() == [[0.25, 0.75]] and label.tolist() == [[1]]
