@@ -131,6 +131,8 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
         return CPU
     flag = environ.get(DEVICE_FLAG, "")
     selected = flag.split(",")[0].strip()
+    if selected and launcher == "standalone" and requested:
+        check_flag_against_gpus(gpus, requested, visible, flag)
     if selected and launcher not in EXTERNAL_ENGINES:
         # paddle.distributed.launch passes a position in the visible list, spawn the
         # physical id itself (spawn.py, "use absolute gpu card id").
@@ -141,6 +143,22 @@ def select_device(launcher: str, local_rank: int, gpus: str, info: GpuInfo,
     if launcher in EXTERNAL_ENGINES:
         check_inherited_flag(launcher, local_rank, device, flag)
     return device
+
+
+def check_flag_against_gpus(gpus: str, requested: List[str], visible: List[str], flag: str) -> None:
+    """A process no launcher started, with dist.gpus and a FLAGS_selected_gpus left in its
+    environment (by a shell, a job script, an earlier launch): Paddle takes the flag's GPU
+    (a position among the visible ones), so one line when it is not one dist.gpus names.
+
+    Example:
+        check_flag_against_gpus("0", ["0"], ["0", "1"], "1")   # DeviceError: ... selects GPU 1 ...
+    """
+    selected = flag.split(",")[0].strip()
+    chosen = visible[int(selected)] if selected.isdigit() and int(selected) < len(visible) else selected
+    if chosen not in requested:
+        raise DeviceError(f"dist.gpus={gpus}, but FLAGS_selected_gpus={flag}, inherited from the environment, "
+                          f"selects GPU {chosen}, which Paddle would use instead; unset FLAGS_selected_gpus "
+                          "or drop dist.gpus")
 
 
 def _by_local_rank(launcher: str, local_rank: int, requested: List[str], visible: List[str],

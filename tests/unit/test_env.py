@@ -1083,3 +1083,12 @@ def test_the_launchers_config_options_travel_through_the_environment():
     assert protocol.launch_options(variables) == ("/x/mlp.yaml", ["train.epochs=1", "train.api=hapi"])
     assert protocol.launch_options({}) == (None, [])
     assert protocol.launch_options({protocol.LAUNCH_OVERRIDES: "not json"}) == (None, [])
+
+
+def test_an_inherited_flags_selected_gpus_that_disagrees_with_dist_gpus_is_one_line():
+    with pytest.raises(DeviceError, match=r"dist.gpus=0, but FLAGS_selected_gpus=1, inherited from the "
+                                          r"environment, selects GPU 1, which Paddle would use instead"):
+        detect(gpus="0", gpu_info=FOUR_GPUS, environ={"FLAGS_selected_gpus": "1"})
+    # Agreeing (GPU 5 is position 1 among the visible 4,5): taken as before.
+    env = detect(gpus="5", gpu_info=FOUR_GPUS, environ={"CUDA_VISIBLE_DEVICES": "4,5", "FLAGS_selected_gpus": "1"})
+    assert env.device == "gpu:1"
