@@ -176,6 +176,14 @@ class GradSync:
         if self.overlap is not None:
             self.overlap.arm(final)
 
+    def in_backward(self):
+        """Around a backward(): in mode dataparallel Paddle's reducer all-reduces inside it,
+        unseen, so the backward is marked as this rank's wait in an all-reduce (a hang then
+        names the rank that never arrived, not every rank as silent); else nothing."""
+        if self.mode == "dataparallel" and self.env.is_distributed and self.phase:
+            return self.phase("comm", "all-reduce in backward")
+        return contextlib.nullcontext()
+
     def close(self) -> None:
         """Stop the communication thread, and give the optimizer back its own class."""
         if self.overlap is not None:

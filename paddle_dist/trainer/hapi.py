@@ -45,6 +45,10 @@ class _Bridge(paddle.callbacks.Callback):
         self.group_losses, self.group_parts = [], []
 
     def on_train_batch_begin(self, step, logs=None):
+        # Mode dataparallel: Paddle's all-reduces run inside hapi's train_batch, unseen; it
+        # is marked as this rank's wait in one (GradSync.in_backward), until the batch ends.
+        self.marked = self.session.sync.in_backward()
+        self.marked.__enter__()
         if step % self.k == 0:
             self.session.before_step()
             # Each micro-batch's loss is divided by its group's size, so the summed
@@ -54,6 +58,7 @@ class _Bridge(paddle.callbacks.Callback):
             self.session.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
 
     def on_train_batch_end(self, step, logs=None):
+        self.marked.__exit__(None, None, None)
         # hapi has read the loss on the host already: a number here. Its logs hold numpy,
         # whose bfloat16 arrays are the bits (uint16): the loss is read from the tensor.
         self.group_losses.append(to_float(self.loss.last))

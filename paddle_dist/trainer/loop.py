@@ -11,6 +11,8 @@ micro-batch reached and the last did not (the ranks' weights then differ).
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Callable
 
 import paddle
@@ -37,7 +39,7 @@ def run(session: Session) -> None:
         for group in groups(loader, k):
             session.before_step()
             loss = step(model, parts.loss, group, session.optimizer, session.amp, session.scaler,
-                        session.sync.arm, parts.feed)
+                        session.sync.arm, parts.feed, session.sync.in_backward)
             if session.after_step(loss, parts.feed.step_parts):
                 break
         session.end_epoch(epoch)
@@ -58,7 +60,8 @@ def groups(batches, k: int):
 
 
 def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
-         arm: Callable[[bool], None] = lambda final: None, feed: Feed = None) -> paddle.Tensor:
+         arm: Callable[[bool], None] = lambda final: None, feed: Feed = None,
+         in_backward: Callable = contextlib.nullcontext) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
     detached float64 tensor on the device (the means of its parts, if any, are left in
     `feed.step_parts`) (read it on the host only when it is needed:
@@ -77,7 +80,8 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
         with autocast(precision):
             loss, _ = feed.loss_and_outputs(model, loss_fn, inputs, labels)
         part = loss / len(group) if len(group) > 1 else loss
-        (scaler.scale(part) if scaler is not None else part).backward()
+        with in_backward():       # mode dataparallel: Paddle's all-reduces run inside it
+            (scaler.scale(part) if scaler is not None else part).backward()
         # Summed in float64, like Python floats: the same mean as reading each loss would give.
         value = loss.detach().astype("float64")
         total = value if total is None else total + value

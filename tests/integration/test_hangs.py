@@ -108,7 +108,8 @@ def _stopped_rank_named(args, run_dir: Path, ranks: int, victim: int):
     cause = next(line for line in err.splitlines() if "Root cause:" in line)
     assert f"Root cause: rank {victim} stopped by a signal (process state T)" in cause, err
     for rank in set(range(ranks)) - {victim}:
-        assert re.search(rf"\branks? (\d+, )*{rank}(, \d+)* in all-(reduce|gather) #", cause), (rank, cause)
+        assert re.search(rf"\branks? (\d+, )*{rank}(, \d+)* in all-(reduce|gather)( in backward)? #", cause), \
+            (rank, cause)
     assert status[victim]["state"] == "hung"
     return cause, status
 
@@ -163,3 +164,13 @@ def test_a_hang_that_gloo_gives_up_on_first_is_still_named(tmp_path):
     assert "Root cause: rank 1 stopped by a signal (process state T)" in err
     assert "rank 0 in all-reduce #" in err and "(gloo gave up after 30 s)" in err
     assert status[0]["state"] == "hung"
+
+
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_stopped_rank_on_the_gpu_default_sync_is_named(api, tmp_path):
+    """sync.mode=dataparallel (the GPU default): Paddle's reducer all-reduces inside
+    backward(); the backward's exchange is marked, so the waiting ranks read as waiting in
+    an all-reduce and the stopped one is named, not every rank."""
+    args, run_dir = _train_py(tmp_path, 2)
+    cause, _ = _stopped_rank_named(args + ["-o", "sync.mode=dataparallel", "-o", f"train.api={api}"], run_dir, 2, 1)
+    assert "silent" not in cause
