@@ -262,17 +262,32 @@ def batch_norm_layers(net: paddle.nn.Layer) -> List[str]:
     return found
 
 
-def check_no_sync_batch_norm(net: paddle.nn.Layer, device: str) -> None:
+def sync_batch_norm_on_cpu(net: paddle.nn.Layer, device: str, world_size: int) -> List[str]:
     """Paddle has no CPU kernel for SyncBatchNorm, whose forward normalises with the
-    statistics of every rank's batch (a BatchNorm's, with this module's statistics,
-    normalises with its own rank's: other training math). On a CPU, one line says so
-    (exit 2) before anything runs, where Paddle would fail inside the first forward."""
-    if device != "cpu":
-        return
-    found = [name or type(layer).__name__ for name, layer in net.named_sublayers(include_self=True)
+    statistics of every rank's batch. On one rank that is its own batch, a BatchNorm's
+    math: each SyncBatchNorm is replaced by a paddle.nn.BatchNorm holding the same
+    parameters and statistics (the optimizer's and the state_dict's own tensors); the
+    names of the layers replaced are returned. On several ranks a BatchNorm, whose
+    statistics this module keeps those of the whole batch but which normalises with its
+    own rank's, is other training math: one line (exit 2), before anything runs."""
+    found = [(name, layer) for name, layer in net.named_sublayers(include_self=False)
              if isinstance(layer, paddle.nn.SyncBatchNorm)]
-    if found:
-        raise UserError(f"the model has SyncBatchNorm layers ({', '.join(map(repr, found[:3]))}"
-                        f"{' and more' * (len(found) > 3)}), and Paddle has no CPU kernel for them; on CPUs "
+    if device != "cpu" or not found:
+        return []
+    names = [name for name, _ in found]
+    if world_size > 1:
+        raise UserError(f"the model has SyncBatchNorm layers ({', '.join(map(repr, names[:3]))}"
+                        f"{' and more' * (len(names) > 3)}), and Paddle has no CPU kernel for them; on CPUs "
                         "build it with BatchNorm2D (paddle_dist keeps its running statistics those of the "
                         "whole batch on every rank: docs/own_model.md), or train on GPUs")
+    for name, layer in found:
+        norm = paddle.nn.BatchNorm(layer._num_features, momentum=layer._momentum, epsilon=layer._epsilon,
+                                   data_layout=layer._data_format)
+        for key in ("weight", "bias", "_mean", "_variance"):
+            setattr(norm, key, getattr(layer, key))
+        parent = net
+        *path, leaf = name.split(".")
+        for part in path:
+            parent = getattr(parent, part)
+        setattr(parent, leaf, norm)
+    return names

@@ -35,7 +35,7 @@ from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
 from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, resolve_mode
-from ..sync.batchstats import BatchStats, check_no_sync_batch_norm
+from ..sync.batchstats import BatchStats, sync_batch_norm_on_cpu
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from . import sampling, schedule
@@ -67,6 +67,7 @@ class Prepared:
     lr_text: str                      # the rate in plain words, for the start line
     base_lr: float                    # the optimizer's rate before any checkpoint is loaded
     record: Optional[dict]            # fit(): model, parameters, optimizer, data (fit_record)
+    as_batch_norm: Tuple[str, ...] = ()   # SyncBatchNorm layers run as BatchNorm (one rank, CPU)
 
 
 def train(parts: Parts, cfg: configlib.Config, env) -> Result:
@@ -91,7 +92,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     _check_monitor(parts, cfg)
-    check_no_sync_batch_norm(parts.model, env.device)
+    replaced = tuple(sync_batch_norm_on_cpu(parts.model, env.device, env.world_size))
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     check_optimizer(optimizer, parts.model, resolve_mode(cfg.sync.mode, env.device, cfg.sync.compress,
                                                          cfg.sync.bucket_mb, cfg.sync.transport))
@@ -104,7 +105,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     limit = total_steps(cfg, per_epoch)
     policy, text = (None, "") if configlib.evaluates_only(cfg) else \
         _lr_policy(cfg, env, optimizer, per_epoch, limit, parts.callbacks)
-    return Prepared(optimizer, per_epoch, limit, policy, text, float(optimizer.get_lr()), record)
+    return Prepared(optimizer, per_epoch, limit, policy, text, float(optimizer.get_lr()), record, replaced)
 
 
 def _check_monitor(parts: Parts, cfg) -> None:
@@ -203,6 +204,9 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
              f"{len(parts.train_data)} training samples, "
              f"{per_epoch} steps/epoch, run dir {run_dir}")
     log.info(f"paddle_dist: {prepared.lr_text}")
+    if prepared.as_batch_norm:
+        log.info(f"paddle_dist: SyncBatchNorm layers ({', '.join(map(repr, prepared.as_batch_norm[:3]))}) run "
+                 "as BatchNorm: Paddle has no CPU kernel for them, and on one rank the math is the same")
     if parts.eval_data is not None:       # the check before epoch 1 saw what evaluation returns
         log.info(f"paddle_dist: evaluation: {parts.feed.eval_rule(cfg.train.eval_loss)}")
     sized = schedule.length_warning(optimizer._learning_rate, cfg.train.scheduler_every, per_epoch, limit)

@@ -221,11 +221,20 @@ def test_dict_samples_split_by_position_say_their_keys_and_the_inputspec_fix(tmp
 
 
 @pytest.mark.compat
-def test_a_sync_batch_norm_on_a_cpu_is_one_line_before_anything_runs(tmp_path):
-    done = run([SCRIPT, "sync_bn"], cwd=tmp_path, timeout=120)
+def test_a_sync_batch_norm_on_a_cpu_runs_as_batch_norm_on_one_rank_and_is_one_line_on_two(tmp_path):
+    """Paddle has no CPU kernel for SyncBatchNorm. On one rank its math is a BatchNorm's:
+    it trains as one, to the same weights; on two it is not, and one line says so."""
+    for norm in ("sync", "bn"):
+        done = run([SCRIPT, "sync_bn", str(tmp_path), norm], cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "SyncBatchNorm layers ('1') run as BatchNorm: Paddle has no CPU kernel for them" in done.stderr + \
+        (tmp_path / "sync" / "logs" / "rank0.log").read_text()
+    sync, plain = np.load(tmp_path / "sync.npz"), np.load(tmp_path / "bn.npz")
+    assert sorted(sync.files) == sorted(plain.files) and all(np.array_equal(sync[k], plain[k]) for k in sync.files)
+    done = run([*LAUNCH, SCRIPT, "sync_bn", str(tmp_path / "two")], cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "SyncBatchNorm layers ('1'), and Paddle has no CPU kernel for them" in done.stderr
-    assert "sync_batch_norm is not registered" not in done.stderr and not (tmp_path / "runs").exists()
+    assert "sync_batch_norm is not registered" not in done.stderr and not (tmp_path / "two").exists()
 
 
 @pytest.mark.compat

@@ -12,7 +12,8 @@
     fit_habits.py aux_heads OUT       # a model with extra heads in training only, and a loss
                                       # that takes them all (as PaddleSeg's); prints what it saw
     fit_habits.py dict_keys           # dict samples whose keys are not forward's names
-    fit_habits.py sync_bn             # a SyncBatchNorm on a CPU
+    fit_habits.py sync_bn OUT [NORM]  # a SyncBatchNorm on a CPU (NORM=bn: a BatchNorm1D instead);
+                                      # rank 0 writes OUT/<NORM>.npz
     fit_habits.py untrained           # a trainable head the loss never reaches
     fit_habits.py bad_sample WORKERS WHERE  # sample 37 raises in __getitem__ (WHERE=item) or in
                                       # the collate_fn (WHERE=collate)
@@ -242,9 +243,14 @@ def dict_keys():
     paddle_dist.fit(Net(), Named(), epochs=1, batch_size=4)
 
 
-def sync_bn():
-    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.SyncBatchNorm(8), paddle.nn.Linear(8, 2))
-    paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8)
+def sync_bn(out, norm="sync"):
+    paddle.seed(7)
+    layer = paddle.nn.SyncBatchNorm(8) if norm == "sync" else paddle.nn.BatchNorm1D(8)
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), layer, paddle.nn.Linear(8, 2))
+    paddle_dist.fit(model, Points(32, 0), epochs=2, batch_size=8,
+                    config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/{norm}"]))
+    if paddle.distributed.get_rank() == 0:
+        np.savez(Path(out) / f"{norm}.npz", **{k: v.numpy() for k, v in model.state_dict().items()})
 
 
 def untrained():
@@ -321,4 +327,5 @@ def schedule(out):
 
 if __name__ == "__main__":
     {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts, "bad_sample": bad_sample,
+     "sync_bn": sync_bn,
      "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
