@@ -247,7 +247,7 @@ def sync_bn(out, norm="sync"):
     paddle.seed(7)
     layer = paddle.nn.SyncBatchNorm(8) if norm == "sync" else paddle.nn.BatchNorm1D(8)
     model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), layer, paddle.nn.Linear(8, 2))
-    paddle_dist.fit(model, Points(32, 0), epochs=2, batch_size=8,
+    paddle_dist.fit(model, Points(32, 0), epochs=1, batch_size=8,
                     config=paddle_dist.load_config(overrides=[f"output.run_dir={out}/{norm}"]))
     if paddle.distributed.get_rank() == 0:
         np.savez(Path(out) / f"{norm}.npz", **{k: v.numpy() for k, v in model.state_dict().items()})
