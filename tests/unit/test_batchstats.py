@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import paddle
+import pytest
 
 from paddle_dist.sync.batchstats import BatchStats, batch_norm_layers
 
@@ -75,3 +76,18 @@ def test_the_device_path_a_gpu_takes_gives_the_host_paths_statistics():
         device, _ = _train(micro, host=False)
         np.testing.assert_allclose(device[1]._mean.numpy(), host[1]._mean.numpy(), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(device[1]._variance.numpy(), host[1]._variance.numpy(), rtol=1e-6)
+
+
+def test_a_sync_batch_norm_on_several_cpu_ranks_is_one_line_and_on_one_a_batch_norm():
+    from paddle_dist.errors import UserError
+    from paddle_dist.sync.batchstats import sync_batch_norm_on_cpu
+
+    def model():
+        return paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.SyncBatchNorm(8))
+    with pytest.raises(UserError, match=r"SyncBatchNorm layers \('1'\), and Paddle has no CPU kernel for them"):
+        sync_batch_norm_on_cpu(model(), "cpu", 2)
+    net = model()
+    mean = net[1]._mean
+    assert sync_batch_norm_on_cpu(net, "gpu:0", 1) == []          # a GPU has the kernel
+    assert sync_batch_norm_on_cpu(net, "cpu", 1) == ["1"]
+    assert isinstance(net[1], paddle.nn.BatchNorm) and net[1]._mean is mean    # the same tensors
