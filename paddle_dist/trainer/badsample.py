@@ -74,6 +74,8 @@ class Guarded:
         return len(self.dataset)
 
     def __getattr__(self, name):          # what else the dataset offers (batch(), classes)
+        if name == "dataset":             # not set yet (a copy being unpickled): no recursion
+            raise AttributeError(name)
         return getattr(self.dataset, name)
 
 
