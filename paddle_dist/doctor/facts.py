@@ -29,9 +29,9 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from importlib import metadata
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import buildinfo
+from . import buildinfo, gpucode
 from .. import compat
 from ..security import exposure
 from ..runtime import netcheck
@@ -158,14 +158,32 @@ def _meminfo_bytes(text: str, key: str) -> Optional[int]:
 
 
 def gpu_facts(gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> Dict[str, Any]:
-    """What Paddle sees (count, names), what the driver lists (`nvidia-smi -L`), and
-    CUDA_VISIBLE_DEVICES."""
+    """What Paddle sees (count, names), what the driver lists (`nvidia-smi -L`),
+    CUDA_VISIBLE_DEVICES, and whether the build has code for each GPU model (`code`:
+    gpucode's lines; `code_fits`: False when it has none for one)."""
+    verdicts = gpu_code(gpu_info, environ)
     return {
         "count": gpu_info.count,
         "names": _gpu_names(gpu_info),
         "nvidia_smi": _nvidia_smi(environ),
         "CUDA_VISIBLE_DEVICES": environ.get("CUDA_VISIBLE_DEVICES"),
+        "code": [line for _, line in verdicts],
+        "code_fits": all(fits for fits, _ in verdicts),
     }
+
+
+def gpu_code(gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> List[Tuple[bool, str]]:
+    """gpucode's verdict for each GPU model here; [] on a CPU build."""
+    if not gpu_info.compiled_with_cuda:
+        return []
+    import paddle
+
+    try:
+        found = gpucode.capabilities(paddle, gpu_info.count, lambda: _nvidia_smi(
+            environ, ["--query-gpu=name,compute_cap", "--format=csv,noheader"]))
+        return gpucode.lines(gpucode.build_code(paddle), found)
+    except Exception as e:  # noqa: BLE001 - a broken driver is worth reporting, not a crash
+        return [(True, f"cannot tell which GPUs this build has code for: {e}")]
 
 
 def _gpu_names(gpu_info: devicelib.GpuInfo) -> List[str]:
@@ -179,13 +197,13 @@ def _gpu_names(gpu_info: devicelib.GpuInfo) -> List[str]:
         return [f"cannot query: {e}"]
 
 
-def _nvidia_smi(environ: Mapping[str, str]) -> Optional[str]:
-    """`nvidia-smi -L` output; None when the binary is not on PATH."""
+def _nvidia_smi(environ: Mapping[str, str], args: Sequence[str] = ("-L",)) -> Optional[str]:
+    """`nvidia-smi -L` output (or of `args`); None when the binary is not on PATH."""
     binary = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if binary is None:
         return None
     try:
-        done = subprocess.run([binary, "-L"], capture_output=True, text=True,
+        done = subprocess.run([binary, *args], capture_output=True, text=True,
                               timeout=NVIDIA_SMI_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"no answer within {NVIDIA_SMI_TIMEOUT:g} s (driver hung?)"
@@ -294,7 +312,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     data = gather(environ, host.gpus, host.cores)
     data["exposure"] = dict(exposure.rows(cfg or configlib.load(None, [])))   # of the job checked, else the demo's
     problems = preflight(cfg, environ, host.gpus) if cfg is not None else []
-    _print(data, problems, args.json, args.check)
+    if not data["gpus"]["code_fits"]:       # nothing would run: as bad as a pre-flight error
+        problems += [Problem(ERROR, line) for line in data["gpus"]["code"] if "no code for" in line]
+    _print(data, problems, args.json, args.check or bool(problems))
     return 1 if any(p.severity == ERROR for p in problems) else 0
 
 
