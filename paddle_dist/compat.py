@@ -40,6 +40,8 @@ difference below is measured, and tests/unit/test_compat.py checks each on every
   `state_dict()` returns that state meanwhile, 2.6's returns none of it, so a checkpoint
   written between a resume and the next step lost the optimizer's moments
   (`optimizer_state` returns it on every version).
+- A loss scaler's overflow. After `unscale_`, `GradScaler` keeps whether it found inf/nan
+  in `_cache_found_inf` on 3.x and `_cache_founf_inf` on 2.6 (`scaler_found_inf`).
 
 Example:
     view = numpy_view(grad)          # writable float32 view of the gradient's own memory
@@ -334,6 +336,11 @@ def optimizer_state(optimizer) -> dict:
 
 
 # ---------------------------------------------------------------- a layer's own tensors
+def scaler_found_inf(scaler) -> bool:
+    """Whether a GradScaler's last unscale found inf or nan (see the module's docstring)."""
+    return bool(getattr(scaler, "_cache_found_inf", getattr(scaler, "_cache_founf_inf", False)))
+
+
 def state_tensors(layer) -> Dict[str, "object"]:
     """`layer.state_dict()` as the layer's own tensors, never copies: with
     `paddle.amp.decorate(..., save_dtype=...)` (O2) every sublayer carries a state-dict

@@ -15,6 +15,10 @@ Gradients with loss scaling: the scaler checks the gradients for inf/nan before 
 optimizer steps, but paddle_dist averages them inside the optimizer step (sync.GradSync).
 Checked before averaging, one rank could skip a step another takes; `SyncedScaler`
 averages first, so every rank sees the same gradients and makes the same decision.
+On an overflow it updates the scale by Paddle's rule, but says so in one log line
+instead of Paddle's message, whose `float()` of the one-element scale numpy 2.4 refuses:
+on Paddle 3.x with numpy 2.4 the first skipped step would end the run with a TypeError
+(found under tests/gpu_standin.py, which enables the scaler on a CPU).
 
 Example:
     plan = amp.plan(cfg.train, env.device)               # AmpPlan(level="O1", dtype="float16", ...)
@@ -26,9 +30,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import compat
 from ..errors import DeviceError
 
 # Paddle is imported where it is used: plan() also runs in the launcher, before any rank
@@ -160,10 +166,29 @@ def synced_scaler_class():
     class SyncedScaler(paddle.amp.GradScaler):
         def __init__(self, sync, init_loss_scaling: float):
             super().__init__(init_loss_scaling=init_loss_scaling)
-            self.sync = sync
+            self.sync, self.skipped = sync, 0
 
         def _unscale(self, optimizer):
             self.sync.average_now(optimizer)
             return super()._unscale(optimizer)
+
+        def _update(self):
+            """Paddle's rule (dynamic scaling: halve after decr_every_n_nan_or_inf
+            overflows, double after incr_every_n_steps clean steps), with a line of ours."""
+            if not self._enable:
+                return
+            if not compat.scaler_found_inf(self):
+                self._decr_count, self._incr_count = 0, self._incr_count + 1
+                if self._incr_count == self._incr_every_n_steps:
+                    self._scale, self._incr_count = self._scale * self._incr_ratio, 0
+                return
+            self.skipped += 1
+            self._incr_count, self._decr_count = 0, self._decr_count + 1
+            before = float(self._scale.reshape([-1])[0])
+            if self._decr_count == self._decr_every_n_nan_or_inf:
+                self._scale, self._decr_count = self._scale * self._decr_ratio, 0
+            logging.getLogger("paddle_dist").warning(
+                f"paddle_dist: inf/nan in the averaged gradients: the step is skipped on every rank "
+                f"(overflow {self.skipped}); loss scale {before:g} -> {float(self._scale.reshape([-1])[0]):g}")
 
     return SyncedScaler

@@ -99,9 +99,10 @@ class Feed:
                 f"name the model's inputs and the labels, e.g. fit(..., {fix})")
 
     def outputs(self, model, inputs: Sequence, labels: Sequence) -> List[Any]:
-        """The model's outputs as a list (the labels go in too when it computes the loss)."""
+        """The model's outputs as a list (the labels go in too when it computes the loss),
+        16-bit ones widened to float32 (`widened`)."""
         given = [*inputs, *labels] if self.model_loss else list(inputs)
-        return _as_list(model(*given))
+        return widened(_as_list(model(*given)))
 
     def loss_and_outputs(self, model, loss_fn, inputs, labels):
         """(the mean loss, the outputs the metrics get): `loss_fn(*outputs, *labels)`, or the
@@ -177,6 +178,21 @@ def describe(fields) -> str:
         dtype = str(getattr(value, "dtype", type(value).__name__)).replace("paddle.", "")
         words.append(f"{dtype} {list(getattr(value, 'shape', []))}")
     return ", ".join(words)
+
+
+def widened(value):
+    """`value` (a tensor, or lists, tuples and dicts of them) with its float16 and bfloat16
+    tensors cast to float32, exactly. An O2 model's last layer hands out 16-bit outputs on
+    a GPU: the loss and the metrics take them in float32 (outside autocast, a bfloat16
+    cross-entropy has no kernel on Paddle 2.6's GPUs, and on 3.x its loss would be a
+    bfloat16 whose numpy() is raw bits)."""
+    if isinstance(value, paddle.Tensor):
+        return value.astype("float32") if value.dtype in (paddle.float16, paddle.bfloat16) else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(widened(v) for v in value)
+    if isinstance(value, dict):
+        return {k: widened(v) for k, v in value.items()}
+    return value
 
 
 def returns_loss(outputs: Sequence) -> bool:

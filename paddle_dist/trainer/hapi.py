@@ -22,7 +22,7 @@ from ..runtime.process import quiet_paddle
 from ..sync import disable_reducer
 from .common import Session, to_float
 from .sampling import train_loader
-from .feed import Feed
+from .feed import Feed, widened
 
 
 class _Bridge(paddle.callbacks.Callback):
@@ -89,7 +89,7 @@ class _GroupMean:
 
     def __call__(self, *args):
         labels = self.feed.counts[1] if not self.feed.model_loss else 0
-        outputs, labels = list(args[:len(args) - labels]), list(args[len(args) - labels:])
+        outputs, labels = widened(list(args[:len(args) - labels])), list(args[len(args) - labels:])
         loss = self.feed.loss_of(self.inner, outputs, labels)
         self.last = loss.detach()        # read as a number by the bridge (never hapi's bf16 bits)
         return loss / self.divisor if self.divisor > 1 else loss

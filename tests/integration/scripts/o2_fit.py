@@ -1,4 +1,4 @@
-"""fit() of a small CNN with BatchNorm under train.amp=O2 on a CPU: tests/o2_standin.py
+"""fit() of a small CNN with BatchNorm under train.amp=O2 on a CPU: tests/gpu_standin.py
 gives the model and optimizer the state `paddle.amp.decorate` gives them on a GPU
 (bfloat16 weights but BatchNorm's, float32 master weights, float32 state_dict copies).
 
@@ -8,6 +8,12 @@ The optimizer is SGD: the only one with a bfloat16 CPU kernel. Rank r writes
 OUT/rank<r>.npz: its model's own tensors (state_dict(use_hook=False), widened to float32)
 and its optimizer's master weights ("master:<name>"); OUT/rank<r>.json: their dtypes,
 what state_dict() hands out, and what fit() returned.
+
+    ... o2_fit.py OUT --overflow-at N     (with train.amp=O1, train.amp_dtype=float16)
+
+makes rank 1's N-th training forward overflow (its outputs inf, as float16 overflows on a
+GPU), once per OUT (OUT/overflowed marks it done, so a continued run does not overflow
+again): the loss scaler must skip that step on every rank and halve its scale.
 """
 
 import json
@@ -16,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))     # the repository: tests.o2_standin
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))     # the repository: tests.gpu_standin
 
 import paddle  # noqa: E402
 
-from tests import o2_standin  # noqa: E402
+from tests import gpu_standin  # noqa: E402
 
 SAMPLES, EVAL_SAMPLES = 256, 90
 
@@ -45,14 +51,32 @@ class Quadrants(paddle.io.Dataset):
 
 def build():
     paddle.seed(7)
-    return o2_standin.SmallBN()
+    return gpu_standin.SmallBN()
 
 
-def main(out: Path):
-    o2_standin.install()
+def overflow_at(net, step: int, done: Path) -> None:
+    """Rank 1's `step`-th training forward (counted from 1) returns inf, unless `done` exists."""
+    seen = []
+
+    def hook(layer, inputs, outputs):
+        if layer.training and paddle.is_grad_enabled() and not done.exists():
+            seen.append(1)
+            if len(seen) == step:
+                done.write_text(str(step))
+                return outputs * float("inf")
+        return outputs
+
+    if paddle.distributed.get_rank() == 1:
+        net.register_forward_post_hook(hook)
+
+
+def main(out: Path, overflow: int = 0):
+    gpu_standin.install()
     import paddle_dist
 
     net, made = build(), []
+    if overflow:
+        overflow_at(net, overflow, out / "overflowed")
 
     def sgd(parameters):
         made.append(paddle.optimizer.SGD(0.05, parameters=parameters))
@@ -75,4 +99,4 @@ def main(out: Path):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), int(sys.argv[3]) if sys.argv[2:3] == ["--overflow-at"] else 0)

@@ -1,8 +1,9 @@
-"""train.amp=O2 through fit() on 2 ranks, on a CPU: tests/o2_standin.py gives the model and
-optimizer the state paddle.amp.decorate gives them on a GPU (bfloat16 weights but
+"""fit() on 2 ranks under tests/gpu_standin.py, on a CPU, as on a GPU. At O2 the model and
+optimizer get the state paddle.amp.decorate gives them on a GPU (bfloat16 weights but
 BatchNorm's, float32 master weights in the optimizer, a state-dict hook on every sublayer
-that hands out float32 copies). The script (scripts/o2_fit.py): a small CNN with
-BatchNorm, SGD, train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 steps.
+that hands out float32 copies) and the model hands out bfloat16 outputs; in float16 the
+loss scaler is enabled. The script (scripts/o2_fit.py): a small CNN with BatchNorm, SGD,
+train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 steps.
 
 - the ranks end with the same state, BatchNorm statistics and master weights included,
   and the weights check at every checkpoint passes (exit 0, not 7);
@@ -10,11 +11,16 @@ BatchNorm, SGD, train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 step
   uninterrupted one (at both API levels) in every checkpoint file (model, EMA, optimizer's master weights,
   random generators), in the best checkpoint and in every rank's own tensors;
 - --eval-only (train.eval_only) of the finished run scores exactly what training scored;
-- its checkpoint exports to, and loads into, a float32 model: the moving averages.
+- its checkpoint exports to, and loads into, a float32 model: the moving averages;
+- at the hapi level (which computes the loss outside autocast) every loss logged is within
+  1e-2 of the float32 run's;
+- float16: an overflow on one rank is a step every rank skips, with one line each, and a
+  killed run continues with the scale it had reached.
 """
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +36,10 @@ O2 = ["-o", "train.amp=O2", "-o", "train.amp_dtype=bfloat16", "-o", "train.ema_d
 SIXTEEN_BIT = {"conv.weight", "conv.bias", "head.weight", "head.bias"}
 
 
-def _job(out: Path, *extra: str, run_dir: Path = None):
+def _job(out: Path, *extra: str, run_dir: Path = None, extra_args=()):
     out.mkdir(parents=True, exist_ok=True)
     return run([*LAUNCH, "--log_dir", str(out / "log"), *O2,
-                "-o", f"output.run_dir={run_dir or out / 'run'}", *extra, str(SCRIPT), str(out)],
+                "-o", f"output.run_dir={run_dir or out / 'run'}", *extra, str(SCRIPT), str(out), *extra_args],
                cwd=out, timeout=150)
 
 
@@ -131,8 +137,61 @@ def test_an_o2_checkpoint_exports_to_a_float32_model(trained, tmp_path):
     file = tmp_path / "model.pdparams"
     check(run(["-m", "paddle_dist.checkpoint", "export", str(run_dir), str(file)], timeout=60))
     for source in (file, run_dir):
-        net = _script().o2_standin.SmallBN()   # float32: no decorate
+        net = _script().gpu_standin.SmallBN()   # float32: no decorate
         paddle_dist.checkpoint.load_weights(net, source)
         state = net.state_dict()
         assert {str(v.dtype) for v in state.values()} == {str(paddle.float32)}
         assert all(np.array_equal(state[k].numpy(), averaged[k]) for k in averaged.files)
+
+
+def _losses(out: Path) -> list:
+    """Every loss the run logged: rank 0's log (each epoch's progress, train and eval loss,
+    then the test loss) and metrics.json's history (each epoch's train and eval loss)."""
+    logged = [float(x) for x in re.findall(r" loss (\d+\.\d+)", (out / "run" / "logs" / "rank0.log").read_text())]
+    history = json.loads((out / "run" / "metrics.json").read_text())["history"]
+    return logged + [e[k] for e in history for k in ("train_loss", "eval_loss")]
+
+
+@pytest.mark.compat
+def test_a_bfloat16_o2_hapi_run_logs_the_losses_of_the_float32_run(uninterrupted, tmp_path):
+    """paddle.Model computes the loss outside autocast, on the O2 model's bfloat16 outputs:
+    they reach the loss (and the metrics) in float32, and every loss logged is within 1e-2
+    of the float32 run's (a bfloat16 loss would not run, or be logged as its bits)."""
+    check(_job(tmp_path, "-o", "train.api=hapi", "-o", "train.amp=off"))      # the same run in float32
+    o2, plain = _losses(uninterrupted("hapi")), _losses(tmp_path)
+    assert len(o2) == len(plain) == 2 * 3 + 1 + 2 * 2
+    assert max(abs(a - b) for a, b in zip(o2, plain)) <= 1e-2 * max(1.0, *plain), (o2, plain)
+    assert o2 != plain             # the bfloat16 run's own numbers, not a float32 run's
+
+
+FLOAT16 = ["-o", "train.amp=O1", "-o", "train.amp_dtype=float16", "-o", "train.loss_scale=1024"]
+
+
+def _scaler(out: Path) -> dict:
+    return json.loads((_latest(out / "run" / "checkpoints") / "meta.json").read_text())["loss_scaler"]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("api", ["loop", "hapi"])
+def test_a_float16_overflow_is_skipped_on_every_rank_and_a_killed_run_continues_with_its_scale(api, tmp_path):
+    """float16 with loss scaling (the stand-in's GradScaler is enabled, as on a GPU): rank 1's
+    7th step overflows. Every rank skips that step (the scaler reads the averaged
+    gradients) and says so, the scale halves, and a run killed after it continues bitwise,
+    its scale and counters included."""
+    overflow, level = ["--overflow-at", "7"], ("-o", f"train.api={api}", *FLOAT16)
+    whole = tmp_path / "whole"
+    check(_job(whole, *level, extra_args=overflow))
+    assert _scaler(whole) == {"scale": 512.0, "incr_count": 32 - 7, "decr_count": 0}
+    for rank in (0, 1):
+        log = (whole / "run" / "logs" / f"rank{rank}.log").read_text()
+        assert log.count("inf/nan in the averaged gradients: the step is skipped on every rank") == 1
+        assert "loss scale 1024 -> 512" in log
+    own = [dict(np.load(whole / f"rank{r}.npz")) for r in (0, 1)]
+    assert _differing(*own) == [] and all(np.isfinite(v).all() for v in own[0].values())
+    killed = tmp_path / "killed"
+    stopped = _job(killed, *level, "-o", "faults.inject=kill:1:23", extra_args=overflow)
+    assert stopped.returncode != 0 and "rank 1" in stopped.stderr, stopped.stderr[-3000:]
+    check(_job(killed, *level, extra_args=overflow))
+    assert _scaler(killed) == _scaler(whole)
+    for rank in (0, 1):
+        assert _differing(dict(np.load(whole / f"rank{rank}.npz")), dict(np.load(killed / f"rank{rank}.npz"))) == []

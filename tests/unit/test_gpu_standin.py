@@ -1,4 +1,4 @@
-"""The pieces of paddle_dist that touch a model's state, on an O2 model (tests/o2_standin.py:
+"""The pieces of paddle_dist that touch a model's state, on an O2 model (tests/gpu_standin.py:
 on a CPU, the state paddle.amp.decorate leaves on a GPU): bfloat16 weights but
 BatchNorm's, float32 master weights, and a state-dict hook on every sublayer whose
 state_dict() hands out float32 copies, never the model's own tensors."""
@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from paddle_dist.trainer import amp
-from tests import o2_standin
+from tests import gpu_standin
 
 PLAN = SimpleNamespace(amp="O2", amp_dtype="bfloat16", loss_scale=0.0)
 SIXTEEN_BIT = ["conv.weight", "conv.bias", "head.weight", "head.bias"]
@@ -19,15 +19,15 @@ SIXTEEN_BIT = ["conv.weight", "conv.bias", "head.weight", "head.bias"]
 
 @pytest.fixture
 def standin():
-    o2_standin.install()
+    gpu_standin.install()
     yield amp.plan(PLAN, "cpu")
-    o2_standin.uninstall()
+    gpu_standin.uninstall()
 
 
 def o2_model(plan, seed=3):
     """SmallBN and its SGD, decorated as paddle_dist's trainer decorates them (amp.decorate)."""
     paddle.seed(seed)
-    net = o2_standin.SmallBN()
+    net = gpu_standin.SmallBN()
     return amp.decorate(net, paddle.optimizer.SGD(0.1, parameters=net.parameters()), plan)
 
 
@@ -38,12 +38,11 @@ def batch(seed=0, n=8):
 
 
 def train_step(net, opt, plan, seed=0):
+    """One step as the loop trainer takes it (its forward, loss and step)."""
+    from paddle_dist.trainer.loop import step
+
     x, y = batch(seed)
-    with amp.autocast(plan):
-        loss = paddle.nn.functional.cross_entropy(net(x), y)
-    loss.backward()
-    opt.step()
-    opt.clear_grad()
+    return step(net, paddle.nn.CrossEntropyLoss(), [([x], [y])], opt, plan)
 
 
 def wide(tensors) -> dict:
@@ -64,6 +63,11 @@ def test_the_standin_leaves_the_state_decorate_leaves_on_a_gpu(standin):
     assert "master_weights" in opt.state_dict()
     with pytest.raises(RuntimeError, match="outside auto_cast"):      # as conv2d on a GPU
         net(batch()[0])
+    with amp.autocast(standin):
+        logits = net(batch()[0])
+    assert logits.dtype == paddle.bfloat16 and logits.numpy().dtype == np.uint16     # raw bits, as on a GPU
+    with pytest.raises(RuntimeError, match="bfloat16"):     # no bf16 cross-entropy (2.6's GPUs: none either)
+        paddle.nn.functional.cross_entropy(logits, batch()[1])
     assert net.state_dict(use_hook=False)["conv.weight"] is net.conv.weight       # put back
 
 
@@ -87,7 +91,7 @@ def test_put_weights_of_a_float32_checkpoint_into_an_o2_model(standin):
     from paddle_dist.checkpoint.weights import put_weights
 
     paddle.seed(11)
-    plain = o2_standin.SmallBN()            # float32: the weights of a float32 run, or of an O2 checkpoint
+    plain = gpu_standin.SmallBN()            # float32: the weights of a float32 run, or of an O2 checkpoint
     with paddle.no_grad():
         plain.bn._mean.set_value(paddle.to_tensor([0.5, -1.0, 2.0, 0.25]))
     saved = {k: v.numpy() for k, v in plain.state_dict().items()}
@@ -158,11 +162,9 @@ def test_batch_stats_write_the_models_own_buffers(standin):
     net.bn.register_forward_pre_hook(lambda layer, inputs: seen.append(inputs[0].numpy().astype("float64")))
     x1, y1 = batch(1)
     x2, y2 = batch(2)
-    with amp.autocast(standin):      # two micro-batches, one optimizer step
-        loss = (paddle.nn.functional.cross_entropy(net(x1), y1)
-                + paddle.nn.functional.cross_entropy(net(x2), y2))
-    loss.backward()
-    opt.step()
+    from paddle_dist.trainer.loop import step
+
+    step(net, paddle.nn.CrossEntropyLoss(), [([x1], [y1]), ([x2], [y2])], opt, standin)   # one optimizer step
     stats.step()
     union = np.concatenate(seen)
     expected_mean = 0.1 * union.mean(axis=(0, 2, 3))
@@ -188,3 +190,31 @@ def test_the_weights_check_digests_the_models_own_tensors(standin):
     _, after = digests(net, {"average": paddle.zeros([2])})
     assert [names[i] for i in np.flatnonzero(after[:len(names)] != found)] == ["head.weight"]
     assert len(after) == len(names) + 1
+
+
+def test_the_synced_scaler_skips_an_overflowing_step_and_halves_its_scale(standin, caplog):
+    """The stand-in's GradScaler is enabled, as on a GPU; paddle_dist's SyncedScaler reads
+    the overflow on every Paddle version (compat.scaler_found_inf) and updates the scale
+    by Paddle's rule, with a line instead of Paddle's message (a TypeError on 3.x with
+    numpy 2.4)."""
+    from paddle_dist import compat
+
+    plan = amp.AmpPlan("O1", "float16", 1024.0)
+    scaler = amp.scaler(plan, SimpleNamespace(average_now=lambda optimizer: None))
+    assert scaler.is_enable()
+    paddle.seed(1)
+    net = paddle.nn.Linear(4, 2)
+    opt = paddle.optimizer.SGD(0.1, parameters=net.parameters())
+    for factor, moved, scale in ((float("inf"), False, 512.0), (1.0, True, 512.0)):
+        before = net.weight.numpy().copy()
+        with amp.autocast(plan):
+            loss = net(paddle.ones([3, 4])).sum() * factor
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.clear_grad()
+        assert compat.scaler_found_inf(scaler) is not moved
+        assert (not np.array_equal(before, net.weight.numpy())) is moved
+        assert amp.scaler_state(scaler)["scale"] == scale
+    assert scaler.skipped == 1
+    assert caplog.text.count("the step is skipped on every rank (overflow 1); loss scale 1024 -> 512") == 1
