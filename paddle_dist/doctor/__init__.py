@@ -1,7 +1,7 @@
 """`python -m paddle_dist.doctor`: what this machine offers and whether a job can run on it.
 No module here imports paddle at module level (about a second to import): each function
 that needs it imports it, and the self-test's checks, Paddle code, are outside
-(paddle_dist/selftest_checks.py).
+(paddle_dist/doctor/checks.py).
 
 - facts: the report (versions, CPU, memory, GPUs, variables, interfaces, /dev/shm, proxies,
   exposure) and the command line; `--check` runs launch/preflight.py on a job's config;

@@ -4,7 +4,7 @@ table of what it found.
 The job runs on the visible GPUs (NCCL), or on N CPU ranks (gloo; 2 when nothing says
 otherwise), started the way train.py starts its ranks: `launcher.plan` then
 `launcher.launch`, so the ranks meet through the real process-group path under
-paddle_dist's supervisor. Each rank runs the checks of paddle_dist/selftest_checks.py (in
+paddle_dist's supervisor. Each rank runs the checks of paddle_dist/doctor/checks.py (in
 the order and with the deadlines of selftest_plan.py) and writes its rows to a folder of
 its own; this process reads them and prints one row per check: all-reduce per dtype,
 gradient sync (fused, overlap) against a one-process replay, checkpoint and RNG round

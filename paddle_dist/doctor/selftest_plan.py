@@ -1,5 +1,5 @@
 """The self-test's plan: its rows in order, each check's deadline and the function of
-paddle_dist/selftest_checks.py that runs it, with what both sides share (the first row's
+paddle_dist/doctor/checks.py that runs it, with what both sides share (the first row's
 name, the config file's). The standard library only: the parent (selftest.py) reads it to
 size its deadline and print the table without importing paddle; each rank
 (selftest_rank.py) binds every entry to its check function.
@@ -22,7 +22,7 @@ DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16")
 class PlannedCheck:
     name: str
     seconds: float                      # the deadline on each rank
-    function: str                       # its function in paddle_dist/selftest_checks.py
+    function: str                       # its function in paddle_dist/doctor/checks.py
     args: Tuple[str, ...] = ()          # given to the function before the rank's Job
     first_only: bool = False            # global rank 0 alone (the others report nothing)
 

@@ -1,5 +1,5 @@
 """The self-test's rank side: what each rank of the job runs (selftest.py starts the job
-and prints the table; the checks are in paddle_dist/selftest_checks.py).
+and prints the table; the checks are in paddle_dist/doctor/checks.py).
 
 Each rank sets up exactly as a training rank does (`process.setup`: device, process
 group, seed), then runs CHECKS in order (selftest_plan.PLAN, each bound to its function).
@@ -36,7 +36,7 @@ from ..runtime import monitor
 from .selftest_plan import CONFIG_FILE, PLAN, SETUP
 
 if TYPE_CHECKING:
-    from ..selftest_checks import Job, Row
+    from .checks import Job, Row
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ class Check:
 
 
 def _call(function: str, args: Tuple[str, ...], job: Job) -> Row:
-    """selftest_checks.<function>(*args, job), imported when a rank runs its first check."""
-    from .. import selftest_checks
-    return getattr(selftest_checks, function)(*args, job)
+    """checks.<function>(*args, job), imported when a rank runs its first check."""
+    from . import checks
+    return getattr(checks, function)(*args, job)
 
 
 CHECKS = [Check(c.name, c.seconds, partial(_call, c.function, c.args), c.first_only) for c in PLAN]
@@ -85,7 +85,7 @@ class Recorder:
 def run_check(check: Check, job: Job) -> Row:
     """One check under its deadline; an exception is a FAIL row (its traceback goes to
     this rank's log)."""
-    from ..selftest_checks import FAIL, Row
+    from .checks import FAIL, Row
     from ..sync.collectives import first_line
     message = f"self-test: {check.name} gave no result within {check.seconds:g} s"
     with monitor.deadline(check.seconds, message, job.scratch.parent / f"hung{job.env.global_rank}.json",
@@ -103,7 +103,7 @@ def run_check(check: Check, job: Job) -> Row:
 def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
     """process.setup, as every training rank does it, recorded as the first row."""
     from ..runtime import process
-    from ..selftest_checks import FAIL, PASS, Row
+    from .checks import FAIL, PASS, Row
     from ..sync.collectives import first_line
     recorder.start(SETUP)
     started = time.perf_counter()
@@ -121,7 +121,7 @@ def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
 
 def main(argv: List[str]) -> int:
     """A rank of the self-test; argv: the folder holding config.json, where rank<N>.json goes."""
-    from ..selftest_checks import FAIL, Job
+    from .checks import FAIL, Job
     folder = Path(argv[0])
     cfg = configlib.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
     rank = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend).global_rank

@@ -62,13 +62,13 @@ def test_self_test_on_two_cpu_ranks_passes():
 
 HANGING_RANK = """import sys, time, dataclasses
 sys.path.insert(0, {root!r})
-from paddle_dist import selftest_checks
+from paddle_dist.doctor import checks
 from paddle_dist.doctor import selftest_rank as st
 
 def hang(job):
     if job.env.global_rank == 1:
         time.sleep(600)
-    return selftest_checks.grad_sync("fused", job)
+    return checks.grad_sync("fused", job)
 
 st.CHECKS[:] = [dataclasses.replace(c, seconds=3, run=hang) if c.name == "grad sync fused" else c
                 for c in st.CHECKS]

@@ -10,12 +10,13 @@ import json
 import paddle
 import pytest
 
-from paddle_dist import checkpoint, config, selftest_checks
+from paddle_dist import checkpoint, config
+from paddle_dist.doctor import checks
 from paddle_dist.doctor import selftest, selftest_plan, selftest_rank
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
 from paddle_dist.doctor.selftest import NOT_RUN, Line, assemble, exit_code, format_table
-from paddle_dist.selftest_checks import Job, Row
+from paddle_dist.doctor.checks import Job, Row
 from paddle_dist.doctor.selftest_rank import CHECKS, SETUP, Check, run_check
 
 NAMES = [SETUP] + [c.name for c in CHECKS]
@@ -39,13 +40,13 @@ def summed_by_two_ranks(tensor):
 # ---------------------------------------------------------------- rank-side checks
 @pytest.mark.parametrize("dtype", selftest_plan.DTYPES)
 def test_all_reduce_passes_on_the_right_sum(tmp_path, dtype):
-    row = selftest_checks.all_reduce(dtype, two_rank_job(tmp_path), reduce=summed_by_two_ranks)
+    row = checks.all_reduce(dtype, two_rank_job(tmp_path), reduce=summed_by_two_ranks)
     assert (row.check, row.status) == (f"all-reduce {dtype}", "PASS")
 
 
 def test_a_wrong_all_reduce_result_fails(tmp_path):
     """An injected wrong result: the collective left the tensor as it was."""
-    row = selftest_checks.all_reduce("float32", two_rank_job(tmp_path), reduce=lambda t: None)
+    row = checks.all_reduce("float32", two_rank_job(tmp_path), reduce=lambda t: None)
     assert row.status == "FAIL"
     assert row.detail == "value 0: got -4, expected -12"
 
@@ -56,35 +57,35 @@ def test_gloo_float16_is_a_skip_with_the_reason_not_a_failure(tmp_path):
     def paddles_gloo(t):
         t.set_value(paddle.full(t.shape, float("inf"), dtype=t.dtype))
 
-    row = selftest_checks.all_reduce("float16", two_rank_job(tmp_path), reduce=paddles_gloo)
+    row = checks.all_reduce("float16", two_rank_job(tmp_path), reduce=paddles_gloo)
     assert row.status == "SKIP" and "paddle_dist sends no float16 over gloo" in row.detail
-    assert selftest_checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=paddles_gloo).status == "FAIL"
+    assert checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=paddles_gloo).status == "FAIL"
 
     def unsupported(t):
         raise RuntimeError("Invalid datatype bfloat16 for gloo")
 
-    row = selftest_checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=unsupported)
+    row = checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=unsupported)
     assert row.status == "SKIP" and "Invalid datatype bfloat16 for gloo" in row.detail
     with pytest.raises(RuntimeError):
-        selftest_checks.all_reduce("float32", two_rank_job(tmp_path), reduce=unsupported)
+        checks.all_reduce("float32", two_rank_job(tmp_path), reduce=unsupported)
 
 
 def test_one_rank_and_cpu_skip_what_they_cannot_test(job):
-    for row in (selftest_checks.all_reduce("float32", job), selftest_checks.grad_sync("fused", job)):
+    for row in (checks.all_reduce("float32", job), checks.grad_sync("fused", job)):
         assert row.status == "SKIP" and row.detail.startswith("one rank: nothing to exchange")
     for dtype in ("float16", "bfloat16"):
         for level in ("O1", "O2"):
-            row = selftest_checks.amp_step(dtype, level, job)
+            row = checks.amp_step(dtype, level, job)
             assert row.status == "SKIP" and row.detail.startswith("GPUs only")
-    row = selftest_checks.side_stream_overlap(job)
+    row = checks.side_stream_overlap(job)
     assert row.status == "SKIP" and row.detail.startswith("GPUs only")
 
 
 def test_checkpoint_round_trip_passes_and_a_broken_restore_fails(job, monkeypatch):
-    row = selftest_checks.checkpoint_round_trip(job)
+    row = checks.checkpoint_round_trip(job)
     assert row.status == "PASS", row.detail
     monkeypatch.setattr(checkpoint, "restore", lambda *args, **kwargs: None)
-    broken = selftest_checks.checkpoint_round_trip(Job(job.cfg, job.env, job.scratch / "again"))
+    broken = checks.checkpoint_round_trip(Job(job.cfg, job.env, job.scratch / "again"))
     assert broken.status == "FAIL" and broken.detail.startswith("not restored: ")
 
 
@@ -261,7 +262,7 @@ def test_tf32_is_switched_off_with_paddles_own_switches(monkeypatch):
     turned = {}
     for switch in ("set_cublas_switch", "set_cudnn_switch"):
         monkeypatch.setattr(core, switch, lambda on, _name=switch: turned.__setitem__(_name, on), raising=False)
-    selftest_checks._exact_float32()
+    checks._exact_float32()
     assert turned == {"set_cublas_switch": False, "set_cudnn_switch": False}
 
 
@@ -270,8 +271,8 @@ def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
     the trainer's evaluate(), a checkpoint of float32 weights, export and Paddle Inference."""
     from paddle_dist.trainer import amp
 
-    net, ref, how, exchange, opt = selftest_checks.train_against_replay(job, "fused")
-    problem, said = selftest_checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
+    net, ref, how, exchange, opt = checks.train_against_replay(job, "fused")
+    problem, said = checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
     assert problem is None, problem
     assert said.startswith("evaluation loss") and "float32 checkpoint exported" in said
 
@@ -279,7 +280,7 @@ def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
 def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
     """The AMP rows (GPUs only) train at both API levels; here the same path in float32:
     the prepared paddle.Model (trainer.hapi.prepared_model) ends where the replay does."""
-    from paddle_dist.selftest_checks import TOLERANCE, _max_difference, train_against_replay
+    from paddle_dist.doctor.checks import TOLERANCE, _max_difference, train_against_replay
 
     loop_net, loop_ref, *_ = train_against_replay(job, "fused")
     hapi_net, hapi_ref, *_ = train_against_replay(job, "fused", api="hapi")

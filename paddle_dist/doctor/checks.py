@@ -1,10 +1,11 @@
 """The self-test's checks (`python -m paddle_dist.doctor --test`), each run by every rank
-of a real job (doctor/selftest_rank.py runs them, doctor/selftest.py starts the job and
-prints the table). Each returns a Row: PASS, FAIL, or SKIP with the reason it cannot run
-here.
+of a real job (selftest_rank.py runs them, selftest.py starts the job and prints the
+table). Each returns a Row: PASS, FAIL, or SKIP with the reason it cannot run here. The
+mixed-precision rows are in checks_amp.py.
 
-Paddle code through and through, so not in doctor/, which imports no paddle at module
-level: beside worker.py, whose parts it uses.
+The doctor's rank side: paddle code through and through, imported only by the functions
+a self-test rank runs, so that loading doctor/ (the report, the parent of the self-test)
+imports no paddle.
 
 They use paddle_dist's own code paths: `GradSync` built from the config as the trainer
 builds it, `trainer.loop.step` (the trainer's optimizer step), `checkpoint.save()` /
@@ -26,16 +27,16 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .trainer import amp
-from . import checkpoint
-from . import config as configlib
-from .runtime import env as envlib
-from .sync.collectives import first_line
-from .errors import DeviceError
-from .export import export as export_model
-from .predict import Predictor
-from .sync import GradSync, wrap
-from .trainer import loop
+from ..trainer import amp
+from .. import checkpoint
+from .. import config as configlib
+from ..runtime import env as envlib
+from ..sync.collectives import first_line
+from ..errors import DeviceError
+from ..export import export as export_model
+from ..predict import Predictor
+from ..sync import GradSync, wrap
+from ..trainer import loop
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 COUNT = 1024              # values per all-reduce
@@ -137,7 +138,7 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str 
     scaler = amp.scaler(precision, sync)
     loss = paddle.nn.CrossEntropyLoss()
     if api == "hapi":
-        from .trainer.hapi import prepared_model
+        from ..trainer.hapi import prepared_model
 
         model = prepared_model(net, opt, loss, env, sync, precision, scaler)
 
@@ -205,9 +206,9 @@ def amp_o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):
     """An O2 network's evaluation (the trainer's evaluate(), every rank) against the float32
     replay's, and (rank 0) its checkpoint: float32 weights that a float32 network loads and
     exports. Returns (what went wrong or None, what was checked)."""
-    from .trainer.evaluation import evaluate
-    from .trainer.feed import Feed
-    from .trainer.loading import Source
+    from ..trainer.evaluation import evaluate
+    from ..trainer.feed import Feed
+    from ..trainer.loading import Source
 
     x, y = _global_batch(STEPS, 1, job.cfg.train.seed)
     data = paddle.io.TensorDataset([paddle.to_tensor(x), paddle.to_tensor(y)])
@@ -313,7 +314,7 @@ def _exact_float32() -> None:
 
 
 def _mnist_preprocessing(job: Job) -> Dict:
-    from .export import preprocessing
+    from ..export import preprocessing
 
     return preprocessing(configlib.replace_key(job.cfg, "data.name", "mnist"))
 
@@ -338,7 +339,7 @@ def _export_and_predict(net, job: Job, shape: List[int]) -> float:
 def export_predict(job: Job) -> Row:
     """LeNet through paddle_dist.export and Paddle Inference (predict.Predictor, on the
     job's GPU where it has one), with TF32 off, against the dygraph outputs."""
-    from .models import build
+    from ..models import build
 
     _exact_float32()
     paddle.seed(job.cfg.train.seed)
@@ -355,7 +356,7 @@ def side_stream_overlap(job: Job) -> Row:
     """GPUs: the overlap exchange (AsyncExchange, from backward()'s hooks) with a stand-in
     two-rank sum issued on a second CUDA stream, as NCCL issues its all-reduce: the
     gradients must come back bit-identical to one process's (x * 2 / 2 is exact)."""
-    from .sync.overlap import AsyncExchange, Overlap
+    from ..sync.overlap import AsyncExchange, Overlap
 
     name = "overlap on a CUDA side stream"
     if not job.env.device.startswith("gpu"):
