@@ -1,7 +1,8 @@
 """The self-test's checks (`python -m paddle_dist.doctor --test`), each run by every rank
 of a real job (selftest_rank.py runs them, selftest.py starts the job and prints the
 table). Each returns a Row: PASS, FAIL, or SKIP with the reason it cannot run here. The
-mixed-precision rows are in checks_amp.py.
+mixed-precision rows are in checks_amp.py. Numbers are compared as values, never as the
+raw bits a bfloat16 tensor's numpy() gives.
 
 The doctor's rank side: paddle code through and through, imported only by the functions
 a self-test rank runs, so that loading doctor/ (the report, the parent of the self-test)
@@ -21,6 +22,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -35,7 +37,9 @@ from ..sync.collectives import first_line
 from ..errors import DeviceError
 from ..export import export as export_model
 from ..predict import Predictor
+from ..compat import state_tensors
 from ..sync import GradSync, wrap
+from ..sync.batchstats import BatchStats
 from ..trainer import loop
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -93,16 +97,18 @@ def all_reduce(dtype: str, job: Job, reduce: Callable = dist.all_reduce) -> Row:
 
 
 # ---------------------------------------------------------------- gradient sync
-def _net() -> paddle.nn.Layer:
-    return paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.ReLU(), paddle.nn.Linear(32, 4))
+def _net(bn: bool = False) -> paddle.nn.Layer:
+    """A small MLP; `bn`: with a BatchNorm (kept in float32 by O2's decorate)."""
+    norm = [paddle.nn.BatchNorm1D(32)] if bn else []
+    return paddle.nn.Sequential(paddle.nn.Linear(16, 32), *norm, paddle.nn.ReLU(), paddle.nn.Linear(32, 4))
 
 
-def _twins(seed: int):
+def _twins(seed: int, bn: bool = False):
     """The network to train and its one-process replay, with the same initial weights."""
     paddle.seed(seed)
-    net = _net()
+    net = _net(bn)
     paddle.seed(seed)
-    return net, _net()
+    return net, _net(bn)
 
 
 def _global_batch(step: int, world: int, seed: int):
@@ -117,24 +123,34 @@ def _tensors(x, y):
     return [paddle.to_tensor(x)], [paddle.to_tensor(y)]
 
 
+def values(tensor) -> np.ndarray:
+    """A tensor's values as float64: a bfloat16 tensor's numpy() is its raw bits (uint16)."""
+    return tensor.astype("float32").numpy().astype("float64")
+
+
 def _max_difference(net, ref) -> float:
-    return max(float(np.abs(a.numpy().astype("float64") - b.numpy().astype("float64")).max())
-               for a, b in zip(net.parameters(), ref.parameters()))
+    """The largest difference between the two networks' parameters and buffers, as values."""
+    mine, theirs = state_tensors(net), state_tensors(ref)
+    return max(float(np.abs(values(mine[k]) - values(theirs[k])).max()) for k in theirs)
 
 
-def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str = "loop"):
-    """STEPS optimizer steps of a small MLP, data-parallel through GradSync(`mode`) and the
-    trainer's own step at `api` level (loop: `trainer.loop.step`; hapi: the prepared
-    paddle.Model's train_batch, as `trainer.hapi` builds it), beside one process taking the
-    same steps on the whole batch in float32. Returns (net, replay, the sync's
-    description, its exchange's class name, the optimizer)."""
+def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str = "loop",
+                         bn: bool = False):
+    """STEPS optimizer steps of a small MLP (`bn`: with a BatchNorm, whose statistics move
+    once per step from every rank's batch, sync/batchstats.py), data-parallel through
+    GradSync(`mode`) and the trainer's own step at `api` level (loop: `trainer.loop.step`;
+    hapi: the prepared paddle.Model's train_batch, as `trainer.hapi` builds it), beside one
+    process taking the same steps on the whole batch in float32, each rank's share a
+    micro-batch. Returns (net, replay, the sync's description, its exchange's class name,
+    the optimizer)."""
     env, seed = job.env, job.cfg.train.seed
-    net, ref = _twins(seed)
+    net, ref = _twins(seed, bn)
     opt = paddle.optimizer.SGD(LR, parameters=net.parameters())
     ref_opt = paddle.optimizer.SGD(LR, parameters=ref.parameters())
     net, opt = amp.decorate(net, opt, precision)       # O2: 16-bit weights, float32 master copy
     sync = GradSync.from_config(env, dataclasses.replace(job.cfg.sync, mode=mode, compress="none"))
-    sync.attach(opt)
+    stats = BatchStats(net, env)
+    sync.attach(opt, net, stats.ride_with(sync))
     scaler = amp.scaler(precision, sync)
     loss = paddle.nn.CrossEntropyLoss()
     if api == "hapi":
@@ -149,15 +165,23 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str 
 
         def step(x, y):
             loop.step(wrapped, loss, [_tensors(x, y)], opt, precision, scaler, sync.arm)
+    # The replay takes each rank's share as a micro-batch of one step: BatchNorm normalizes
+    # each share by its own statistics, as on the ranks, and its running statistics move
+    # once per step from all of them (a BatchStats of one process).
+    ref_stats = BatchStats(ref, SimpleNamespace(is_distributed=False))
+    shares = [slice(r * BATCH, (r + 1) * BATCH) for r in range(env.world_size)]
     try:
         for n in range(STEPS):
             x, y = _global_batch(n, env.world_size, seed)
-            mine = slice(env.global_rank * BATCH, (env.global_rank + 1) * BATCH)
-            step(x[mine], y[mine])
-            loop.step(ref, loss, [_tensors(x, y)], ref_opt)
+            step(x[shares[env.global_rank]], y[shares[env.global_rank]])
+            stats.step()
+            loop.step(ref, loss, [_tensors(x[share], y[share]) for share in shares], ref_opt)
+            ref_stats.step()
         exchange = type(sync.overlap.exchange).__name__ if sync.overlap is not None else "step"
         return net, ref, sync.describe(), exchange, opt
     finally:
+        stats.close()
+        ref_stats.close()
         sync.close()
 
 
@@ -171,66 +195,6 @@ def grad_sync(mode: str, job: Job) -> Row:
     diff = _max_difference(net, ref)
     return Row(name, PASS if diff <= TOLERANCE else FAIL, digest=checkpoint.weights_digest(net),
                detail=f"max |w - one-process replay| {diff:.1e} after {STEPS} steps; {how}")
-
-
-def amp_step(dtype: str, level: str, job: Job) -> Row:
-    """GPUs: mixed precision (float16 with the synced GradScaler, or bfloat16; O1, or O2's
-    16-bit weights) at both API levels through sync.mode=overlap, which on GPUs
-    all-reduces through NCCL asynchronously (AsyncExchange), against a float32 replay.
-    O2 then evaluates as the trainer does (evaluate(), under the plan's autocast) and
-    saves a checkpoint whose float32 weights export (amp_o2_after)."""
-    name = f"AMP {dtype} {level}" + (" + GradScaler" if dtype == "float16" else "")
-    if not job.env.device.startswith("gpu"):
-        return Row(name, SKIP, detail="GPUs only: Paddle runs mixed precision on CUDA/XPU devices")
-    train = dataclasses.replace(job.cfg.train, amp=level, amp_dtype=dtype)
-    try:
-        precision = amp.plan(train, job.env.device)
-    except DeviceError as exc:
-        return Row(name, SKIP, detail=str(exc).split(";")[0])
-    net, ref, how, exchange, opt = train_against_replay(job, "overlap", precision)
-    hapi_net, hapi_ref, *_ = train_against_replay(job, "overlap", precision, api="hapi")
-    diff, hapi_diff = _max_difference(net, ref), _max_difference(hapi_net, hapi_ref)
-    ok = all(np.isfinite(d) and d <= AMP_TOLERANCE for d in (diff, hapi_diff))
-    if job.env.is_distributed and exchange != "AsyncExchange":
-        ok, how = False, f"{how}: expected NCCL's AsyncExchange, got {exchange}"
-    detail = (f"max |w - float32 replay| {diff:.1e} (loop), {hapi_diff:.1e} (hapi) after {STEPS} steps; "
-              f"{how} ({exchange})")
-    if ok and level == "O2":
-        problem, said = amp_o2_after(job, net, ref, opt, precision)
-        ok, detail = problem is None, problem or f"{detail}; {said}"
-    digest = checkpoint.weights_digest(net) + checkpoint.weights_digest(hapi_net)
-    return Row(name, PASS if ok else FAIL, digest=digest, detail=detail)
-
-
-def amp_o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):
-    """An O2 network's evaluation (the trainer's evaluate(), every rank) against the float32
-    replay's, and (rank 0) its checkpoint: float32 weights that a float32 network loads and
-    exports. Returns (what went wrong or None, what was checked)."""
-    from ..trainer.evaluation import evaluate
-    from ..trainer.feed import Feed
-    from ..trainer.loading import Source
-
-    x, y = _global_batch(STEPS, 1, job.cfg.train.seed)
-    data = paddle.io.TensorDataset([paddle.to_tensor(x), paddle.to_tensor(y)])
-    loss = paddle.nn.CrossEntropyLoss()
-    got = evaluate(net, Source.of(data, "eval_data"), Feed(net), loss, [], job.env, BATCH, amp=precision)
-    want = evaluate(ref, Source.of(data, "eval_data"), Feed(ref), loss, [], job.env, BATCH)
-    if not abs(got["loss"] - want["loss"]) <= AMP_TOLERANCE * 10 * max(1.0, abs(want["loss"])):
-        return f"O2 evaluation: loss {got['loss']:.4f}, float32 replay {want['loss']:.4f}", ""
-    if not job.env.is_main:
-        return None, f"evaluation loss {got['loss']:.4f} (replay {want['loss']:.4f})"
-    meta = {"global_step": STEPS, "epoch": 0, "step_in_epoch": STEPS, "world_size": job.env.world_size,
-            "model": "selftest"}
-    state = checkpoint.load(checkpoint.save(job.scratch / "o2", net, opt, meta, keep_last=1))
-    wide = sorted({str(v.dtype) for v in state.model.values()})
-    if wide != ["float32"]:
-        return f"O2 checkpoint weights are {', '.join(wide)}, not float32 (amp.decorate save_dtype)", ""
-    plain = _net()
-    checkpoint.restore(state, plain, rng=False)
-    _exact_float32()
-    out = _export_and_predict(plain, job, [16])
-    return None, (f"evaluation loss {got['loss']:.4f} (replay {want['loss']:.4f}); float32 "
-                  f"checkpoint exported, max |inference - dygraph| {out:.1e}")
 
 
 # ---------------------------------------------------------------- checkpoint
@@ -285,14 +249,13 @@ def checkpoint_round_trip(job: Job) -> Row:
 
 
 def _moved_scaler(job: Job, moved: bool = True):
-    """GPUs: a float16 loss scaler as the trainer builds it, its scale and counters moved
-    from where train.loss_scale starts them (moved=True); None where there is no GPU."""
-    if not job.env.device.startswith("gpu"):
-        return None
+    """A float16 loss scaler as the trainer builds it, its scale and counters moved from
+    where train.loss_scale starts them (moved=True); None where amp.plan refuses float16
+    (a CPU, a GPU without it: the AMP rows say why)."""
     train = dataclasses.replace(job.cfg.train, amp="O1", amp_dtype="float16")
     try:
         scaler = amp.scaler(amp.plan(train, job.env.device), sync=None)
-    except DeviceError:          # a GPU without float16 (amp.plan says why in the AMP rows)
+    except DeviceError:
         return None
     if moved:
         amp.load_scaler_state(scaler, {"scale": train.loss_scale * 4, "incr_count": 5, "decr_count": 1})

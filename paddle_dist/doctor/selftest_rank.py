@@ -6,9 +6,12 @@ group, seed), then runs CHECKS in order (selftest_plan.PLAN, each bound to its f
 Every check runs under a deadline (`monitor.deadline()`: a watchdog process ends a rank
 that hangs, even inside native code that holds the GIL), and after every check the rank
 rewrites <dir>/rank<N>.json with its rows so far and the check it is in, so that the
-parent can say which check hung or crashed. A check's exception is a FAIL row, and the
-rank's last: after a failure the ranks' collectives no longer line up, so the later
-checks are NOT RUN.
+parent can say which check hung or crashed. A check's exception is a FAIL row. After a
+FAIL the ranks go on to the next check when their collectives still line up: after every
+check that all ranks run, they meet in one all-reduce (under a deadline). A wrong number,
+a refused kernel or any failure that every rank met alike lets every row run and report;
+a rank that crashed or hung in a check ends the job's collectives, and the later checks
+are NOT RUN.
 
 What brings paddle (runtime.process, the checks, sync's collectives) is imported by the
 functions that a rank runs, never at module level: doctor/ imports no paddle when loaded.
@@ -20,6 +23,7 @@ Example (what selftest.py's generated script runs in every rank):
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import tempfile
@@ -35,6 +39,8 @@ from ..runtime import env as envlib
 from ..runtime import monitor
 from .selftest_plan import CONFIG_FILE, PLAN, SETUP
 
+LINE_UP_S = 30.0          # the ranks' meeting after a check
+
 if TYPE_CHECKING:
     from .checks import Job, Row
 
@@ -48,9 +54,10 @@ class Check:
 
 
 def _call(function: str, args: Tuple[str, ...], job: Job) -> Row:
-    """checks.<function>(*args, job), imported when a rank runs its first check."""
-    from . import checks
-    return getattr(checks, function)(*args, job)
+    """<module>.<function>(*args, job) of doctor/ ("checks_amp.amp_step"; the module
+    checks.py when none is named), imported when a rank runs its first check."""
+    module, _, name = function.rpartition(".")
+    return getattr(importlib.import_module(f"{__package__}.{module or 'checks'}"), name)(*args, job)
 
 
 CHECKS = [Check(c.name, c.seconds, partial(_call, c.function, c.args), c.first_only) for c in PLAN]
@@ -100,6 +107,26 @@ def run_check(check: Check, job: Job) -> Row:
     return row
 
 
+def lined_up(job: Job, after: str) -> bool:
+    """Whether every rank finished check `after`: one all-reduce of all the ranks (nothing
+    to do for one rank), under a deadline that ends a rank whose peers are gone."""
+    if not job.env.is_distributed:
+        return True
+    import paddle
+    import paddle.distributed as dist
+
+    message = f"self-test: the ranks did not all finish {after}"
+    with monitor.deadline(LINE_UP_S, message, job.scratch.parent / f"hung{job.env.global_rank}.json",
+                          job.env.global_rank):
+        try:
+            count = paddle.to_tensor([1], dtype="int64")
+            dist.all_reduce(count)
+        except Exception:  # noqa: BLE001 - a peer gone: the collectives are broken
+            traceback.print_exc()
+            return False
+    return int(count.numpy()[0]) == job.env.world_size
+
+
 def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
     """process.setup, as every training rank does it, recorded as the first row."""
     from ..runtime import process
@@ -121,7 +148,7 @@ def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
 
 def main(argv: List[str]) -> int:
     """A rank of the self-test; argv: the folder holding config.json, where rank<N>.json goes."""
-    from .checks import FAIL, Job
+    from .checks import Job
     folder = Path(argv[0])
     cfg = configlib.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
     rank = envlib.detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend).global_rank
@@ -137,7 +164,7 @@ def main(argv: List[str]) -> int:
             recorder.start(check.name)
             row = run_check(check, job)
             recorder.add(row)
-            if row.status == FAIL:    # the ranks' collectives no longer line up: stop here
-                break
+            if not check.first_only and not lined_up(job, check.name):
+                break                 # the ranks' collectives no longer line up: stop here
     recorder.finish()
     return 0

@@ -89,7 +89,7 @@ class _GroupMean:
 
     def __call__(self, *args):
         labels = self.feed.counts[1] if not self.feed.model_loss else 0
-        outputs, labels = widened(list(args[:len(args) - labels])), list(args[len(args) - labels:])
+        outputs, labels = list(args[:len(args) - labels]), list(args[len(args) - labels:])
         loss = self.feed.loss_of(self.inner, outputs, labels)
         self.last = loss.detach()        # read as a number by the bridge (never hapi's bf16 bits)
         return loss / self.divisor if self.divisor > 1 else loss
@@ -136,7 +136,9 @@ def prepared_model(net, optimizer, loss, env, sync, precision, scaler, inputs: i
     # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
     # forward hooks, and hapi's AMP level is used just for its loss-scaling path (float16).
     scaling = {"level": "O1", "init_loss_scaling": precision.loss_scale} if scaler else None
-    model.prepare(optimizer=optimizer, loss=loss, amp_configs=scaling)
+    # paddle.Model computes the loss outside autocast, on the outputs as the network hands
+    # them out (16-bit at O2): it gets them widened to float32, as the loop's Feed gives them.
+    model.prepare(optimizer=optimizer, loss=lambda *args: loss(*widened(list(args))), amp_configs=scaling)
     if scaler is not None:
         model._scaler = scaler          # checks the averaged gradients (amp.SyncedScaler)
     install_autocast(net, precision)

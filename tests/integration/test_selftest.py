@@ -100,3 +100,68 @@ def test_a_check_that_hangs_is_stopped_and_named(tmp_path):
     finally:
         if kept:
             shutil.rmtree(kept.group(1), ignore_errors=True)
+
+
+def test_self_test_under_the_gpu_standin_runs_every_amp_row():
+    """Under tests/gpu_standin.py (an enabled GradScaler, O2's state and bfloat16 outputs,
+    amp.plan as on a GPU with both dtypes) the AMP rows train with the GPU default sync
+    (dataparallel) at both API levels; O2's BatchNorm network evaluates, resumes from its
+    checkpoint bit-identical and exports. float16 O2 has no CPU kernel: a SKIP that says so."""
+    from tests import gpu_standin
+
+    done = run(["-m", "paddle_dist.doctor", "--test", "--nprocs", "2"], timeout=TIMEOUT,
+               base_env=gpu_standin.environ())
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table(done.stdout)
+    assert list(rows) == [selftest_rank.SETUP] + [c.name for c in selftest_rank.CHECKS]
+    for name in ("AMP float16 O1 + GradScaler", "AMP bfloat16 O1", "AMP bfloat16 O2"):
+        ranks, status, detail = rows[name]
+        assert (ranks, status) == ("2/2", "PASS"), (name, rows[name])
+        assert "(loop)" in detail and "(hapi)" in detail and "sync dataparallel" in detail
+        assert detail.endswith("ranks bit-identical")
+    o2 = rows["AMP bfloat16 O2"][2]
+    assert "weights and BatchNorm statistics - float32 replay" in o2
+    assert "checkpoint resumed bit-identical (16-bit weights, BatchNorm statistics, master weights)" in o2
+    assert "float32 checkpoint exported" in o2
+    assert rows["AMP float16 O2 + GradScaler"][1:] == ("SKIP", "the GPU stand-in runs train.amp=O2 with "
+                                                       "train.amp_dtype=bfloat16 only: a CPU has no float16 kernels")
+    assert "loss scaler" in rows["checkpoint + RNG"][2]
+
+
+FAILING_RANK = """import sys, dataclasses
+sys.path.insert(0, {root!r})
+from paddle_dist.doctor import checks
+from paddle_dist.doctor import selftest_rank as st
+
+def wrong(job):
+    return checks.Row("grad sync fused", checks.FAIL, detail="wrong on purpose")
+
+def raises(job):
+    raise ValueError("broken on purpose")
+
+st.CHECKS[:] = [dataclasses.replace(c, run={{"grad sync fused": wrong, "checkpoint + RNG": raises}}.get(c.name, c.run))
+                for c in st.CHECKS]
+sys.exit(st.main(sys.argv[1:]))
+"""
+
+
+def test_a_failed_check_that_every_rank_met_leaves_the_later_rows_to_run(tmp_path):
+    """A wrong result and an exception on every rank are FAIL rows; the ranks still meet
+    after them, so every later row runs and reports (exit 1)."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist.doctor import selftest\n"
+                      f"selftest.RANK_SCRIPT = {FAILING_RANK!r}\nsys.exit(selftest.run(2))\n")
+    done = run([str(script)], timeout=TIMEOUT)
+    kept = re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)
+    try:
+        assert done.returncode == 1, done.stdout + done.stderr
+        rows = table(done.stdout)
+        assert rows["grad sync fused"] == ("0/2", "FAIL", "rank 0: wrong on purpose; also rank 1")
+        assert rows["checkpoint + RNG"] == ("0/2", "FAIL", "rank 0: ValueError: broken on purpose; also rank 1")
+        assert "NOT RUN" not in [status for _, status, _ in rows.values()]
+        assert [rows[name][1] for name in ("grad sync overlap", "grad sync dataparallel", "export + predict")] == \
+            ["PASS"] * 3
+        assert re.search(r"^self-test: \d+ passed, 2 failed, \d+ skipped in", done.stdout, re.M)
+    finally:
+        if kept:
+            shutil.rmtree(kept.group(1), ignore_errors=True)

@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from paddle_dist import checkpoint, config
-from paddle_dist.doctor import checks
+from paddle_dist.doctor import checks, checks_amp
 from paddle_dist.doctor import selftest, selftest_plan, selftest_rank
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
@@ -75,8 +75,8 @@ def test_one_rank_and_cpu_skip_what_they_cannot_test(job):
         assert row.status == "SKIP" and row.detail.startswith("one rank: nothing to exchange")
     for dtype in ("float16", "bfloat16"):
         for level in ("O1", "O2"):
-            row = checks.amp_step(dtype, level, job)
-            assert row.status == "SKIP" and row.detail.startswith("GPUs only")
+            row = checks_amp.amp_step(dtype, level, job)       # amp.plan's reason
+            assert row.status == "SKIP" and row.detail.startswith(f"train.amp={level} needs a GPU"), row.detail
     row = checks.side_stream_overlap(job)
     assert row.status == "SKIP" and row.detail.startswith("GPUs only")
 
@@ -267,14 +267,18 @@ def test_tf32_is_switched_off_with_paddles_own_switches(monkeypatch):
 
 
 def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
-    """What the O2 rows do after training (GPUs only), run here on a float32 network:
-    the trainer's evaluate(), a checkpoint of float32 weights, export and Paddle Inference."""
+    """What the O2 rows do after training, run here on a float32 network with BatchNorm
+    (tests/integration/test_selftest.py runs them at O2 under the GPU stand-in): the
+    trainer's evaluate(), a checkpoint that resumes bit-identical, export and Paddle
+    Inference."""
     from paddle_dist.trainer import amp
 
-    net, ref, how, exchange, opt = checks.train_against_replay(job, "fused")
-    problem, said = checks.amp_o2_after(job, net, ref, opt, amp.AmpPlan())
+    net, ref, how, exchange, opt = checks.train_against_replay(job, "fused", bn=True)
+    assert checks._max_difference(net, ref) <= checks.TOLERANCE        # BatchNorm statistics too
+    problem, said = checks_amp.o2_after(job, net, ref, opt, amp.AmpPlan())
     assert problem is None, problem
-    assert said.startswith("evaluation loss") and "float32 checkpoint exported" in said
+    assert said.startswith("evaluation loss") and "checkpoint resumed bit-identical" in said
+    assert "float32 checkpoint exported" in said
 
 
 def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
