@@ -103,6 +103,8 @@ class TrainConfig:
                                    # updates (PaddleDetection's ModelEMA); false: decay from the start
     eval_loss: bool = True         # evaluation computes the loss too; false: the metrics alone, as
                                    # suites evaluate (outputs or labels the loss cannot take)
+    deterministic: bool = True     # GPUs: deterministic cuDNN and embedding kernels, so that a continued
+                                   # run is bitwise the uninterrupted one (runtime/determinism.py)
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
     seed: int = 2024               # weights and every other random draw

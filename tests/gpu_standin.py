@@ -40,7 +40,10 @@ What it does not reproduce, and why:
   returns, the scaler's) is. `auto_cast` is replaced by a context that switches this on;
   a decorated model whose forward runs outside it raises, as conv2d's dtype check does
   on a GPU. O1 computes in float32 (Paddle's own auto_cast, which on a CPU changes
-  nothing but the dtype the scaler reads).
+  nothing but the dtype the scaler reads). Rounding: a GPU's cast to bfloat16 rounds to
+  nearest; Paddle 2.6's CPU cast truncates. The layers' inputs and outputs are rounded
+  to nearest on every version, but the weights are cast by Paddle's own CPU kernels
+  (decorate's, SGD's from the master weights), so on 2.6 they are truncated.
 - Optimizers: only SGD has a bfloat16 CPU kernel (Adam, AdamW, Momentum have none), so
   O2 tests use SGD.
 - float16 O2: no CPU kernel at all (not even sgd); refused. `master_grad` and
@@ -64,6 +67,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import paddle
 
 DTYPE = "bfloat16"
@@ -125,10 +129,23 @@ def _emulate(layer) -> None:
 
 def _rounded(value: Any) -> Any:
     if isinstance(value, paddle.Tensor):
-        return value.astype(DTYPE).astype("float32") if value.dtype == paddle.float32 else value
+        return _nearest(value) if value.dtype == paddle.float32 else value
     if isinstance(value, (tuple, list)):
         return type(value)(_rounded(v) for v in value)
     return value
+
+
+def _nearest(x):
+    """float32 `x` rounded to the nearest bfloat16 values (ties to even), as a GPU's cast
+    rounds; gradients pass through as the cast's do. Paddle 2.6's CPU cast truncates
+    (compat.cpu_bf16_cast_rounds), so there the rounding is numpy's."""
+    from paddle_dist import compat
+
+    if compat.cpu_bf16_cast_rounds():
+        return x.astype(DTYPE).astype("float32")
+    bits = x.numpy().view(np.uint32)
+    nearest = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16) << 16
+    return x + (paddle.to_tensor(nearest.astype(np.uint32).view(np.float32)) - x).detach()
 
 
 def _sixteen_bit(value: Any) -> Any:

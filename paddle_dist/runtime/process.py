@@ -25,7 +25,7 @@ import paddle.distributed as dist
 from .. import compat
 from . import env as envlib, protocol, variables as varlib
 from ..security import attest, auth
-from . import monitor, gloocheck, netcheck
+from . import determinism, monitor, gloocheck, netcheck
 from ..runs import commands, rundir
 from .. import procfs
 from ..sync.collectives import PeerFailure, first_line
@@ -52,6 +52,7 @@ def setup(cfg) -> envlib.DistEnv:
         varlib.prepare_process_group(env, cfg.dist.nccl)
         _check_network(env, cfg)
         paddle.set_device(env.device)
+        determinism.apply(cfg.train.deterministic, env.device)
         if env.is_distributed:
             # paddle.Model (hapi) calls init_parallel_env() again; since Paddle 2.5 that
             # second call returns the existing default group (parallel.py).

@@ -156,11 +156,16 @@ def _losses(out: Path) -> list:
 def test_a_bfloat16_o2_hapi_run_logs_the_losses_of_the_float32_run(uninterrupted, tmp_path):
     """paddle.Model computes the loss outside autocast, on the O2 model's bfloat16 outputs:
     they reach the loss (and the metrics) in float32, and every loss logged is within 1e-2
-    of the float32 run's (a bfloat16 loss would not run, or be logged as its bits)."""
+    of the float32 run's (a bfloat16 loss would not run, or be logged as its bits). On
+    Paddle 2.6 the weights' CPU casts truncate where a GPU's round (compat.cpu_bf16_cast_rounds),
+    which moves the losses further: within 2e-2 there."""
+    from paddle_dist import compat
+
+    tolerance = 1e-2 if compat.cpu_bf16_cast_rounds() else 2e-2
     check(_job(tmp_path, "-o", "train.api=hapi", "-o", "train.amp=off"))      # the same run in float32
     o2, plain = _losses(uninterrupted("hapi")), _losses(tmp_path)
     assert len(o2) == len(plain) == 2 * 3 + 1 + 2 * 2
-    assert max(abs(a - b) for a, b in zip(o2, plain)) <= 1e-2 * max(1.0, *plain), (o2, plain)
+    assert max(abs(a - b) for a, b in zip(o2, plain)) <= tolerance * max(1.0, *plain), (o2, plain)
     assert o2 != plain             # the bfloat16 run's own numbers, not a float32 run's
 
 
