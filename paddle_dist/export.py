@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import compat
 from . import config as configlib
 from .errors import UserError
+from .runs.layout import EXPORT, Run
 
 PROG = "python -m paddle_dist.export"
 DEPLOY_FILE = "deploy.json"
@@ -135,13 +136,13 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
     if not config and run_dir is None:
         raise UserError(f"no config.yaml beside checkpoint {checkpoint_dir}; give the run's config with -c")
     if not config:
-        record = configlib.fit_record(run_dir / "config.yaml")
+        record = configlib.fit_record(Run(run_dir).config)
         if record is not None:
             raise UserError(configlib.refuse_fit_run(
                 run_dir, record, "python -m paddle_dist.export rebuilds only built-in models: export "
                 f"yours from the script, paddle_dist.checkpoint.load_weights(net, '{run_dir}') then "
                 "paddle_dist.export(net, input_spec, out) (docs/deploy.md)"))
-    cfg = configlib.load(config or str(run_dir / "config.yaml"))
+    cfg = configlib.load(config or str(Run(run_dir).config))
     classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     state = checkpoint.load(checkpoint_dir)
@@ -153,14 +154,14 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
     info = {"model": cfg.model.name, "task": models.task_of(cfg.model.name), **info,
             "checkpoint": str(checkpoint_dir.resolve()), "global_step": state.meta.get("global_step"),
             "eval_accuracy": (state.meta.get("history") or [{}])[-1].get("eval_accuracy")}
-    out = Path(out) if out else (run_dir or checkpoint_dir) / "export"
+    out = Path(out) if out else (Run(run_dir).export if run_dir else checkpoint_dir / EXPORT)
     return export(net, [spec], out, info)
 
 
 def _classes(run_dir: Optional[Path]) -> List[str]:
     """An image-folder run's class names (<run>/classes.json, written when it started)."""
     try:
-        return json.loads((run_dir / "classes.json").read_text())
+        return json.loads(Run(run_dir).classes.read_text())
     except (OSError, ValueError, TypeError):
         raise UserError(f"no classes.json in run {run_dir}; export the run directory of an "
                         "imagefolder run (it records its class names there)") from None
@@ -173,8 +174,9 @@ def _locate(target: Path):
 
     if not target.exists():
         raise UserError(f"{target} not found; give a run directory (runs/<name>-<time>) or a checkpoint")
-    if (target / "config.yaml").is_file():          # a run
-        found = latest(target / "best") or latest(target / "checkpoints")
+    run = Run(target)
+    if run.is_run():
+        found = latest(run.best) or latest(run.checkpoints)
         if found is None:
             raise UserError(f"run {target} has no checkpoint yet (no best/ nor checkpoints/); "
                             "train it first, or give a checkpoint directory")
@@ -184,9 +186,8 @@ def _locate(target: Path):
     except CheckpointError:
         raise UserError(f"no checkpoint in {target}; give a run directory, or a checkpoint "
                         "(ckpt_*, or a checkpoints/ or best/ directory)") from None
-    parent = found.parent if found.parent.name in ("checkpoints", "best") else None
-    run_dir = parent.parent if parent is not None and (parent.parent / "config.yaml").is_file() else None
-    return found, run_dir
+    owner = Run.of_checkpoint(found)
+    return found, owner.root if owner is not None else None
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -22,7 +22,8 @@ Example:
     load_weights(my_net, run_dir / "best")  # weights only, into a model of your own; or a .pdparams
 """
 
-from .format import (FIX, FORMAT, LATEST, CheckpointError, Snapshot, State, apply_rng, capture_rng,
+from ..runs.layout import LATEST
+from .format import (FIX, FORMAT, CheckpointError, Snapshot, State, apply_rng, capture_rng,
                      weights_digest)
 from .io import AsyncSaver, export_pdparams, latest, load, save, snapshot, write
 from .resume import check_compatible, resolve_resume, restore

@@ -26,12 +26,11 @@ import paddle
 
 from .. import compat
 from ..errors import UserError
+from ..runs.layout import checkpoint_name
 
 FORMAT = 2
-LATEST = "latest"
 AVERAGED = "ema.npz"      # the model with train.ema_decay's moving averages as its weights
 SEP = "/"
-NAME = re.compile(r"ckpt_(\d+)")
 LEFTOVER = re.compile(r"\.ckpt_(\d+)\.(tmp|old|del)-.+")   # what a crashed save may leave
 REQUIRED_META = ("global_step", "epoch", "step_in_epoch", "world_size", "model")
 RESERVED_META = ("format", "optimizer_scalars", "rng")   # meta.json keys of our own
@@ -76,7 +75,7 @@ class Snapshot:
     @property
     def name(self) -> str:
         """Directory name, e.g. ckpt_000000120: zero-padded so name order is step order."""
-        return f"ckpt_{self.meta['global_step']:09d}"
+        return checkpoint_name(self.meta["global_step"])
 
 
 def capture_rng(step: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:

@@ -23,14 +23,15 @@ import threading
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import paddle
 
 from .. import compat
+from ..runs.layout import CHECKPOINT, CHECKPOINTS, LATEST, META, checkpoint_dirs, latest  # noqa: F401 - latest: the face
 from ..security import private
-from .format import (AVERAGED, FIX, FORMAT, LATEST, LEFTOVER, NAME, ZIP_TIME, CheckpointError, Snapshot, State,
+from .format import (AVERAGED, FIX, FORMAT, LEFTOVER, ZIP_TIME, CheckpointError, Snapshot, State,
                      _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
 
@@ -168,7 +169,7 @@ def _write_files(folder: Path, snap: Snapshot) -> None:
         _save_npz(folder / AVERAGED, snap.averaged)
     info = dict(snap.meta, format=FORMAT, optimizer_scalars=snap.optimizer_scalars,
                 rng=snap.rng_info)
-    _write_synced(folder / "meta.json", json.dumps(info, indent=1, sort_keys=True))
+    _write_synced(folder / META, json.dumps(info, indent=1, sort_keys=True))
     _fsync_dir(folder)
 
 
@@ -189,7 +190,7 @@ def _prune(root: Path, keep_last: int, current: str) -> None:
     """Delete all but the newest `keep_last` checkpoints, never the one just written."""
     if keep_last < 1:
         return
-    for old in _checkpoint_dirs(root)[:-keep_last]:
+    for old in checkpoint_dirs(root)[:-keep_last]:
         if old.name == current:
             continue
         doomed = old.with_name(f".{old.name}.del-{_unique()}")
@@ -211,24 +212,6 @@ def _sweep(root: Path, step: int) -> None:
 
 def _unique() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def latest(root: Path) -> Optional[Path]:
-    """The checkpoint `root/latest` names; if that is missing or gone, the newest
-    `ckpt_*` directory (a crash can land between the two renames); else None.
-
-    Example:
-        latest(run_dir / "checkpoints")   # -> .../checkpoints/ckpt_000000120
-    """
-    root = Path(root)
-    try:
-        name = (root / LATEST).read_text().strip()
-    except (OSError, ValueError):
-        name = ""
-    if name and name == Path(name).name and not name.startswith(".") and (root / name).is_dir():
-        return root / name
-    found = _checkpoint_dirs(root)
-    return found[-1] if found else None
 
 
 def load(path: Path) -> State:
@@ -258,9 +241,9 @@ def _locate(path: Path) -> Path:
                               "(ckpt_*), a checkpoints root or a run directory")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a file; give its directory")
-    if NAME.fullmatch(path.name) or (path / "meta.json").exists() or (path / "model.npz").exists():
+    if CHECKPOINT.fullmatch(path.name) or (path / META).exists() or (path / "model.npz").exists():
         return path
-    for root in (path, path / "checkpoints"):
+    for root in (path, path / CHECKPOINTS):
         found = latest(root)
         if found is not None:
             return found
@@ -269,7 +252,7 @@ def _locate(path: Path) -> Path:
 
 
 def _read_meta(path: Path) -> Dict[str, Any]:
-    file = path / "meta.json"
+    file = path / META
     if not file.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: meta.json is missing; {FIX}")
     try:
@@ -305,16 +288,6 @@ def _load_npz(file: Path) -> Dict[str, np.ndarray]:
 
 def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
-def _checkpoint_dirs(root: Path) -> List[Path]:
-    """ckpt_* directories under `root`, oldest step first."""
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    found = [(int(m.group(1)), p) for p in entries if (m := NAME.fullmatch(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
 
 
 def _save_npz(path: Path, arrays: Dict[str, np.ndarray]) -> None:

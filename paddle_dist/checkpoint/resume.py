@@ -14,6 +14,7 @@ from typing import Optional
 
 from .format import FIX, REQUIRED_META, CheckpointError, State, _to_tensors, apply_rng
 from .io import _locate, latest
+from ..runs.layout import Run
 from .weights import put_weights, weight_differences
 
 
@@ -29,7 +30,7 @@ def resolve_resume(spec: str, run_dir: Path) -> Optional[Path]:
     if text.lower() in ("", "none"):
         return None
     if text.lower() == "auto":
-        return latest(Path(run_dir) / "checkpoints")
+        return latest(Run(run_dir).checkpoints)
     try:
         return _locate(Path(text).expanduser())
     except CheckpointError as exc:

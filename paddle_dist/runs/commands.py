@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 
 from ..procfs import cmdline, parent_of
 from .rundir import diverged, read_run
+from .layout import Run
 
 
 def resume_command(path: Path) -> str:
@@ -37,7 +38,7 @@ def resume_command(path: Path) -> str:
     if not info.get("same_command_continues"):
         command = drop_overrides(command, ("output.run_dir", "checkpoint.resume"))
         command += ["-o", f"output.run_dir={Path(path).resolve()}"]
-        if any((Path(path) / "checkpoints").glob("ckpt_*")):
+        if Run(path).has_checkpoints():
             command += ["-o", "checkpoint.resume=auto"]
     return shlex.join(command)
 

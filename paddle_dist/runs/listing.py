@@ -37,6 +37,7 @@ from typing import Dict, List, Optional
 from ..procfs import pid_alive
 from ..security import private
 from .commands import resume_command
+from .layout import META, Run, latest
 from .status import DIVERGED, DONE, ENDED_BADLY, PREEMPTED, REFUSED, RUNNING, RankStatus, read_all
 
 PROG = "python -m paddle_dist.runs"
@@ -66,11 +67,10 @@ def run_state(status: Dict[int, RankStatus], finished: bool) -> str:
 
 def describe(run_dir: Path) -> dict:
     """One run's summary: state, progress, last checkpoint, last update (Unix time)."""
-    from ..checkpoint import latest
-
+    run = Run(run_dir)
     status = read_all(run_dir)
-    newest = latest(run_dir / "checkpoints")
-    state = run_state(status, (run_dir / "metrics.json").is_file())
+    newest = latest(run.checkpoints)
+    state = run_state(status, run.metrics.is_file())
     return {
         "run": str(run_dir),
         "state": state,
@@ -93,14 +93,14 @@ def _or_0(value):
 
 def _checkpoint_step(path: Optional[Path]) -> Optional[int]:
     try:
-        return int(json.loads((path / "meta.json").read_text())["global_step"]) if path else None
+        return int(json.loads((path / META).read_text())["global_step"]) if path else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def recent(root: Path, count: int) -> List[dict]:
     """The `count` most recently updated runs under `root`, newest first."""
-    found = [describe(d) for d in root.iterdir() if d.is_dir() and (d / "config.yaml").is_file()]
+    found = [describe(d) for d in root.iterdir() if d.is_dir() and Run(d).is_run()]
     return sorted(found, key=lambda run: run["updated"], reverse=True)[:count]
 
 

@@ -33,6 +33,7 @@ from .logs import innermost, tail_lines
 from .status import (DIVERGED, ENDED_BADLY, HUNG, PREEMPTED, REFUSED, RUNNING, STOPPED, RankStatus,
                      read_all)
 from .topology import ONE_MACHINE, Machines
+from .layout import Run
 
 POLL_S = 0.2             # how often a waiting loop looks again (here and in supervisor.py)
 # Two exits seen this close together count as simultaneous: the order in which the
@@ -351,9 +352,9 @@ def explain_from_rank(run_dir: Path, wait_s: float = 3.0) -> None:
 def _after_divergence(run_dir: Optional[Path]) -> str:
     """What a report of diverged weights says instead of a command: the run's checkpoints,
     each checked before it was written, and where the next steps are described."""
-    folder = Path(run_dir) / "checkpoints" if run_dir else None
-    kept = f"its checkpoints, each checked before it was written, are in {folder}" \
-        if folder is not None and any(folder.glob("ckpt_*")) else "it kept no checkpoint"
+    run = Run(run_dir) if run_dir else None
+    kept = f"its checkpoints, each checked before it was written, are in {run.checkpoints}" \
+        if run is not None and run.has_checkpoints() else "it kept no checkpoint"
     return (f"paddle_dist: this run is not continued; {kept} (docs/faults.md, "
             "\"The ranks' weights differ\", says what to do)")
 

@@ -40,8 +40,8 @@ from ..security import private
 from ..config import config_hash, evaluates_only
 from ..errors import UserError
 from . import status
+from .layout import RUN_FILE, Run
 
-RUN_FILE = "run.json"
 NOT_IDENTITY = ("world_size",)     # recorded in run.json, not compared (_same_job)
 LOCK = ".lock"
 _HELD: Dict[Path, int] = {}      # run directory -> the descriptor holding its lock
@@ -249,7 +249,7 @@ def _new(root: Path, name: str) -> Path:
 
 
 def _finished(path: Path) -> bool:
-    return (path / "metrics.json").exists()
+    return Run(path).metrics.exists()
 
 
 def diverged(path: Path) -> str:
@@ -274,7 +274,7 @@ def _ended(path: Path) -> bool:
 
 
 def _continuing(path: Path) -> str:
-    from_where = ("from its latest checkpoint" if any((path / "checkpoints").glob("ckpt_*"))
+    from_where = ("from its latest checkpoint" if Run(path).has_checkpoints()
                   else "from the start (it stopped before its first checkpoint)")
     attempt = read_run(path).get("attempts", 1)
     return f"continuing the unfinished run {path} (same config; attempt {attempt}) {from_where}"

@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from ..errors import EXIT_PREEMPTED, EXIT_RENDEZVOUS, exit_code_of
 from ..runs import status
+from ..runs.layout import Run
 from ..security import auth, private
 from . import watchdog
 from .inject import Injector
@@ -132,7 +133,7 @@ class Monitor:
     def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
         self.env, self.hang_timeout = env, hang_timeout
         self.path = status.path_of(run_dir, env.global_rank) if run_dir else None
-        self.log_path = str(Path(run_dir) / "logs" / f"rank{env.global_rank}.log") if run_dir else ""
+        self.log_path = str(Run(run_dir).rank_log(env.global_rank)) if run_dir else ""
         self.injector = Injector(fault, env.global_rank)
         self.step_no, self.epoch, self.phase_name = 0, 0, "setup"
         self.last_progress = time.monotonic()

@@ -27,6 +27,7 @@ from . import env as envlib, protocol, variables as varlib
 from ..security import attest, auth
 from . import determinism, monitor, gloocheck, netcheck
 from ..runs import commands, rundir
+from ..runs.layout import Run
 from .. import procfs
 from ..sync.collectives import PeerFailure, first_line
 from ..errors import UserError
@@ -139,7 +140,7 @@ def _status_file(env, cfg) -> Optional[Path]:
     paddle_dist's launcher started the job)."""
     if not cfg.output.run_dir:
         return None
-    return Path(cfg.output.run_dir) / "status" / f"rank{env.global_rank}.json"
+    return Run(cfg.output.run_dir).rank_status(env.global_rank)
 
 
 def seed_everything(seed: int) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import paddle
 from paddle.optimizer.lr import LRScheduler
 
+from ..runs.layout import Run
 from .. import checkpoint
 from .amp import AmpPlan
 from .amp import scaler_state as amp_scaler_state
@@ -236,7 +237,7 @@ class Session:
         """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
         if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
             digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
-            with open(Path(self.run_dir) / "samples.tsv", "a", opener=private.nofollow) as out:
+            with open(Run(self.run_dir).samples, "a", opener=private.nofollow) as out:
                 out.write(f"{self.pos.global_step}\t{self.pos.epoch + 1}\t{self.pos.step_in_epoch}\t{digest}\n")
 
     def _save_mid_epoch(self) -> None:
@@ -329,7 +330,7 @@ class Session:
         if monitored:
             improved = self.best.update(dict(metrics, **{self.best.monitor: float(agreed)}))
             if improved and self.cfg.checkpoint.save_best and self.run_dir:
-                self.save(at, Path(self.run_dir) / "best", keep_last=1)
+                self.save(at, Run(self.run_dir).best, keep_last=1)
             if self.best.should_stop and not self.done:
                 self.progress.log.info(f"early stop after {_when(at)}: no better {self.best.monitor} in "
                                        f"{self.best.stale} evaluations ({self.best.describe()})")
@@ -359,7 +360,7 @@ class Session:
             meta["epoch_loss"] = list(at.epoch_loss)
         averaged = self.ema.weights() if self.ema is not None else None
         snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
-        self.saver.submit(root or Path(self.run_dir) / "checkpoints", snap,
+        self.saver.submit(root or Run(self.run_dir).checkpoints, snap,
                           self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
                           before_write=self.monitor.save_delay(at.global_step))
         what = "best checkpoint" if root is not None else "checkpoint"

@@ -31,6 +31,7 @@ from .. import checkpoint
 from ..sync import collectives
 from ..runtime import monitor as rank_monitor, process
 from ..runs import report, rundir
+from ..runs.layout import Run
 from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
@@ -127,9 +128,9 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     """train() in its run directory: status records, the run, config.yaml and metrics.json."""
     log = progress_log.setup(run_dir, env)
     if env.is_main:
-        configlib.dump(_as_ran(cfg, env), run_dir / "config.yaml", fit=prepared.record)
+        configlib.dump(_as_ran(cfg, env), Run(run_dir).config, fit=prepared.record)
         if parts.classes:
-            private.write_text(run_dir / "classes.json", json.dumps(parts.classes))
+            private.write_text(Run(run_dir).classes, json.dumps(parts.classes))
     monitor = rank_monitor.Monitor(env, run_dir, cfg.dist.hang_timeout, cfg.faults.inject)
     with monitor.running(), collectives.watched(monitor.phase):
         try:
@@ -353,7 +354,7 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
     for key in ("test_accuracy", "test_loss", "test_samples"):     # what does not apply is left out
         if metrics[key] is None:
             del metrics[key]
-    path = Path(run_dir) / "metrics.json"
+    path = Run(run_dir).metrics
     tmp = path.with_suffix(".json.tmp")
     private.write_text(tmp, json.dumps(metrics, indent=1))
     tmp.replace(path)

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import paddle
 
+from ..runs.layout import Run
 from ..security import private
 
 NAME = "paddle_dist"
@@ -46,8 +47,8 @@ def setup(run_dir: Optional[Path], env) -> logging.Logger:
         log.removeHandler(handler)
         handler.close()
     if run_dir is not None:
-        (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-        file_handler = _RunLog(Path(run_dir) / "logs" / f"rank{env.global_rank}.log")
+        Run(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        file_handler = _RunLog(Run(run_dir).rank_log(env.global_rank))
         file_handler.setFormatter(logging.Formatter(
             f"%(asctime)s rank{env.global_rank} %(levelname)s %(message)s"))
         log.addHandler(file_handler)
@@ -256,7 +257,7 @@ def _visualdl_writer(run_dir: Path):
     file of a directory, so a resumed run must not start a second one."""
     from visualdl import LogWriter
 
-    logdir = Path(run_dir) / "vdl"
+    logdir = Run(run_dir).vdl
     existing = sorted(logdir.glob("vdlrecords.*.log"), key=lambda p: p.stat().st_mtime)
     with contextlib.redirect_stdout(io.StringIO()):     # "... is exists, VisualDL will add logs to it."
         return LogWriter(logdir=str(logdir), file_name=existing[-1].name if existing else "")

@@ -15,6 +15,7 @@ from typing import Optional
 
 import yaml
 
+from ..runs.layout import Run
 from .. import checkpoint
 from .. import config as configlib
 from ..runtime import process
@@ -80,9 +81,10 @@ def batches_at(parts: Parts, cfg):
 
 def _changes(path: Path, cfg) -> str:
     """How `cfg` differs from the config of the run that wrote checkpoint `path` (its
-    <run>/config.yaml, two levels up), in words; "" when that file is not there."""
+    <run>/config.yaml), in words; "" when that file is not there."""
+    run = Run.of_checkpoint(path)
     try:
-        ran = yaml.safe_load((path.parent.parent / "config.yaml").read_text())
+        ran = yaml.safe_load(run.config.read_text()) if run is not None else None
     except (OSError, yaml.YAMLError):
         return ""
     return configlib.config_differences(ran, cfg.to_dict()) if isinstance(ran, dict) else ""

@@ -352,7 +352,8 @@ def test_report_has_every_section_and_masks_passwords():
         assert d["versions"]["paddle_build"] == "CPU" and d["versions"]["cuda_libraries"] == {}
     assert d["cpu"]["logical_cores"] == 2 and d["cpu"]["usable_cores"] >= 1
     assert d["cpu"]["memory_total"] > 0
-    assert d["gpus"] == {"count": 0, "names": [], "nvidia_smi": None, "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert d["gpus"] == {"count": 0, "names": [], "nvidia_smi": None, "CUDA_VISIBLE_DEVICES": "0,1",
+                         "code": [], "code_fits": True}       # a CPU build: no GPU code to check
     assert list(d["variables"]) == ["CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "NCCL_DEBUG",
                                     "PADDLE_TRAINER_ID"]
     assert d["network"]["lo"] == ["127.0.0.1"]

@@ -191,3 +191,64 @@ def test_no_module_is_over_400_lines_and_every_face_is_thin():
     faces = {name: n for name, n in found.items()
              if name.endswith("/__init__.py") and name != "paddle_dist/__init__.py"}
     assert len(faces) >= 9 and {name: n for name, n in faces.items() if n > MAX_FACE_LINES} == {}
+
+
+# ---------------------------------------------------------------- the layer order
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def layers(text: str) -> Dict[str, int]:
+    """docs/architecture.md's numbered list after "Imports point down this list": each
+    `name` quoted on line N (a package as `name/`, a module as `name`) -> N."""
+    block = text[text.index("Imports point down this list"):].splitlines()[1:]
+    found: Dict[str, int] = {}
+    for line in block:
+        numbered = line.split(". ", 1)
+        if not numbered[0].isdigit():
+            if found:
+                break
+            continue
+        for name in numbered[1].split("`")[1::2]:
+            found[name] = int(numbered[0])
+    return found
+
+
+def level_of(module: str, levels: Dict[str, int]):
+    """(level, the entry that places it) of a dotted module name, or (None, None)."""
+    rel = module[len("paddle_dist."):] if module.startswith("paddle_dist.") else ""
+    if module == "paddle_dist":
+        return levels.get("paddle_dist/__init__.py"), "paddle_dist/__init__.py"
+    if rel.endswith("__main__"):
+        return levels.get("__main__.py"), "__main__.py"
+    for entry, level in levels.items():
+        name = entry.replace("paddle_dist/", "").replace(".py", "").rstrip("/").replace("/", ".")
+        if rel == name or (entry.endswith("/") and rel.startswith(f"{name}.")):
+            return level, entry
+    return None, None
+
+
+def upward(graph: Dict[str, Set[str]], levels: Dict[str, int]) -> List[str]:
+    """Every import of a module on a higher level (a smaller number) than its importer's."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        mine, _ = level_of(name, levels)
+        for target in sorted(targets):
+            theirs, _ = level_of(target, levels)
+            if mine is not None and theirs is not None and theirs < mine:
+                found.append(f"{name} (level {mine}) imports {target} (level {theirs})")
+    return found
+
+
+def test_every_module_has_a_level_and_no_import_goes_up_the_documented_order():
+    levels, graph = layers(ARCHITECTURE.read_text()), import_graph(PACKAGE)
+    assert len(set(levels.values())) == 10
+    assert [m for m in graph if level_of(m, levels)[0] is None] == []
+    assert upward(graph, levels) == []
+
+
+def test_an_import_up_the_order_is_found():
+    """The check can fail: a runs/ module importing checkpoint/ (one level up)."""
+    levels = layers("Imports point down this list:\n1. `checkpoint/`\n2. `runs/`, `errors`\n\n## next\n")
+    graph = {"paddle_dist.runs.listing": {"paddle_dist.checkpoint.io", "paddle_dist.errors"},
+             "paddle_dist.checkpoint.io": {"paddle_dist.runs.layout"}, "paddle_dist.runs.layout": set()}
+    assert upward(graph, levels) == ["paddle_dist.runs.listing (level 2) imports paddle_dist.checkpoint.io (level 1)"]
