@@ -243,7 +243,6 @@ CHOICES = {
     "dist.backend": ("auto", "gloo", "nccl"),
     "sync.mode": ("auto", "overlap", "fused", "dataparallel"),
     "sync.compress": ("none", "bf16", "fp16"),
-    "sync.transport": ("auto", "shm", "hierarchical", "backend"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.lr_schedule": ("constant", "cosine", "step"),
     "train.scheduler_every": ("step", "epoch"),

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..runtime import devices as devicelib, variables as varlib
 from ..security import auth, tls
+from ..sync import transports
 from ..runtime import netcheck
 from ..runtime.engines import CLUSTER_ENVIRONMENTS
 from ..errors import UserError
@@ -69,11 +70,21 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
         # [Problem('error', 'port 6170 of dist.master 127.0.0.1:6170 is taken by pid 1234 ...')]
     """
     table = netcheck.interfaces() if interfaces is None else interfaces
-    problems = (gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
+    problems = (sync_problems(cfg) + gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
                 + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
                 + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg)
                 + tls_problems(cfg))
     return sorted(problems, key=lambda p: p.severity != ERROR)
+
+
+def sync_problems(cfg) -> List[Problem]:
+    """sync.transport names a transport of sync/transports.py that can carry sync.compress
+    (the transports are sync/'s own, so the config's schema does not list them)."""
+    try:
+        transports.check(cfg.sync.transport, cfg.sync.compress)
+    except UserError as e:
+        return [Problem(ERROR, str(e))]
+    return []
 
 
 def token_problems(cfg) -> List[Problem]:

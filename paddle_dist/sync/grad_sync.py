@@ -63,7 +63,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from . import reducers, shm
+from . import reducers, transports
 from .checks import resolve_mode, stop_check_interval, trainable
 from .collectives import PeerFailure, collective, first_line
 from ..config import check_compress
@@ -93,6 +93,7 @@ class GradSync:
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
                  accumulate_steps: int = 1, find_unused: bool = True):
         check_compress(compress, env.backend)
+        transports.check(transport, compress)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.requested = mode
         mode = resolve_mode(mode, env.device, compress, bucket_mb, transport)
@@ -152,7 +153,7 @@ class GradSync:
             count = sum(int(p.size) for p in params) + 1 + len(params) + self.rider_size
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
         self.mode = self._resolve_mode()
-        if self.mode == "fused" and isinstance(self.reducer, reducers.BackendReducer):
+        if self.mode == "fused" and self.reducer is not None and not self.reducer.transport.fused:
             self.reducer = None           # the step's Paddle buffers: bucket_mb, compress
         if self.mode == "overlap":
             scale = 1.0 / self.env.world_size
@@ -166,7 +167,7 @@ class GradSync:
         if self.env.device == "cpu" and self.reducer is None:
             return "fused"                # no float32 CPU transport: the step's Paddle path
         if self.mode == "auto":
-            return "fused" if isinstance(self.reducer, shm.ShmReducer) else "overlap"
+            return self.reducer.transport.auto_mode
         return self.mode
 
     def arm(self, final: bool) -> None:
@@ -363,9 +364,7 @@ class GradSync:
         """How gradients travelled: shm, hierarchical, backend (gloo / NCCL), or none."""
         if not self.env.is_distributed:
             return "none"
-        if isinstance(self.reducer, shm.ShmReducer):
-            return "shm"
-        return "hierarchical" if isinstance(self.reducer, reducers.HierReducer) else "backend"
+        return self.reducer.transport.name if self.reducer is not None else transports.BACKEND.name
 
     def _reduce_cpu(self, params, stop: float) -> float:
         """The float32 gradients (with the presence numbers and the stop flag) averaged in

@@ -30,7 +30,7 @@ import paddle
 import paddle.distributed as dist
 
 from .. import compat
-from . import shm
+from . import shm, transports
 from .collectives import collective
 from ..errors import ConfigError
 
@@ -40,6 +40,8 @@ class BackendReducer:
     buffer: float32, or bfloat16 with `compress="bf16"` (half the bytes on the wire, 8 bits
     of mantissa). The buffer is a Paddle tensor with a numpy view of its memory, made once
     per size (`reserve` makes them ahead, outside the communication thread)."""
+
+    transport = transports.BACKEND
 
     def __init__(self, group=None, compress: str = "none"):
         self.group, self.bf16 = group, compress == "bf16"
@@ -87,6 +89,8 @@ class HierReducer:
 
     `local` is None for a rank alone on its host; `leaders` is None except on leaders."""
 
+    transport = transports.HIERARCHICAL
+
     def __init__(self, local: Optional[shm.ShmReducer], leaders: Optional[BackendReducer]):
         self.local, self.leaders = local, leaders
 
@@ -110,9 +114,11 @@ def open_reducer(env, transport: str, count: int, phase=None):
     backend); `count` floats per exchange at most (it sizes the segments). Collective.
 
     auto: shared memory when every rank is on this machine, hierarchical when some
-    machine has several ranks, else the backend."""
-    if transport == "backend":
-        return BackendReducer()
+    machine has several ranks, else the backend. A named transport: its entry's opener
+    (transports.py)."""
+    if transport != transports.AUTO:
+        transports.check(transport)
+        return transports.REGISTRY[transport].open(env, count, phase)
     keys = _gather(env, _key(env), phase)
     hosts = host_groups(keys)
     chunk = min(count, shm.CHUNK)
@@ -120,12 +126,39 @@ def open_reducer(env, transport: str, count: int, phase=None):
         reducer = open_shm(env, chunk, phase, keys)
         if reducer is not None:
             return reducer
-    if transport == "shm":
-        raise ConfigError("sync.transport=shm needs every rank on this machine (same /dev/shm, "
-                          "x86-64); use sync.transport=auto")
     if len(hosts) == 1 or all(len(ranks) == 1 for ranks in hosts):
         return BackendReducer()                  # nothing for shared memory to save
     return _open_hier(env, hosts, keys, chunk, phase, transport)
+
+
+def open_backend(env, count: int, phase=None) -> BackendReducer:
+    return BackendReducer()
+
+
+def open_shm_only(env, count: int, phase=None):
+    """sync.transport=shm: shared memory, or a ConfigError on every rank where the ranks
+    are not all on this machine."""
+    keys = _gather(env, _key(env), phase)
+    reducer = open_shm(env, min(count, shm.CHUNK), phase, keys) if len(host_groups(keys)) == 1 else None
+    if reducer is None:
+        raise ConfigError("sync.transport=shm needs every rank on this machine (same /dev/shm, "
+                          "x86-64); use sync.transport=auto")
+    return reducer
+
+
+def open_hierarchical(env, count: int, phase=None):
+    """sync.transport=hierarchical: shared memory within hosts, the backend between them
+    (shared memory alone when every rank is on one machine)."""
+    keys = _gather(env, _key(env), phase)
+    hosts = host_groups(keys)
+    chunk = min(count, shm.CHUNK)
+    if len(hosts) == 1:
+        reducer = open_shm(env, chunk, phase, keys)
+        if reducer is not None:
+            return reducer
+    if len(hosts) == 1 or all(len(ranks) == 1 for ranks in hosts):
+        return BackendReducer()                  # nothing for shared memory to save
+    return _open_hier(env, hosts, keys, chunk, phase, "hierarchical")
 
 
 def host_groups(keys: List[str]) -> List[List[int]]:

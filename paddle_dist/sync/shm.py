@@ -60,6 +60,7 @@ import numpy as np
 
 from .. import procfs
 from ..security import private
+from . import transports
 
 SHM_DIR = Path("/dev/shm")
 CHUNK = 1 << 22            # elements per slot and round (16 MiB of float32)
@@ -135,6 +136,8 @@ def _split(pieces: List[Tuple[np.ndarray, int]], bounds: List[int]
 
 class ShmReducer:
     """One rank's view of the shared segment; see the module docstring for the protocol."""
+
+    transport = transports.SHM
 
     def __init__(self, fd: int, rank: int, world: int, chunk: int, small_round: int = SMALL_ROUND):
         self.rank, self.world, self.chunk, self.small_round = rank, world, chunk, small_round
