@@ -25,8 +25,8 @@ import yaml
 from .config_keys import merge, parse_override, set_key
 from .errors import ConfigError
 from .security import private
-from .schema import (ANY_SIZE_MODELS, CHOICES, CONFIG_DIR, DATA_SHAPES, DATA_TASKS, DEFAULT_CONFIG,
-                     FAULT_KINDS, MODEL_INPUTS, MODEL_TASKS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
+from .schema import (CHOICES, CONFIG_DIR, DEFAULT_CONFIG,
+                     FAULT_KINDS, NON_NEGATIVE, POSITIVE, VOLATILE_KEYS,
                      Config, DistConfig, TrainConfig)
 
 FIT_RECORD = "fit"      # config.yaml's record of a paddle_dist.fit() run (dump)
@@ -172,30 +172,6 @@ def _validate_nodes(d: DistConfig) -> None:
     if d.hostfile and not Path(d.hostfile).is_file():
         raise ConfigError(f"dist.hostfile {d.hostfile!r} not found; give an OpenMPI hostfile "
                           "with lines like 'node1 slots=8'")
-
-
-def check_pairing(cfg: Config) -> None:
-    """The built-in job's model and data must be for the same task (not needed by `fit`,
-    which takes the user's own model and data)."""
-    task, data_task = MODEL_TASKS[cfg.model.name], DATA_TASKS[cfg.data.name]
-    if task != data_task:
-        raise ConfigError(f"model.name={cfg.model.name} ({task}) does not fit data.name="
-                          f"{cfg.data.name} ({data_task}); use model.name=linear with data.name=linear, "
-                          "a classifier (lenet, mlp, resnet18, resnet50) with mnist, cifar10 or synthetic")
-    shape = DATA_SHAPES.get(cfg.data.name)
-    if shape and shape != MODEL_INPUTS[cfg.model.name]:
-        fits = [m for m, s in MODEL_INPUTS.items() if s == shape]
-        raise ConfigError(f"model.name={cfg.model.name} takes {_dims(MODEL_INPUTS[cfg.model.name])} "
-                          f"inputs but data.name={cfg.data.name} has {_dims(shape)} images; use "
-                          f"model.name={' or '.join(fits)}")
-    if cfg.data.name == "imagefolder" and cfg.model.name not in ANY_SIZE_MODELS:
-        raise ConfigError(f"model.name={cfg.model.name} takes {_dims(MODEL_INPUTS[cfg.model.name])} "
-                          f"inputs but data.name=imagefolder has 3x{cfg.data.image_size}x"
-                          f"{cfg.data.image_size} images; use model.name={' or '.join(ANY_SIZE_MODELS)}")
-
-
-def _dims(shape) -> str:
-    return "x".join(str(n) for n in shape)
 
 
 def check_compress(compress: str, backend: str) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import compat
 from . import config as configlib
 from .errors import UserError
+from .data import registry
 from .runs.layout import EXPORT, Run
 
 PROG = "python -m paddle_dist.export"
@@ -92,40 +93,6 @@ def export(net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None
     return out
 
 
-def preprocessing(cfg: configlib.Config, classes: Optional[List[str]] = None) -> Dict[str, Any]:
-    """How an image becomes the model's input for this config's data (deploy.json's
-    "preprocess"), and the class names (`classes`: an image folder's): what the training
-    data pipeline does, written down. predict.load_images follows it.
-
-    Example:
-        preprocessing(configlib.load("mnist_lenet"))["preprocess"]["mean"]   # [0.1307]
-    """
-    from . import cifar, models
-    from .data import datasets, imagefolder
-
-    name = cfg.data.name
-    if name == "mnist":
-        pre = {"color": "L", "height": 28, "width": 28, "mean": [datasets.MNIST_MEAN], "std": [datasets.MNIST_STD]}
-        classes = [str(d) for d in range(10)]
-    elif name == "cifar10":
-        pre = {"color": "RGB", "height": 32, "width": 32, "mean": list(cifar.MEAN), "std": list(cifar.STD)}
-        classes = list(cifar.LABEL_NAMES)
-    elif name == "imagefolder":
-        size = cfg.data.image_size
-        pre = {"color": "RGB", "height": size, "width": size,
-               "mean": list(imagefolder.parse_floats(cfg.data.mean, "data.mean")),
-               "std": list(imagefolder.parse_floats(cfg.data.std, "data.std"))}
-    elif name == "synthetic":
-        shape = models.input_shape(cfg.model.name)
-        return {"input_shape": list(shape), "classes": [str(c) for c in range(10)], "preprocess": None}
-    else:
-        return {"input_shape": list(models.input_shape(cfg.model.name)), "classes": None, "preprocess": None}
-    channels = 1 if pre["color"] == "L" else 3
-    pre.update(layout="NCHW", scale=1 / 255,
-               resize="shorter side to height (bilinear), then the centre crop of height x width")
-    return {"input_shape": [channels, pre["height"], pre["width"]], "classes": classes, "preprocess": pre}
-
-
 def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] = None) -> Path:
     """Export a run's (or one checkpoint's) weights; returns the output directory."""
     from paddle.static import InputSpec
@@ -143,13 +110,13 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
                 f"yours from the script, paddle_dist.checkpoint.load_weights(net, '{run_dir}') then "
                 "paddle_dist.export(net, input_spec, out) (docs/deploy.md)"))
     cfg = configlib.load(config or str(Run(run_dir).config))
-    classes = _classes(run_dir) if cfg.data.name == "imagefolder" else None
+    classes = _classes(run_dir) if registry.get(cfg.data.name).classes_in_run else None
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     state = checkpoint.load(checkpoint_dir)
     if state.averaged:          # train.ema_decay: the moving averages are what was evaluated
         state = dataclasses.replace(state, model=state.averaged)
     checkpoint.restore(state, net, rng=False)     # exactly, or refused in one line
-    info = preprocessing(cfg, classes)
+    info = registry.preprocessing(cfg, classes)
     spec = InputSpec([None, *info.pop("input_shape")], "float32", INPUT_NAME)
     info = {"model": cfg.model.name, "task": models.task_of(cfg.model.name), **info,
             "checkpoint": str(checkpoint_dir.resolve()), "global_step": state.meta.get("global_step"),

@@ -234,7 +234,6 @@ class Config:
 
 
 CHOICES = {
-    "data.name": ("mnist", "cifar10", "imagefolder", "synthetic", "linear"),
     "model.name": ("lenet", "mlp", "linear", "resnet18", "resnet50"),
     "train.api": ("loop", "hapi"),
     "train.optimizer": ("adam", "sgd", "momentum"),
@@ -257,10 +256,7 @@ MODEL_TASKS = {"linear": "regression", "mlp": "classification", "lenet": "classi
 # images take their model's).
 MODEL_INPUTS = {"linear": (10,), "mlp": (1, 28, 28), "lenet": (1, 28, 28),
                 "resnet18": (3, 32, 32), "resnet50": (3, 32, 32)}
-DATA_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 ANY_SIZE_MODELS = ("resnet18", "resnet50")     # 3-channel images of any size (8 px and up)
-DATA_TASKS = {"linear": "regression", "mnist": "classification", "cifar10": "classification",
-              "synthetic": "classification", "imagefolder": "classification"}
 POSITIVE = ("data.image_size", "train.batch_size", "train.eval_batch_size", "train.log_every",
             "data.num_samples", "data.num_eval_samples")
 POSITIVE += ("dist.nnodes", "train.accumulate_steps", "train.lr_reference_batch", "train.loss_scale")

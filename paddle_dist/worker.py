@@ -9,36 +9,17 @@ from __future__ import annotations
 import sys
 
 from . import config as configlib
-from .data import datasets
+from .data import registry
 from . import models, trainer
 from .runtime import process
 from .security import private
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
-def build_datasets(cfg):
-    """(train, eval, class names or None) for `data.name`; one builder for both trainers."""
-    d = cfg.data
-    if d.name == "imagefolder":
-        return datasets.imagefolder_datasets(d, cfg.train.seed)
-    if d.name == "mnist":
-        flatten = cfg.model.name == "mlp"
-        return (datasets.mnist_dataset(d.root, "train", flatten=flatten),
-                datasets.mnist_dataset(d.root, "test", flatten=flatten), None)
-    if d.name == "cifar10":
-        return (datasets.cifar10_dataset(d.root, "train", augment=d.augment, seed=cfg.train.seed),
-                datasets.cifar10_dataset(d.root, "test"), None)
-    if d.name == "synthetic":
-        shape = models.input_shape(cfg.model.name)
-        return (datasets.synthetic_classification(d.num_samples, shape, seed=d.seed),
-                datasets.synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1), None)
-    return (datasets.linear_regression(d.num_samples, seed=d.seed),
-            datasets.linear_regression(d.num_eval_samples, seed=d.seed + 1), None)
-
-
 def build_parts(cfg) -> Parts:
-    configlib.check_pairing(cfg)
-    train_data, eval_data, classes = build_datasets(cfg)
+    data = registry.get(cfg.data.name)
+    registry.check(cfg)
+    train_data, eval_data, classes = data.build(cfg)
     task = models.task_of(cfg.model.name)
     net = models.build(cfg.model.name, cfg.model.num_classes or len(classes or ()))
     return Parts(model=net, train_data=train_data, eval_data=eval_data,

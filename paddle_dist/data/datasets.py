@@ -15,13 +15,12 @@ import paddle
 
 from .. import cifar
 from . import imagefolder
-from .mnist import BUNDLED_MNIST, MNIST_FILES, NUM_CLASSES, find_mnist_file, load_mnist, read_idx
+from .mnist import (BUNDLED_MNIST, MNIST_FILES, MNIST_MEAN, MNIST_STD, NUM_CLASSES, find_mnist_file,  # noqa: F401
+                    load_mnist, read_idx)
 
 __all__ = ["ArrayDataset", "CifarDataset", "cifar10_dataset", "imagefolder_datasets", "BUNDLED_MNIST", "MNIST_FILES", "NUM_CLASSES", "find_mnist_file",
            "linear_regression", "load_mnist", "mnist_dataset", "read_idx", "synthetic_classification"]
 
-MNIST_MEAN = 0.1307
-MNIST_STD = 0.3081
 # The teacher behind the synthetic sets does not depend on `seed`, so seed=0 and seed=1
 # give a train and a test set of the same task.
 _TEACHER_SEED = 20240601

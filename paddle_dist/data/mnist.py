@@ -18,6 +18,9 @@ import numpy as np
 
 from ..errors import DataError
 
+MNIST_MEAN = 0.1307         # the training images' mean and standard deviation (of x / 255)
+MNIST_STD = 0.3081
+
 BUNDLED_MNIST = Path(__file__).parent / "bundled" / "mnist"
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

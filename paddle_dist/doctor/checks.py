@@ -277,7 +277,7 @@ def _exact_float32() -> None:
 
 
 def _mnist_preprocessing(job: Job) -> Dict:
-    from ..export import preprocessing
+    from ..data.registry import preprocessing
 
     return preprocessing(configlib.replace_key(job.cfg, "data.name", "mnist"))
 

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import cifar, compat, errors
 from .. import config as configlib
-from ..data import mnist
+from ..data import mnist, registry
 from ..errors import UserError
 from ..runs import commands, rundir, status
 from ..runs.topology import Meeting, Node
@@ -101,7 +101,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
         return 0
     isolate_if_asked(cfg, module)
     warn_unsupported()                  # the ranks, supervised, leave it to this process
-    configlib.check_pairing(cfg)
+    registry.check(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
              fp16_supported=lambda: True)
     configlib.check_compress(cfg.sync.compress, devicelib.select_backend(

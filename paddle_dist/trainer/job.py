@@ -32,6 +32,8 @@ from ..sync import collectives
 from ..runtime import monitor as rank_monitor, process
 from ..runs import report, rundir
 from ..runs.layout import Run
+from ..data import registry
+from ..schema import MODEL_TASKS
 from .. import config as configlib
 from ..errors import ConfigError
 from .schedule import LrPolicy
@@ -51,7 +53,6 @@ from .selection import Best
 __all__ = ["Parts", "Result", "fit", "train"]
 
 TRAINERS = {"loop": loop, "hapi": hapi}
-IMAGE_DATA = ("mnist", "cifar10", "imagefolder")     # what paddle_dist.export knows how to feed
 # How each way of starting a job is written in dist.launcher (others keep the config's).
 LAUNCHERS = {"paddle_launch": "launch", "spawn": "spawn", "openmpi": "mpirun"}
 
@@ -159,8 +160,8 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     if env.is_main:
         _write_metrics(run_dir, result, cfg, env)
         _summary(log, result, run_dir, cfg)
-        built_in = parts.name in configlib.MODEL_TASKS       # not a fit() of the user's own model
-        if built_in and cfg.data.name in IMAGE_DATA and not configlib.evaluates_only(cfg):
+        built_in = parts.name in MODEL_TASKS       # not a fit() of the user's own model
+        if built_in and registry.get(cfg.data.name).images and not configlib.evaluates_only(cfg):
             log.info(f"to deploy it: python -m paddle_dist.export {run_dir}  (docs/deploy.md)")
     elif progress_log.prints(env):   # the first rank of another machine: that machine's end
         log.info(f"finished: {result.steps} steps, {result.samples_per_s:,.0f} samples/s, "

@@ -3,6 +3,9 @@
 from pathlib import Path
 
 import pytest
+
+from paddle_dist.data import registry
+from paddle_dist.sync import transports
 import yaml
 
 from paddle_dist import config, config_keys
@@ -203,11 +206,28 @@ def test_wrong_type_in_the_yaml_file_names_the_key(tmp_path):
     ("dist.launcher=torchrun", "dist.launcher"),
     ("dist.backend=mpi", "dist.backend"),
     ("model.name=resnet", "model.name"),
-    ("data.name=cifar", "data.name"),
 ])
 def test_value_outside_the_choices_is_an_error(item, key):
     with pytest.raises(ConfigError, match=rf"^{key} must be one of"):
         load(overrides=[item])
+
+
+@pytest.mark.parametrize("item, key, check", [
+    ("data.name=cifar", "data.name", lambda cfg: registry.check(cfg)),
+    ("sync.transport=rdma", "sync.transport", lambda cfg: transports.check(cfg.sync.transport)),
+])
+def test_a_name_with_no_entry_in_its_registry_is_an_error(item, key, check):
+    """Data sets and transports are listed by their own packages (data/registry.py,
+    sync/transports.py), which check the config's name."""
+    with pytest.raises(ConfigError, match=rf"^{key} must be one of"):
+        check(load(overrides=[item]))
+
+
+def test_the_schemas_defaults_have_entries_in_their_registries():
+    cfg = load(None, [])
+    assert cfg.data.name in registry.REGISTRY and cfg.sync.transport in transports.names()
+    assert list(registry.REGISTRY) == ["mnist", "cifar10", "imagefolder", "synthetic", "linear"]
+    assert transports.names() == ("auto", "shm", "hierarchical", "backend")
 
 
 @pytest.mark.parametrize("item, key", [

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from paddle_dist import config as configlib
-from paddle_dist.data import imagefolder
+from paddle_dist.data import imagefolder, registry
 from paddle_dist.errors import ConfigError, DataError
 
 
@@ -71,8 +71,8 @@ def test_mean_and_std_take_one_or_three_numbers():
 
 def test_an_image_folder_needs_a_model_for_any_image_size():
     with pytest.raises(ConfigError, match="use model.name=resnet18 or resnet50"):
-        configlib.check_pairing(configlib.load(overrides=["data.name=imagefolder", "model.name=lenet"]))
-    configlib.check_pairing(configlib.load(overrides=["data.name=imagefolder", "model.name=resnet18"]))
+        registry.check(configlib.load(overrides=["data.name=imagefolder", "model.name=lenet"]))
+    registry.check(configlib.load(overrides=["data.name=imagefolder", "model.name=resnet18"]))
 
 
 def test_evaluating_only_needs_a_checkpoint():

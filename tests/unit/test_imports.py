@@ -115,7 +115,8 @@ PADDLE_FREE = ("paddle_dist.launch", "paddle_dist.runs", "paddle_dist.security",
 # The doctor's rank side: what a self-test rank runs, imported inside its functions only.
 DOCTOR_RANK_SIDE = ("paddle_dist.doctor.checks", "paddle_dist.doctor.checks_amp")
 # Faces that import their paddle modules lazily, and the shared-memory transport.
-PADDLE_FREE_MODULES = ("paddle_dist.runtime", "paddle_dist.trainer", "paddle_dist.sync", "paddle_dist.sync.shm")
+PADDLE_FREE_MODULES = ("paddle_dist.runtime", "paddle_dist.trainer", "paddle_dist.sync", "paddle_dist.sync.shm",
+                       "paddle_dist.sync.transports", "paddle_dist.data.registry", "paddle_dist.runs.layout")
 MAX_LINES = 400          # a module
 MAX_FACE_LINES = 40      # a package's __init__.py: a docstring, re-exports, __all__
 
