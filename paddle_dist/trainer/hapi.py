@@ -20,7 +20,8 @@ from paddle.static import InputSpec
 from .amp import install_autocast
 from ..runtime.process import quiet_paddle
 from ..sync import disable_reducer
-from .common import Session, to_float
+from .common import to_float
+from .session import Session
 from .sampling import train_loader
 from .feed import Feed, widened
 

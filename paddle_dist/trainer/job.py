@@ -42,7 +42,8 @@ from ..sync.batchstats import BatchStats, sync_batch_norm_on_cpu
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
 from . import sampling, schedule
-from .common import Parts, Position, Result, Session, make_optimizer
+from .common import Parts, Position, Result, make_optimizer
+from .session import Session, SessionSetup
 from .resuming import batches_at, resume
 from ..security import private
 from .sampling import DataPlan, epochs_for, steps_per_epoch, total_steps
@@ -217,19 +218,20 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     progress = progress_log.Progress(env, run_dir, per_epoch, cfg.train.epochs,
                                      cfg.train.batch_size * cfg.train.accumulate_steps,
                                      cfg.train.log_every, limit, start.global_step, bool(cfg.train.max_steps))
-    session = Session(parts, cfg, env, run_dir, progress, monitor, grad_sync, optimizer, start,
-                      limit, digest, lr_policy, batch_stats)
-    session.plan = found.plan
-    session.amp, session.scaler = amp_plan, amp.scaler(amp_plan, grad_sync)
-    if session.scaler is not None and scaled:
-        amp.load_scaler_state(session.scaler, scaled)     # the scale and counters it had reached
-    elif session.scaler is not None and resumed:
+    scaler = amp.scaler(amp_plan, grad_sync)
+    if scaler is not None and scaled:
+        amp.load_scaler_state(scaler, scaled)     # the scale and counters it had reached
+    elif scaler is not None and resumed:
         log.warning(f"checkpoint {resumed} holds no loss scaler state: the scale starts again "
                     f"from train.loss_scale={amp_plan.loss_scale:g}")
     if amp_plan.enabled:
         log.info(f"paddle_dist: mixed precision {amp_plan.level} in {amp_plan.dtype}"
                  + (f", dynamic loss scale from {amp_plan.loss_scale:g}" if amp_plan.loss_scale else ""))
-    session.result.history, session.result.resumed_from = history, resumed
+    session = Session(SessionSetup(parts=parts, cfg=cfg, env=env, run_dir=run_dir, progress=progress,
+                                   monitor=monitor, sync=grad_sync, optimizer=optimizer, start=start, limit=limit,
+                                   config_hash=digest, plan=found.plan, lr_policy=lr_policy,
+                                   batch_stats=batch_stats, amp=amp_plan, scaler=scaler,
+                                   history=tuple(history), resumed_from=resumed))
     if session.ema is not None and averaged:
         session.ema.load(averaged, meta.get("ema_updates"))     # the averages go on where they stood
     elif session.ema is not None and resumed:

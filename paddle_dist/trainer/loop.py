@@ -19,7 +19,7 @@ import paddle
 
 from .amp import AmpPlan, autocast
 from ..sync import wrap
-from .common import Session
+from .session import Session
 from .sampling import train_loader
 from .feed import Feed
 

@@ -1,0 +1,325 @@
+"""One rank's training run, shared by both trainers (`Session`): counters, progress,
+checkpoints, evaluation, stop requests. It is built from one `SessionSetup`, everything
+resolved before training starts, and nothing patches it afterwards.
+
+Example:
+    session = Session(SessionSetup(parts=parts, cfg=cfg, env=env, run_dir=run_dir, ...))
+    session.before_step(); ...; session.after_step(loss)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from paddle.optimizer.lr import LRScheduler
+
+from ..runs.layout import Run
+from .. import checkpoint
+from .amp import AmpPlan
+from .amp import scaler_state as amp_scaler_state
+from ..errors import Preempted
+from . import agreement, untrained
+from .callbacks import Events, ModelView, hapi_logs
+from .common import Parts, Position, Result
+from .ema import Ema, MeasuredClip
+from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
+from .sampling import DataPlan, PlannedBatchSampler
+from .selection import Best
+from ..security import private
+from ..sync.batchstats import BatchStats
+
+
+@dataclass(frozen=True)
+class SessionSetup:
+    """Everything a Session is built from, resolved before it starts (the trainer's job.py
+    makes it): the parts, where the run is, how the ranks talk, where it starts and ends."""
+
+    parts: Parts
+    cfg: Any
+    env: Any
+    run_dir: Optional[Path]
+    progress: Any                       # progress.Progress
+    monitor: Any                        # runtime.monitor.Monitor
+    sync: Any                           # sync.GradSync
+    optimizer: Any
+    start: Position
+    limit: int                          # the run's last optimizer step
+    config_hash: str
+    plan: DataPlan                      # which samples each step trains on
+    lr_policy: Any = None
+    batch_stats: Optional[BatchStats] = None
+    amp: AmpPlan = AmpPlan()
+    scaler: Any = None                  # amp.SyncedScaler, its state already loaded
+    history: tuple = ()                 # a continued run's epochs so far
+    resumed_from: Optional[str] = None  # the checkpoint it continues from
+
+
+# ------------------------------------------------------------------ data order
+# ------------------------------------------------------------------ the session
+class Session:
+    """One rank's training run: counters, progress, checkpoints, stop requests.
+
+    Both trainers call `after_step(loss)` after every optimizer step and
+    `end_epoch(epoch)` after every epoch; everything else is shared here, the stepping of
+    the optimizer's own LRScheduler included (`step_scheduler`). The losses are
+    kept by `progress`, which reads them on the host at its reports only.
+    """
+
+    def __init__(self, setup: SessionSetup):
+        parts, cfg, env, optimizer, progress = setup.parts, setup.cfg, setup.env, setup.optimizer, setup.progress
+        self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, setup.run_dir
+        self.progress, self.monitor, self.sync, self.optimizer = progress, setup.monitor, setup.sync, optimizer
+        self.pos, self.limit, self.config_hash = setup.start, setup.limit, setup.config_hash
+        # The resumed epoch's losses from before the resume (Position.epoch_loss).
+        self.resumed_epoch, self.pos_loss = setup.start.epoch, setup.start.epoch_loss
+        self.lr_policy = lr_policy = setup.lr_policy
+        # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
+        # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
+        own = getattr(optimizer, "_learning_rate", None)
+        self.events = Events(parts.callbacks, ModelView(parts.model, optimizer, env.is_main),
+                             {"batch_size": cfg.train.batch_size, "epochs": cfg.train.epochs,
+                              "steps": progress.steps_per_epoch, "verbose": 0,
+                              "metrics": ["loss", *metric_names(parts.metrics)]})
+        # Paddle's LRScheduler callback, if given, steps the scheduler by its own rule.
+        steps_own = isinstance(own, LRScheduler) and lr_policy is None and not self.events.steps_scheduler()
+        self.scheduler = own if steps_own else None
+        self.amp, self.scaler = setup.amp, setup.scaler      # mixed precision
+        # BatchNorm's statistics: one update per optimizer step from all its samples, so
+        # every rank holds the same ones at every step (sync/batchstats.py).
+        self.batch_stats = setup.batch_stats if setup.batch_stats is not None else \
+            BatchStats(parts.model, env, setup.monitor.phase)
+        self.ema = Ema(parts.model, cfg.train.ema_decay, cfg.train.ema_warmup) if cfg.train.ema_decay else None
+        clip = getattr(optimizer, "_grad_clip", None)
+        progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None
+        self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
+        self.saver = checkpoint.AsyncSaver()
+        self.checked_at = -1          # the step whose weights the ranks last compared
+        # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
+        self.plan = setup.plan
+        self.sampler: Optional[PlannedBatchSampler] = None     # the trainer's, once it made it
+        self.result = Result(run_dir=setup.run_dir, history=list(setup.history), resumed_from=setup.resumed_from)
+
+    @property
+    def done(self) -> bool:
+        return self.pos.global_step >= self.limit
+
+    def begin_epoch(self, epoch: int) -> None:
+        if epoch != self.pos.epoch:
+            self.pos = Position(epoch=epoch, global_step=self.pos.global_step)
+        self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
+        self.events.epoch_begin(epoch)
+
+    def before_step(self) -> None:
+        """Set the rate for the coming optimizer step (a function of the step alone)."""
+        if self.lr_policy is not None:
+            self.optimizer.set_lr(self.lr_policy.at(self.pos.global_step))
+        if self.events:
+            self.events.batch_begin(self.pos.step_in_epoch)
+
+    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None) -> bool:
+        """Bookkeeping after an optimizer step; True when the step limit is reached.
+        `loss`: the step's mean loss, a device tensor (left unread) or a number; `parts`:
+        the means of its parts by name (feed.loss_parts), likewise."""
+        self.pos.step_in_epoch += 1
+        self.pos.global_step += 1
+        self._log_samples()
+        self.batch_stats.step()
+        if self.ema is not None:
+            self.ema.update()
+        self.result.step_times.append(time.perf_counter())
+        if self.result.first_step_at is None:
+            self.result.first_step_at = time.time()
+        measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
+        lr = float(self.optimizer.get_lr())
+        self.progress.step(loss, lr, self.sync.comm_seconds if measurable else None, parts or {})
+        if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
+            self.events.batch_end(self.pos.step_in_epoch - 1, {
+                "loss": [float(loss)], **{k: [float(v)] for k, v in (parts or {}).items()},
+                "lr": lr, "batch_size": self.cfg.train.batch_size})
+        self.step_scheduler("step")
+        self.monitor.step(self.pos.global_step, self.pos.epoch)
+        self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
+        if self.sync.stop_requested:
+            self._stop_for_preemption()
+        evals = self.cfg.train.eval_every_steps     # first: a checkpoint of this step holds its evaluation
+        if evals and self.parts.eval_data is not None and (self.pos.global_step % evals == 0 or self.done):
+            self._evaluate_at_step()
+        every = self.cfg.checkpoint.every_steps
+        if every and self.pos.global_step % every == 0 and not self.done:
+            self._save_mid_epoch()
+        return self.done
+
+    def _evaluate_at_step(self) -> None:
+        """train.eval_every_steps: an evaluation after this optimizer step, mid-epoch too,
+        with its entry in the history, and the best checkpoint and early stopping decided on it."""
+        self.progress.pause()
+        found = {f"eval_{k}": v for k, v in self.evaluate().items()}
+        metrics = {"epoch": self.pos.epoch + 1, "step": self.pos.global_step, **found}
+        self.result.history.append(metrics)
+        self.progress.eval_line(self.pos.global_step, {k[5:]: v for k, v in found.items()})
+        self._select(metrics, Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step,
+                                       self._epoch_loss()))
+        self.progress.resume()
+
+    def _log_samples(self) -> None:
+        """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
+        if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
+            digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
+            with open(Run(self.run_dir).samples, "a", opener=private.nofollow) as out:
+                out.write(f"{self.pos.global_step}\t{self.pos.epoch + 1}\t{self.pos.step_in_epoch}\t{digest}\n")
+
+    def _save_mid_epoch(self) -> None:
+        """A checkpoint inside an epoch also keeps the losses of its steps so far (summed
+        over the ranks: one all-reduce), for the epoch's train loss after a resume."""
+        self.save(Position(self.pos.epoch, self.pos.step_in_epoch, self.pos.global_step,
+                           self._epoch_loss()))
+
+    def _epoch_loss(self) -> Tuple[float, float, Dict[str, float]]:
+        """(sum, count, {part: sum}) of the epoch's step losses and their parts so far, an
+        earlier attempt's included (that attempt may have had another number of ranks): a
+        step's loss is the mean of its ranks' (each the mean of its micro-batches'),
+        summed here in one all-reduce."""
+        losses, parts = self.progress.epoch_losses(), self.progress.epoch_parts()
+        names = sorted(parts)
+        summed = all_reduce_sum([sum(losses), len(losses), *(sum(parts[k]) for k in names)], self.env,
+                                self.monitor.phase) / self.env.world_size
+        total, n, named = float(summed[0]), float(summed[1]), dict(zip(names, map(float, summed[2:])))
+        if self.pos.epoch == self.resumed_epoch:
+            before = dict(self.pos_loss[2]) if len(self.pos_loss) > 2 else {}
+            total, n = total + self.pos_loss[0], n + self.pos_loss[1]
+            named = {k: named.get(k, 0.0) + before.get(k, 0.0) for k in sorted({*named, *before})}
+        return total, n, named
+
+    def end_epoch(self, epoch: int) -> Dict[str, Any]:
+        """Global train loss (and its parts), exact evaluation, history, epoch-end checkpoint."""
+        self.progress.pause()
+        total, n, named = self._epoch_loss()
+        metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1)),
+                                   **{f"train_{k}": v / max(n, 1) for k, v in named.items()}}
+        # paddle.Model's order: the epoch's end, then its evaluation.
+        self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr()),
+                                      **{k: [v / max(n, 1)] for k, v in named.items()}})
+        if self.parts.eval_data is not None and not self.cfg.train.eval_every_steps:
+            metrics.update({f"eval_{k}": v for k, v in self.evaluate().items()})
+        self.result.history.append(metrics)
+        self.progress.epoch_end(epoch, metrics["train_loss"],
+                                {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")},
+                                {k: v / max(n, 1) for k, v in named.items()})
+        if epoch == self.resumed_epoch and self.env.is_main and self.sync.mode != "dataparallel":
+            untrained.warn(self.parts.model)      # the job's first epoch
+        self.step_scheduler("epoch")
+        every = self.cfg.checkpoint.every_epochs
+        at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
+        if every and (epoch + 1) % every == 0:
+            self.save(at)
+        self._select(metrics, at)
+        self.progress.resume()
+        return metrics
+
+    def evaluate(self) -> Dict[str, Any]:
+        """The exact evaluation of the test set, between the callbacks' eval begin and end."""
+        parts, cfg = self.parts, self.cfg
+        names = ["loss", *metric_names(parts.metrics)]
+        rounds = exchange_rounds(len(parts.eval_data), cfg.train.eval_batch_size, self.env.world_size)
+        self.events.eval_begin({"steps": rounds, "metrics": names})
+        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+            # What each rank evaluates with, its callbacks' swaps included, must be one model.
+            agreement.check_evaluated(parts.model, self.env, self.pos.global_step, self.monitor.phase)
+            found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
+                             cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
+                             cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None,
+                             cfg.train.eval_loss)
+        self.events.eval_end(hapi_logs(found, ""))
+        return found
+
+    def step_scheduler(self, when: str) -> None:
+        """Step the optimizer's own LRScheduler if train.scheduler_every is `when` (step:
+        after every optimizer step, never per micro-batch; epoch: after every epoch), the
+        rule of hapi's `paddle.callbacks.LRScheduler(by_step, by_epoch)`. Called before any
+        checkpoint of that step or epoch is taken, so a resumed run (the scheduler's state
+        is in the optimizer's state_dict) continues the schedule where it stood.
+
+        Example:
+            session.step_scheduler("epoch")     # at an epoch's end
+        """
+        if self.scheduler is not None and self.cfg.train.scheduler_every == when:
+            self.scheduler.step()
+
+    def _select(self, metrics: Dict[str, Any], at: Position) -> None:
+        """Best checkpoint, early stopping and a callback's stop, decided alike on every rank
+        in one all-reduce: rank 0's monitored value, and whether any rank's callbacks set
+        `model.stop_training` (EarlyStopping's, a user's), which ends the run after this epoch."""
+        value = metrics.get(self.best.monitor)
+        # Not logged, or a metric of several values: nothing to select (the same on every rank).
+        monitored = isinstance(value, (int, float))
+        wanted = 1.0 if self.events.view.stop_training else 0.0
+        agreed, stop = all_reduce_sum([value if monitored and self.env.is_main else 0.0, wanted],
+                                      self.env, self.monitor.phase)
+        if monitored:
+            improved = self.best.update(dict(metrics, **{self.best.monitor: float(agreed)}))
+            if improved and self.cfg.checkpoint.save_best and self.run_dir:
+                self.save(at, Run(self.run_dir).best, keep_last=1)
+            if self.best.should_stop and not self.done:
+                self.progress.log.info(f"early stop after {_when(at)}: no better {self.best.monitor} in "
+                                       f"{self.best.stale} evaluations ({self.best.describe()})")
+                self.limit = self.pos.global_step
+        if stop and not self.done:
+            self.progress.log.info(f"a callback stopped training after {_when(at)}")
+            self.limit = self.pos.global_step
+
+    def save(self, at: Position, root: Optional[Path] = None, keep_last: Optional[int] = None) -> None:
+        """Rank 0 snapshots the state now and writes it in the background: no other rank
+        ever waits inside a collective while the files are written. `root`: where
+        (default <run>/checkpoints). Every rank calls it: first the ranks check that
+        their weights agree (check_weights), so a checkpoint never keeps diverged ones."""
+        self.check_weights(at.global_step)
+        if not (self.env.is_main and self.run_dir):
+            return
+        meta = {"global_step": at.global_step, "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
+                "world_size": self.env.world_size, "model": self.parts.name,
+                "api": self.cfg.train.api, "config_hash": self.config_hash,
+                "history": self.result.history}
+        if self.scaler is not None:          # float16: resumed at the scale it had reached
+            meta["loss_scaler"] = amp_scaler_state(self.scaler)
+        meta["plan_world"], meta["plan_accumulate"] = self.plan.world, self.plan.accumulate
+        if self.ema is not None:
+            meta["ema_updates"] = self.ema.updates
+        if at.step_in_epoch:
+            meta["epoch_loss"] = list(at.epoch_loss)
+        averaged = self.ema.weights() if self.ema is not None else None
+        snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
+        self.saver.submit(root or Run(self.run_dir).checkpoints, snap,
+                          self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
+                          before_write=self.monitor.save_delay(at.global_step))
+        what = "best checkpoint" if root is not None else "checkpoint"
+        self.progress.log.info(f"{what} for step {at.global_step} is being written")
+
+    def check_weights(self, step: int) -> None:
+        """The ranks compare their weights (agreement.check: one collective), once a step:
+        an epoch's end may save twice (its checkpoint and the best one). Raises
+        errors.Diverged when they differ."""
+        if self.checked_at != step:
+            self.checked_at = step
+            agreement.check(self.parts.model, self.env, step, self.monitor.phase,
+                            self.ema.shadow if self.ema is not None else None)
+
+    def _stop_for_preemption(self) -> None:
+        self._save_mid_epoch()
+        self.saver.wait()
+        self.progress.log.info(f"stop requested: checkpoint saved at step {self.pos.global_step}; "
+                               "exiting so the job can be requeued")
+        raise Preempted(f"stopped on request at step {self.pos.global_step}")
+
+    def close(self) -> None:
+        self.saver.close()
+        self.batch_stats.close()
+
+
+def _when(at: Position) -> str:
+    return f"step {at.global_step}" if at.step_in_epoch else f"epoch {at.epoch}"
+
+
