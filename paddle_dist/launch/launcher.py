@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..security import auth, private, rankgate
+from ..security import auth, credentials, private, rankgate
 from . import jobprocs, mpirun, rendezvous, supervisor
 from .meeting import wait_for_machines
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
@@ -284,7 +284,7 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     with job_files(p.token_file) as (folder, token_file):
         private_env = {protocol.JOB_DIR: folder}
         if p.direct:
-            with rankgate.RankGate(auth.read_token(token_file), auth.nonce(), p.nprocs) as gate:
+            with rankgate.RankGate(credentials.token(token_file), auth.nonce(), p.nprocs) as gate:
                 child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
                 return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),

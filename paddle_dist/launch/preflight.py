@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..runtime import devices as devicelib, variables as varlib
-from ..security import auth, tls
+from ..security import credentials, tls
 from ..sync import transports
 from ..runtime import netcheck
 from ..runtime.engines import CLUSTER_ENVIRONMENTS
@@ -93,7 +93,7 @@ def token_problems(cfg) -> List[Problem]:
     d = cfg.dist
     if d.token_file:
         try:
-            auth.read_token(d.token_file)
+            credentials.token(d.token_file)
         except UserError as e:
             return [Problem(ERROR, str(e))]
     return []
@@ -108,7 +108,7 @@ def tls_problems(cfg) -> List[Problem]:
     try:
         files = tls.configured(d.tls_ca, d.tls_cert, d.tls_key)
         if files:
-            tls.check(files, d.master, serves=d.node_rank == 0)
+            credentials.check_tls(files, d.master, serves=d.node_rank == 0)
     except UserError as e:
         return [Problem(ERROR, str(e))]
     return []

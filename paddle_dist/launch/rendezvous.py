@@ -47,7 +47,7 @@ from typing import Dict, Optional, Tuple
 
 from ..errors import UserError
 from ..runs.topology import Meeting, Node
-from ..security import auth, tls
+from ..security import auth, credentials, tls
 from .host import MeetingHost
 from .wire import (CHECK, LENGTH, MAX_FRAME, MAX_NAME, POLL_S, VERSION, Frames, MeetingPlace, NodesMissing,
                    ProtocolError, deadline_after, encode, job_id, missing_line, plain_name, split_master)
@@ -60,14 +60,15 @@ def meet(place: MeetingPlace) -> Meeting:
     NodesMissing when they did not within `place.timeout`, a UserError when this node's
     settings are refused."""
     place = place if place.host else replace(place, host=socket.gethostname()[:MAX_NAME])
-    token = auth.read_token(place.token_file) if place.token_file else b""
+    token = credentials.token(place.token_file) if place.token_file else b""
     files = tls.configured(place.tls_ca, place.tls_cert, place.tls_key)
+    server, client = credentials.contexts(files) if files else (None, None)
     if place.nnodes <= 1:
         address = split_master(place.master)[0] if place.master else ""
         return Meeting(place.run, {0: Node(place.nprocs, address, place.host)})
     if place.node_rank == 0:
-        return MeetingHost(place, token, tls.server_context(files) if files else None).serve()
-    return _join(place, token, tls.Client(files, place.master) if files else None)
+        return MeetingHost(place, token, server).serve()
+    return _join(place, token, tls.Client(files, place.master, client) if files else None)
 
 
 # ------------------------------------------------------------------ the other nodes

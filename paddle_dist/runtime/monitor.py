@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional, Tuple
 from ..errors import EXIT_PREEMPTED, EXIT_RENDEZVOUS, exit_code_of
 from ..runs import status
 from ..runs.layout import Run
-from ..security import auth, private
+from ..security import credentials, private
 from . import watchdog
 from .inject import Injector
 
@@ -117,7 +117,7 @@ def beat_folder(env, run_dir) -> Tuple[str, bool]:
     directory when no launcher made one), else one of this rank's own."""
     token = b""
     with contextlib.suppress(Exception):        # the rank's set-up has already said what is wrong with it
-        token = auth.read_token(env.token_file) if getattr(env, "token_file", "") else b""
+        token = credentials.token(env.token_file) if getattr(env, "token_file", "") else b""
     shared = private.rank_dir(private.key(token, str(Path(run_dir).resolve())), getattr(env, "job_dir", ""))
     return (shared, True) if shared is not None else (_own_folder(), False)
 

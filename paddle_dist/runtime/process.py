@@ -24,7 +24,7 @@ import paddle.distributed as dist
 
 from .. import compat
 from . import env as envlib, protocol, variables as varlib
-from ..security import attest, auth
+from ..security import attest, credentials
 from . import determinism, monitor, gloocheck, netcheck
 from ..runs import commands, rundir
 from ..runs.layout import Run
@@ -112,7 +112,7 @@ def _attest(env, cfg) -> None:
     if not token_file:
         return
     where = "{}:{}".format(*varlib.store_endpoint())
-    attest.check(where, auth.read_token(token_file), env.job or env.master, env.global_rank,
+    attest.check(where, credentials.token(token_file), env.job or env.master, env.global_rank,
                  env.world_size, cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout or 300.0)
 
 

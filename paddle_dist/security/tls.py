@@ -225,9 +225,9 @@ class Client:
         sock = client.wrap(socket.create_connection(("10.0.0.1", 6170), timeout=2))
     """
 
-    def __init__(self, files: Files, master: str):
+    def __init__(self, files: Files, master: str, context: Optional[ssl.SSLContext] = None):
         self.files, self.master, self.ended = files, master, 0
-        self.context = client_context(files)
+        self.context = context or client_context(files)     # context: made from `files` already
 
     def wrap(self, sock: socket.socket) -> Optional[ssl.SSLSocket]:
         """`sock` in TLS; None when the handshake did not finish (try again); a UserError
@@ -315,8 +315,15 @@ def check(files: Files, master: str, serves: bool) -> None:
         check(Files("ca.pem", "old.pem", "old.key"), "10.0.0.1:6170", serves=False)
         # UserError: dist.tls_cert old.pem has expired; renew it (docs/security.md)
     """
-    server, client = server_context(files), client_context(files)
+    check_contexts(server_context(files), client_context(files), files, master, serves)
+
+
+def check_contexts(server: ssl.SSLContext, client: ssl.SSLContext, files: Files, master: str,
+                   serves: bool) -> None:
+    """`check` on contexts already made from `files` (security/credentials.py: the job's own,
+    loaded once): their settings are changed for the handshake in memory and put back."""
     host = host_of(master)
+    kept = (server.verify_mode, client.check_hostname, client.verify_mode)
     if serves:       # node 0's certificate, as the other machines will check it
         server.verify_mode = ssl.CERT_NONE
         client.check_hostname = bool(host)
@@ -329,6 +336,10 @@ def check(files: Files, master: str, serves: bool) -> None:
     except ssl.SSLError as e:
         raise UserError(f"dist.tls_cert {files.cert} cannot be used with dist.tls_ca {files.ca} "
                         f"({_why(e)}); {MAKE}") from None
+    finally:
+        server.verify_mode = kept[0]
+        client.verify_mode = kept[2]          # before check_hostname: True needs CERT_REQUIRED
+        client.check_hostname = kept[1]
 
 
 def _handshake_in_memory(server: ssl.SSLContext, client: ssl.SSLContext, host: Optional[str]) -> None:

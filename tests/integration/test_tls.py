@@ -5,9 +5,10 @@ both train to the same weights. TLS files that cannot be used are refused before
 directory exists."""
 
 import json
+import re
 
 from ..unit.test_tls import pki  # noqa: F401  (fixture: certificates made by openssl)
-from .procs import check, finish, run, start
+from .procs import ROOT, check, finish, run, start
 from .test_job_token import _node as _token_node
 from .test_job_token import _token_file
 from .test_missing_node import _port
@@ -49,3 +50,30 @@ def test_tls_files_that_cannot_be_used_are_refused_before_anything_starts(tmp_pa
     assert result.returncode == 2, result.stderr
     assert f"dist.tls_cert {pki['expired'].cert} has expired; renew it" in result.stderr
     assert not (tmp_path / "run").exists()            # refused before the run directory
+
+
+COUNTING = ROOT / "tests" / "integration" / "scripts" / "counting_reads.py"
+
+
+def test_each_launcher_reads_the_token_once_and_makes_each_tls_context_once(tmp_path, pki):  # noqa: F811
+    """The pre-flight, the meeting of the machines and the rank gate share what one read
+    gave (security/credentials.py): each launcher process opens the token file once, and
+    makes its server and client TLS contexts once, so OpenSSL loads each file twice (once
+    per context; the pre-flight's handshake in memory uses those same contexts)."""
+    token, port, run_dir = _token_file(tmp_path / "job.token"), _port(), tmp_path / "run"
+
+    def counted(rank):
+        files = pki[f"node{rank}"]
+        return [str(COUNTING), ",".join([token, files.ca, files.cert, files.key])] + _node(rank, port, run_dir,
+                                                                                          token, files)
+    node0, killer = start(counted(0), limit=180)
+    for line in node0.stdout:                          # node 0 waits for the other machine
+        if "waiting for the other machines" in line:
+            break
+    node1 = check(run(counted(1), timeout=120))
+    out, err = finish(node0, killer, timeout=120)
+    assert node0.returncode == 0, err
+    for rank, stderr in ((0, err), (1, node1.stderr)):
+        files = pki[f"node{rank}"]
+        counts = {path: int(n) for n, path in re.findall(r"^read (\d+) (\S+)$", stderr, re.M)}
+        assert counts == {token: 1, files.ca: 2, files.cert: 2, files.key: 2}, (rank, counts)
