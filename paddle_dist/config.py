@@ -234,8 +234,19 @@ def from_dict(data: Dict[str, Any]) -> Config:
 
 def replace_key(cfg: Config, dotted: str, value: Any) -> Config:
     """A copy of `cfg` with one key changed (checked like an override)."""
+    return derived(cfg, {dotted: value})
+
+
+def derived(cfg: Config, changes: Dict[str, Any]) -> Config:
+    """A copy of `cfg` with `changes` (dotted key -> value) made in their order, each checked
+    like an override, so each step must leave a valid config.
+
+    Example:
+        derived(cfg, {"checkpoint.resume": "auto", "faults.inject": ""})
+    """
     copy = from_dict(cfg.to_dict())
-    set_key(copy, dotted, value)
+    for dotted, value in changes.items():
+        set_key(copy, dotted, value)
     return copy
 
 

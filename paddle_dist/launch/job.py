@@ -21,7 +21,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 from .. import cifar, compat, errors
 from .. import config as configlib
@@ -51,6 +51,23 @@ class JobSpec:
     facts: HostFacts              # the environment, GPUs and cores, read once
     here: DistEnv                 # who this process is (a launcher: standalone)
     node: Optional[dict] = None   # an srun task that starts its node's ranks (engines.srun_node_launcher)
+    run_dir: Optional[Path] = None    # chosen once the plan says how many ranks; another machine
+                                      # of a multi-node launch learns it when it meets node 0
+
+
+def attempt_config(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None) -> configlib.Config:
+    """The config that an attempt's ranks run, derived from the resolved one here and only
+    here: the run directory; after a restart, the latest checkpoint (whatever resume said
+    first) and no injected fault (testing: the first attempt's only); when an elastic job's
+    machines did not all meet, the ones that did, renumbered (topology.Meeting.of)."""
+    changes: Dict[str, object] = {}
+    if spec.run_dir is not None:
+        changes["output.run_dir"] = str(spec.run_dir)
+    if attempt:
+        changes.update({"checkpoint.resume": "auto", "faults.inject": ""})
+    if met is not None and met.absent:       # in this order: each step a valid config
+        changes.update({"dist.node_rank": met.node_rank, "dist.min_nnodes": 0, "dist.nnodes": len(met.nodes)})
+    return configlib.derived(spec.cfg, changes)
 
 
 def resolve(cfg: configlib.Config) -> JobSpec:
@@ -113,7 +130,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     if p.gate is None or cfg.dist.node_rank == 0:
         choice = rundir.choose(cfg, world, commands.own_command())
         run_dir = choice.path
-        cfg = configlib.replace_key(cfg, "output.run_dir", str(run_dir))
+        spec = dataclasses.replace(spec, run_dir=run_dir)
         if choice.note:
             print(f"paddle_dist: {choice.note}", flush=True)
     ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}" + (f" on this machine ({world} in all)"
@@ -126,15 +143,11 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     code, known = 0, {}       # known: the machines each meeting saw, by node_rank (for `_without`)
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
-            # A restart continues from the latest checkpoint, whatever resume said first;
-            # an injected fault (testing) fires in the first attempt only.
-            cfg = configlib.replace_key(configlib.replace_key(cfg, "checkpoint.resume", "auto"),
-                                        "faults.inject", "")
             print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
                   "checkpoint", flush=True)
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
             rundir.clear_status(run_dir)
-        code = _start(p, cfg, run_dir, planner, known)
+        code = _start(spec, attempt, planner, known)
         if code in FINAL:
             break
     return code
@@ -153,8 +166,7 @@ def _as_node_launcher(cfg: configlib.Config, node: dict) -> configlib.Config:
     # In this order: each step is a valid config (more nodes need the master first).
     changes = {"dist.master": cfg.dist.master or node["master"], "dist.launcher": "launch",
                "dist.nnodes": node["nnodes"], "dist.node_rank": node["node_rank"]}
-    for key, value in changes.items():
-        cfg = configlib.replace_key(cfg, key, value)
+    cfg = configlib.derived(cfg, changes)
     print(f"paddle_dist: srun task of node {cfg.dist.node_rank} of {cfg.dist.nnodes}: it starts this "
           f"node's {cfg.dist.nprocs} ranks (master {cfg.dist.master})", flush=True)
     return cfg
@@ -196,23 +208,25 @@ def _check_data(cfg) -> None:
             cifar.load_cifar10(cfg.data.root, split)
 
 
-def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path],
-           planner: Callable[[configlib.Config], launcher.LaunchPlan], known: Dict[int, Node]) -> int:
-    """One attempt: the ranks of plan `p`, running `cfg` (on the machines that met, when
-    some of an elastic job's did not: planned anew by `planner`)."""
+def _start(spec: JobSpec, attempt: int, planner: Callable[[configlib.Config], launcher.LaunchPlan],
+           known: Dict[int, Node]) -> int:
+    """One attempt: the ranks of the plan for this attempt's config (attempt_config), on the
+    machines that met, when some of an elastic job's did not."""
+    cfg = attempt_config(spec, attempt)
+    p, run_dir = planner(cfg), spec.run_dir
     if p.mode in ("launch", "mpirun"):
         met = None
         if p.gate is not None:
             code, met, run_dir = _meet_and_name_run(p.gate, cfg, run_dir)
             if code:
                 return code
-            cfg = configlib.replace_key(cfg, "output.run_dir", str(run_dir))
-            cfg, p = _without(met, cfg, p, planner, known)
+            _say_without(met, cfg, known)
+            cfg = attempt_config(dataclasses.replace(spec, run_dir=run_dir), attempt, met)
+            p = planner(cfg)           # with the run directory node 0 named, and who met
             if p.gate is None:         # one machine left: its ranks meet on its loopback
                 met.rendezvous.close()
                 met = None
-        return launcher.launch(p, run_dir=run_dir, met=met, job_config=cfg.to_dict(),
-                               log_dir=str(launch_logs(run_dir, cfg.dist)))
+        return launcher.launch(p, run_dir=run_dir, met=met, log_dir=str(launch_logs(run_dir, cfg.dist)))
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
     # imported, and forked ranks keep this import: make it with the ranks' environment.
     old = varlib.export(p.env)
@@ -223,19 +237,16 @@ def _start(p: launcher.LaunchPlan, cfg: configlib.Config, run_dir: Optional[Path
     return launcher.launch(p, worker.spawn_entry, (cfg.to_dict(),), run_dir=run_dir)
 
 
-def _without(met: Meeting, cfg: configlib.Config, p: launcher.LaunchPlan,
-             planner: Callable[[configlib.Config], launcher.LaunchPlan],
-             known: Dict[int, Node]) -> Tuple[configlib.Config, launcher.LaunchPlan]:
-    """An elastic job whose machines did not all meet goes on with those that did: the
-    config and plan of `met`'s machines, renumbered (topology.Meeting.of), after one line
-    naming the absent ones. The ranks then continue the run's latest checkpoint on fewer
-    ranks, with the data plan that keeps its global batch (trainer/sampling.py). `known`:
-    every machine seen so far, by configured node_rank."""
+def _say_without(met: Meeting, cfg: configlib.Config, known: Dict[int, Node]) -> None:
+    """An elastic job whose machines did not all meet goes on with those that did (their
+    config: attempt_config): one line naming the absent ones. The ranks then continue the
+    run's latest checkpoint on fewer ranks, with the data plan that keeps its global batch
+    (trainer/sampling.py). `known`: every machine seen so far, by configured node_rank."""
     present = [r for r in range(cfg.dist.nnodes) if r not in met.absent]
     was = sum(known[r].nprocs for r in known)
     known.update({r: met.nodes[i] for i, r in enumerate(present)})
     if not met.absent:
-        return cfg, p
+        return
     absent = ", ".join(f"node_rank {r}" + (f" ({', '.join(dict.fromkeys(filter(None, (known[r].host, known[r].address))))})"
                                            if r in known else "") for r in met.absent)
     print(f"paddle_dist: going on without {absent}: {len(met.nodes)} of {cfg.dist.nnodes} machines "
@@ -243,10 +254,6 @@ def _without(met: Meeting, cfg: configlib.Config, p: launcher.LaunchPlan,
           + (f" (were {was})" if was and was != met.world_size else "")
           + (f"; this machine is node_rank {met.node_rank} now" if met.node_rank != cfg.dist.node_rank else ""),
           flush=True)
-    for key, value in (("dist.node_rank", met.node_rank), ("dist.min_nnodes", 0),
-                       ("dist.nnodes", len(met.nodes))):     # each step a valid config
-        cfg = configlib.replace_key(cfg, key, value)
-    return cfg, planner(cfg)
 
 
 def launch_logs(run_dir: Path, dist) -> Path:

@@ -102,8 +102,9 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
 
     `always`: start processes even for one rank (a script cannot run in this process).
     `module`: the ranks run `python -m module script_args` instead of the script.
-    `job_config`: the built-in job's resolved config, which its ranks run instead of
-    reading their command line again (protocol.JOB_CONFIG; launch() hands each attempt's).
+    `job_config`: the built-in job's resolved config for this attempt, which its ranks run
+    instead of reading their command line again (protocol.JOB_CONFIG; spawn's ranks get it
+    as their entry's argument instead: one road each).
 
     Example:
         plan(cfg, DistEnv(), script="train.py").argv
@@ -125,7 +126,7 @@ def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] 
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{protocol.SUPERVISED: "1"})
     variables.update(varlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
-    if job_config is not None:
+    if job_config is not None and mode != "spawn":       # spawn hands it as its entry's argument
         variables.update(protocol.job_config(job_config))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
@@ -268,17 +269,14 @@ def _launched_program(script: str, module: str) -> Tuple[str, ...]:
 
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
            run_dir: Optional[Path] = None, script: Optional[supervisor.UserScript] = None,
-           met: Optional[rendezvous.Meeting] = None, job_config: Optional[dict] = None,
-           log_dir: str = "") -> int:
+           met: Optional[rendezvous.Meeting] = None, log_dir: str = "") -> int:
     """Run the plan under supervision; return the job's exit code (the root cause's).
     `fn(*args)` is the spawn-mode entry; `run_dir` holds the ranks' status files;
     `script`: the ranks run a user's script (python -m paddle_dist.launch); `met`: what the
     machines of a multi-node launch learnt when they met, if they have met already
-    (wait_for_machines()); the report names the ranks' hosts from it. `job_config`: this
-    attempt's config for the built-in job's ranks (plan()); `log_dir`: where the ranks'
-    logs go, when known only now (in the run directory, named when the machines met)."""
-    if job_config is not None:
-        p = dataclasses.replace(p, env=dict(p.env, **protocol.job_config(job_config)))
+    (wait_for_machines()); the report names the ranks' hosts from it. `log_dir`: where the
+    ranks' logs go, when known only now (in the run directory, named when the machines met).
+    The built-in job's ranks get their config from the plan alone (plan(job_config=))."""
     if log_dir:
         p = _logging_to(p, log_dir)
     with job_files(p.token_file) as (folder, token_file):

@@ -3,6 +3,7 @@ fewer, the job's plan for the machines that met, and the injected loss of a mach
 The whole story across two hosts is tests/integration/test_elastic.py."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -86,15 +87,18 @@ def test_the_job_goes_on_with_the_machines_that_met_and_says_which_is_lost(capsy
     cfg = configlib.with_overrides(["dist.nnodes=2:3", "dist.master=10.0.0.1:6170", "dist.node_rank=2"])
     known = {0: Node(2, "10.0.0.1", "a"), 1: Node(2, "10.0.0.2", "b"), 2: Node(2, "10.0.0.3", "c")}
     met = Meeting.of("run", {0: known[0], 2: known[2]}, 3, node_rank=2)
-    planned = []
-    cfg2, _ = job._without(met, cfg, None, lambda c: planned.append(c) or "plan", known)
+    spec = job.JobSpec(cfg, None, None, run_dir=Path("/runs/x"))
+    job._say_without(met, cfg, dict(known))
+    cfg2 = job.attempt_config(spec, 1, met)          # a restart, with the machines that met
     assert (cfg2.dist.nnodes, cfg2.dist.node_rank, cfg2.dist.min_nnodes) == (2, 1, 0)
-    assert planned == [cfg2]
+    assert (cfg2.output.run_dir, cfg2.checkpoint.resume, cfg2.faults.inject) == ("/runs/x", "auto", "")
     assert capsys.readouterr().out == (
         "paddle_dist: going on without node_rank 1 (b, 10.0.0.2): 2 of 3 machines (dist.nnodes=2:3), "
         "4 ranks (were 6); this machine is node_rank 1 now\n")
     every = Meeting.of("run", dict(known), 3, node_rank=2)
-    assert job._without(every, cfg, "same plan", None, {}) == (cfg, "same plan")
+    job._say_without(every, cfg, {})
+    assert capsys.readouterr().out == ""
+    assert job.attempt_config(spec, 0, every).to_dict() == configlib.derived(cfg, {"output.run_dir": "/runs/x"}).to_dict()
 
 
 def test_an_srun_task_on_fewer_nodes_than_the_most_is_an_elastic_jobs_node():
