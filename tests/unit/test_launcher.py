@@ -116,6 +116,21 @@ def test_spawn_has_no_command_line():
     assert p.env["GLOG_minloglevel"] == "2"
 
 
+def test_the_job_config_reaches_the_ranks_by_one_road():
+    """The built-in job's config: in the ranks' environment for the launchers that start
+    them as processes; spawn hands it as its entry's argument, so its ranks' environment
+    holds no second, stale copy."""
+    from paddle_dist.runtime import protocol
+
+    given = {"train": {"epochs": 3}}
+    launched = plan(load(None, ["dist.nprocs=2"]), DistEnv(), script="train.py", gpu_info=GpuInfo(),
+                    cpu_count=8, environ={}, job_config=given)
+    spawned = plan(load(None, ["dist.nprocs=2", "dist.launcher=spawn"]), DistEnv(), gpu_info=GpuInfo(),
+                   cpu_count=8, environ={}, job_config=given)
+    assert launched.env[protocol.JOB_CONFIG] == protocol.job_config(given)[protocol.JOB_CONFIG]
+    assert spawned.mode == "spawn" and protocol.JOB_CONFIG not in spawned.env
+
+
 def test_backend_is_passed_through():
     assert make_plan(["dist.nprocs=2"]).backend == "auto"
     assert make_plan(["dist.nprocs=2", "dist.backend=nccl"], info=FOUR_GPUS).backend == "nccl"
