@@ -27,7 +27,7 @@ def test_only_machines_with_a_certificate_of_the_ca_and_the_token_meet(tmp_path,
         if "waiting for the other machines" in line:
             break
     # The intruder even holds the token, but its certificate and CA are another's: it cannot
-    # trust node 0, and node 0 would not trust it (tests/unit/test_tls.py tries each side).
+    # trust node 0, and node 0 would not trust it (tests/unit/security/test_tls.py tries each side).
     intruder = run(_node(1, port, tmp_path / "intruder", token, pki["other_ca"]), timeout=60)
     assert intruder.returncode == 2, intruder.stderr
     [said] = [line for line in intruder.stderr.splitlines() if line.strip()]

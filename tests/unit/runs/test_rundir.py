@@ -6,6 +6,7 @@ bounded by a timeout and ends before its test does.
 """
 
 import os
+from pathlib import Path
 import shlex
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from paddle_dist.runs import commands, rundir
 from paddle_dist.errors import UserError
 
 PY = sys.executable
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def cfg_for(tmp_path, *overrides):

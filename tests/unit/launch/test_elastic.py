@@ -13,7 +13,7 @@ from paddle_dist.launch import job, launcher, rendezvous
 from paddle_dist.runs.topology import Meeting, Node
 from paddle_dist.runtime import inject
 
-from .test_nodes import _Node, _listening
+from tests.unit.launch.test_rendezvous import _Node, _listening
 
 
 def _gate(port, node_rank, nnodes=3, min_nodes=2, timeout=5.0, last_call=0.2):

@@ -20,7 +20,7 @@ from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
 from paddle_dist.runs.report import Exit, root_cause, with_resume
 from paddle_dist.runs.status import read_all as read_status
 
-from .test_runs import _run_dir
+from tests.unit.runs.test_listing import _run_dir
 
 TYPO = "unknown config key 'train.epoch'; did you mean train.epochs?"
 COMMAND = ["python", "my_script.py"]

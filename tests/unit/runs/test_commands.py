@@ -2,7 +2,7 @@
 described as that module (`python -m paddle_dist.train ...`), never as the module's file
 run as a script, whose directory would come first on sys.path and shadow other modules.
 
-The ranks' argv is launcher.plan's (tests/unit/test_launcher.py); here: which command this
+The ranks' argv is launcher.plan's (tests/unit/launch/test_launcher.py); here: which command this
 process is (commands.main_module, own_command, invoking_command, train.this_command) and what
 launch/job.py tells the other machines (job.tell_other_nodes).
 """

@@ -223,7 +223,7 @@ class FakeTask:
 
 
 def test_gpu_path_sends_async_and_reads_the_stop_flag_one_step_late(monkeypatch):
-    monkeypatch.setattr(overlap.LateFlag, "EVERY", 1)       # (every 16 steps: test_sync.py)
+    monkeypatch.setattr(overlap.LateFlag, "EVERY", 1)       # (every 16 steps: test_grad_sync.py)
     net, log = _net(), []
 
     def all_reduce(tensor, sync_op=True):

@@ -5,6 +5,7 @@ as rewritten; gloo's address records decode."""
 
 import json
 import os
+from pathlib import Path
 import socket
 import struct
 import subprocess
@@ -55,7 +56,7 @@ finally:
 
 
 def _rank(own: bool) -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", f"OWN = {own}\n" + RANK], capture_output=True,
                           text=True, timeout=60, env=env)

@@ -478,7 +478,7 @@ def test_the_docs_show_what_doctor_prints_for_pypis_build():
     facts = doctor_facts.paddle_facts(PYPI_GPU, SITE, Loader("libcudnn", "libnccl"))
     text = doctor_facts._section("versions", doctor_facts._rows("versions", facts))
     doc = (REPO_ROOT / "docs" / "environment.md").read_text()
-    quoted = doc.split("tests/unit/test_doctor.py):\n\n```\n", 1)[1].split("\n```", 1)[0]
+    quoted = doc.split("tests/unit/doctor/test_facts.py):\n\n```\n", 1)[1].split("\n```", 1)[0]
     assert quoted.splitlines() == text.splitlines()[1:]
 
 

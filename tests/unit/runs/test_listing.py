@@ -107,7 +107,7 @@ def test_the_command_runs_where_paddle_is_not_installed(tmp_path):
     absent = tmp_path / "no_paddle" / "paddle"
     absent.mkdir(parents=True)
     (absent / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'paddle'\", name='paddle')\n")
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     done = subprocess.run([sys.executable, "-m", "paddle_dist.runs", "--root", str(root), "--json"],
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(absent.parent), str(repo)])},
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)

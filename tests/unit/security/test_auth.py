@@ -12,7 +12,7 @@ from paddle_dist.security import auth
 from paddle_dist.launch import launcher, rendezvous
 from paddle_dist.errors import UserError
 
-from .test_nodes import _listening, _Node
+from tests.unit.launch.test_rendezvous import _listening, _Node
 
 
 def _token_file(tmp_path, name="job.token", mode=0o600, text=None):

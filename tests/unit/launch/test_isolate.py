@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ISOLATE = str(Path(__file__).resolve().parents[2] / "paddle_dist" / "launch" / "isolate.py")
+ISOLATE = str(Path(__file__).resolve().parents[3] / "paddle_dist" / "launch" / "isolate.py")
 TOKEN = b"outside"
 REPORT = ("import json, os, socket, sys; s = socket.create_server(('127.0.0.1', 0)); port = sys.argv[1:] and int(sys.argv[1])\n"
           "def reached():\n"

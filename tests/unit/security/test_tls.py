@@ -17,8 +17,8 @@ from paddle_dist.security import tls
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
 
-from .test_auth import _token_file
-from .test_nodes import _listening, _Node
+from tests.unit.security.test_auth import _token_file
+from tests.unit.launch.test_rendezvous import _listening, _Node
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
                                 reason="needs the openssl command line to make certificates")

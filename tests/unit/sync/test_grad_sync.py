@@ -174,7 +174,7 @@ def _sync_for(device_info, environ, **options):
 
 
 def _launched(rank, **extra):
-    from tests.unit.test_env import launch_child
+    from tests.unit.runtime.test_env import launch_child
 
     return launch_child(rank, **extra)
 

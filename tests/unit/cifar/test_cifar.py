@@ -21,7 +21,7 @@ import pytest
 from paddle_dist import cifar
 from paddle_dist.errors import DataError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TRAIN, TEST = cifar.fake_arrays(50, 10, seed=0)
 SPLITS = {"train": TRAIN, "test": TEST}
 

@@ -9,7 +9,7 @@ from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import detect
 from paddle_dist.errors import DeviceError
 
-from ..integration.procs import ROOT
+from tests.integration.procs import ROOT
 
 EIGHT_GPUS = GpuInfo(True, 8)
 ONE_GPU = GpuInfo(True, 1)   # what CUDA counts when CUDA_VISIBLE_DEVICES names one id

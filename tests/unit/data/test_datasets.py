@@ -13,7 +13,7 @@ import pytest
 from paddle_dist.data.datasets import (BUNDLED_MNIST, MNIST_FILES, ArrayDataset, find_mnist_file, linear_regression, load_mnist, mnist_dataset, read_idx, synthetic_classification)
 from paddle_dist.errors import DataError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "tools" / "make_mnist_subset.py"
 
 

@@ -829,7 +829,7 @@ def test_cli_export_of_a_wrapped_models_checkpoint_is_refused_in_one_line(tmp_pa
     # A fit() run of a built-in LeNet wrapped in a Layer of the user's: every name is 'net.'...
     outer = Wrapped(models.build("lenet", 10))
     checkpoint = ck.save(tmp_path / "checkpoints", outer, sgd(outer), dict(meta(1), model="lenet"))
-    config = str(Path(__file__).resolve().parents[2] / "configs" / "mnist_lenet.yaml")
+    config = str(Path(__file__).resolve().parents[3] / "configs" / "mnist_lenet.yaml")
     result = run(["-m", "paddle_dist.export", str(checkpoint), "-c", config, "--out", str(tmp_path / "out")],
                  timeout=180)
     lines = result.stderr.strip().splitlines()
