@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from .errors import UserError
+from .options import ArgParser, rank_exit_code, run as run_command
 
 PROG = "allreduce_perf"
 UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
@@ -59,13 +60,6 @@ COLUMNS = ("#       size         count      type   redop    root"
 
 
 # ---------------------------------------------------------------- flags (no paddle needed)
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line on stderr and exit 2, instead of argparse's usage block."""
-        sys.stderr.write(f"{PROG}: error: {message} (see --help)\n")
-        sys.exit(2)
-
-
 def parse_size(text: str) -> int:
     """Bytes from '8', '64K', '128M', '1G' (powers of 1024).
 
@@ -101,7 +95,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     Example:
         parse_args(["-b", "8", "-e", "64K", "-f", "4"]).maxbytes   # 65536
     """
-    p = _Parser(prog=PROG, description="All-reduce bandwidth sweep (nccl-tests format).")
+    p = ArgParser(prog=PROG, description="All-reduce bandwidth sweep (nccl-tests format).")
     p.add_argument("-b", "--minbytes", type=parse_size, default=8)
     p.add_argument("-e", "--maxbytes", type=parse_size, default=32 * 1024 ** 2)
     p.add_argument("-f", "--stepfactor", type=_nonneg, default=2, help="multiply the size by this")
@@ -371,24 +365,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         main(["-b", "8", "-e", "64K", "-f", "4"])   # 0
     """
     args = parse_args(argv)   # before importing paddle: a bad flag fails in a blink
-    env = _start(args)
-    try:
-        return sweep(args, env)
-    except UserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    return sweep(args, _start(args))
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:
-    """`main` turned into the process's exit code: the function to hand to spawn.
+    """`main` turned into the process's exit code (as options.run does; a spawned rank that
+    ends well returns instead of exiting): the function to hand to spawn.
 
     Example:
         paddle.distributed.spawn(run, args=(["-e", "1M"],), nprocs=2)
     """
-    code = main(argv)
+    try:
+        code = main(argv)
+    except BaseException as exc:  # noqa: BLE001 - every ending becomes an exit code
+        code = rank_exit_code(exc)
     if code:
         sys.exit(code)
 
 
 if __name__ == "__main__":
-    run()
+    run_command(main)

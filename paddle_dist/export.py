@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import argparse
 import json
 import os
 import shutil
@@ -42,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import compat
 from . import config as configlib
 from .errors import UserError
+from .options import ArgParser, run
 from .data import registry
 from .runs.layout import EXPORT, Run
 
@@ -158,20 +158,16 @@ def _locate(target: Path):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = ArgParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="a run directory, or a checkpoint (ckpt_*, checkpoints/, best/)")
     parser.add_argument("--out", help="output directory (default: <run>/export); must not exist yet")
     parser.add_argument("-c", "--config", help="the config the checkpoint was trained with "
                                                "(default: the run's config.yaml)")
     args = parser.parse_args(argv)
-    try:
-        from .runtime.process import quiet_paddle
+    from .runtime.process import quiet_paddle
 
-        with quiet_paddle():
-            out = export_run(Path(args.target), Path(args.out) if args.out else None, args.config)
-    except UserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    with quiet_paddle():
+        out = export_run(Path(args.target), Path(args.out) if args.out else None, args.config)
     deploy = json.loads((out / DEPLOY_FILE).read_text())
     print(f"paddle_dist: exported {deploy['checkpoint']} to {out}")
     print(f"  predict with: python -m paddle_dist.predict {out} IMAGE...")
@@ -189,4 +185,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

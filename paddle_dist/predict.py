@@ -14,9 +14,7 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -24,6 +22,7 @@ import numpy as np
 
 from .runtime import devices as devicelib, env as envlib
 from .errors import UserError
+from .options import ArgParser, run
 from .export import DEPLOY_FILE
 from .data.imagefolder import fit_image
 
@@ -134,20 +133,16 @@ def top_k(probabilities: np.ndarray, classes: Optional[List[str]], k: int) -> Li
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = ArgParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a directory written by python -m paddle_dist.export")
     parser.add_argument("images", nargs="+", help="image files (PNG, JPEG, ...)")
     parser.add_argument("-k", "--top-k", type=int, default=3, help="classes to show per image (3)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
     args = parser.parse_args(argv)
-    try:
-        if args.top_k < 1:
-            raise UserError(f"--top-k must be 1 or more, not {args.top_k}")
-        predictor = Predictor(args.model)
-        found = top_k(predictor.probabilities(args.images), predictor.deploy.get("classes"), args.top_k)
-    except UserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    if args.top_k < 1:
+        raise UserError(f"{PROG}: --top-k must be 1 or more, not {args.top_k}")
+    predictor = Predictor(args.model)
+    found = top_k(predictor.probabilities(args.images), predictor.deploy.get("classes"), args.top_k)
     if args.json:
         print(json.dumps([{"image": path, "top": top} for path, top in zip(args.images, found)], indent=1))
     else:
@@ -157,4 +152,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -1,7 +1,7 @@
 """`python -m paddle_dist.cifar fake DIR ...` (see fake.py)."""
 
-import sys
-
+from ..options import run
 from .fake import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    run(main)

@@ -5,7 +5,6 @@ Example:
     write_fake(Path("/tmp/c"), "batches-bin")   # /tmp/c/cifar-10-batches-bin
 """
 
-import argparse
 import io
 import pickle
 import tarfile
@@ -14,6 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..options import ArgParser
 from .layout import _PIXELS, ARCHIVE, BATCHES, BIN_DIR, FORMS, LABEL_NAMES, NUM_CLASSES, PY_DIR
 
 
@@ -107,19 +107,13 @@ def write_fake(root: Path, form: str, num_train: int = 50, num_test: int = 10, s
     return writer(root, _fake_batches(num_train, num_test, seed))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line on stderr and exit 2, instead of argparse's usage block."""
-        self.exit(2, " ".join(f"{self.prog}: error: {message} (see --help)".split()) + "\n")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m paddle_dist.cifar fake DIR [--form F] [--train N] [--test N] [--seed S]`.
 
     Example:
         main(["fake", "/tmp/c", "--form", "batches-py"])   # prints /tmp/c/cifar-10-batches-py
     """
-    parser = _Parser(prog="python -m paddle_dist.cifar", description="CIFAR-10 tools (numpy only).")
+    parser = ArgParser(prog="python -m paddle_dist.cifar", description="CIFAR-10 tools (numpy only).")
     commands = parser.add_subparsers(dest="command", required=True)
     fake = commands.add_parser("fake", help="write random CIFAR-10 data in a real on-disk layout")
     fake.add_argument("dir", help="where to write it (created if missing)")

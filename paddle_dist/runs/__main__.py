@@ -1,8 +1,7 @@
 """`python -m paddle_dist.runs [--root runs] [--last N] [--json]`: recent runs and how each ended."""
 
-import sys
-
+from ..options import run
 from .listing import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..procfs import pid_alive
+from ..options import ArgParser
 from ..security import private
 from .commands import resume_command
 from .layout import META, Run, latest
@@ -116,7 +116,7 @@ def table(runs: List[dict]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = ArgParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default="runs", help="where the runs are (output.root; default runs)")
     parser.add_argument("-n", "--last", type=int, default=10, help="how many runs, newest first (10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

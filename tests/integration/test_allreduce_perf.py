@@ -112,7 +112,7 @@ def test_bad_flags_exit_2_with_one_line(flags):
     result = run([str(TOOL)] + flags, timeout=60)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("allreduce_perf: error:"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: allreduce_perf: "), result.stderr
     assert result.stdout == ""
 
 

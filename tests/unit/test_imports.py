@@ -253,3 +253,51 @@ def test_an_import_up_the_order_is_found():
     graph = {"paddle_dist.runs.listing": {"paddle_dist.checkpoint.io", "paddle_dist.errors"},
              "paddle_dist.checkpoint.io": {"paddle_dist.runs.layout"}, "paddle_dist.runs.layout": set()}
     assert upward(graph, levels) == ["paddle_dist.runs.listing (level 2) imports paddle_dist.checkpoint.io (level 1)"]
+
+
+# ---------------------------------------------------------------- the commands' shape
+# Scripts started by path, not commands: the watchdog, the network namespace's helper and
+# the one-machine gate (each runs with `python -S FILE`, before paddle_dist is importable).
+SCRIPTS_BY_PATH = {"paddle_dist.runtime._deadline", "paddle_dist.launch.isolate", "paddle_dist.security.rankgate"}
+
+
+def command_problems(root: Path) -> List[str]:
+    """architecture.md's rule for a command (`python -m paddle_dist.X`): its __main__ block is
+    `run(<function>)` with options.run, and no module but options.py builds an argparse
+    parser of its own (options.ArgParser makes a bad option one line and exit 2)."""
+    found = []
+    for name, path in module_files(root).items():
+        tree = ast.parse(path.read_text(), str(path))
+        if name != "paddle_dist.options" and any(
+                isinstance(n, ast.Attribute) and n.attr == "ArgumentParser" for n in ast.walk(tree)):
+            found.append(f"{name} builds an argparse.ArgumentParser; use options.ArgParser")
+        guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+        if not guards or name in SCRIPTS_BY_PATH:
+            continue
+        run_names = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                     and (n.module or "").endswith("options") for a in n.names if a.name == "run"}
+        body = guards[0].body
+        if not (len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Call)
+                and ast.unparse(body[0].value.func) in run_names and len(body[0].value.args) == 1):
+            found.append(f"{name}: its __main__ block is not run(<main>) with options.run")
+    return sorted(found)
+
+
+def test_every_command_has_the_documented_shape():
+    assert "ended by `options.run(main)`" in ARCHITECTURE.read_text()
+    assert command_problems(PACKAGE) == []
+
+
+def test_a_command_of_another_shape_is_found(tmp_path):
+    """The check can fail: a command ending in sys.exit(main()) with argparse's own parser."""
+    package = tmp_path / "paddle_dist"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "options.py").write_text("import argparse\nArgParser = argparse.ArgumentParser\ndef run(f): f()\n")
+    (package / "good.py").write_text("from .options import ArgParser, run\ndef main(argv=None): return 0\n"
+                                     "if __name__ == '__main__':\n    run(main)\n")
+    (package / "bad.py").write_text("import argparse, sys\ndef main(argv=None):\n    argparse.ArgumentParser()\n"
+                                    "if __name__ == '__main__':\n    sys.exit(main())\n")
+    assert command_problems(package) == [
+        "paddle_dist.bad builds an argparse.ArgumentParser; use options.ArgParser",
+        "paddle_dist.bad: its __main__ block is not run(<main>) with options.run"]
