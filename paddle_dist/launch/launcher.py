@@ -284,25 +284,25 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
         if p.direct:
             with rankgate.RankGate(credentials.token(token_file), auth.nonce(), p.nprocs) as gate:
                 child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
-                return supervisor.supervise_ranks(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
+                return supervisor.RankSupervision(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
-                                                  script=script)
+                                                  script=script).run()
         if p.mode in ("launch", "mpirun"):
             if p.gate is not None and met is None:
                 code, met = wait_for_machines(p.gate)
                 if code:
                     return code
             try:
-                return supervisor.supervise_launch(list(p.argv), varlib.child_environ(dict(p.env, **private_env)),
-                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
-                                                   start_timeout=p.gate.timeout if p.gate else 0, meeting=met)
+                return supervisor.LaunchSupervision(list(p.argv), varlib.child_environ(dict(p.env, **private_env)),
+                                                    run_dir, p.stop_timeout, Path(p.log_dir or "log"),
+                                                    start_timeout=p.gate.timeout if p.gate else 0, meeting=met).run()
             finally:
                 if met is not None and met.rendezvous is not None:
                     met.rendezvous.close()
         if p.mode == "spawn":      # no gate (spawn picks the store's port), but the ranks attest
             job = {protocol.TOKEN_FILE: token_file, protocol.JOB: auth.nonce(), **private_env}
             p = dataclasses.replace(p, env=dict(p.env, **job))
-            return supervisor.supervise_spawn(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout)
+            return supervisor.SpawnSupervision(lambda: _start_spawn(p, fn, args), run_dir, p.stop_timeout).run()
     raise ValueError(f"plan mode {p.mode!r} starts no processes; run the worker directly")
 
 

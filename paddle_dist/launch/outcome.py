@@ -4,8 +4,11 @@ launcher numbers the ranks of each machine from 0: each is mapped to the rank it
 job) and, on several machines, with their host. The job's exit code is the root cause's,
 not the launcher's; report.py finds it, this module gathers what it reads.
 
+Every supervisor (supervisor.Supervision) hands its JobResult to `report`, which reads it
+once: 0 for a job that ended well, else the report printed and the root cause's code.
+
 Example:
-    code = finish("stop", run_dir, {0: "log/workerlog.0"}, exits=exits)   # prints the report
+    code = report(JobResult("stop", exits=exits, logs={0: "log/workerlog.0"}, run_dir=run_dir))
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import errors
@@ -24,6 +28,40 @@ from ..runs.status import read_all as read_status
 from ..runs.topology import ONE_MACHINE, Machines, Meeting
 
 CONTAINER_FAILED = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
+
+
+@dataclass
+class JobResult:
+    """How a supervised job ended, as its supervisor saw it: what `report` reads."""
+
+    request: Optional[str] = None                  # interrupt | stop | None: the launcher's signals
+    exits: Optional[List[Exit]] = None             # each rank's end, first hand (ranks, spawn)
+    exit_codes: Optional[Dict[int, int]] = None    # by global rank, as Paddle's launcher logged them
+    launcher_code: int = 0                         # Paddle's launcher's own exit code
+    launcher_log: Optional[Path] = None            # its messages (launcher.err)
+    logs: Dict[int, str] = field(default_factory=dict)     # global rank -> its log
+    machines: Machines = ONE_MACHINE
+    run_dir: Optional[Path] = None
+    rerun: Tuple[str, ...] = ()                    # the command that runs a user's script again
+    started: bool = True                           # whether any rank started (Paddle's launcher)
+    start_timeout: float = 0.0
+    meeting: Optional[Meeting] = None
+
+    @property
+    def ended_well(self) -> bool:
+        return (self.started and not self.request and self.launcher_code == 0
+                and all(e.code == 0 for e in self.exits or ()))
+
+
+def report(result: JobResult) -> int:
+    """The job's exit code: 0 when it ended well; else its report, printed once."""
+    if result.ended_well:
+        return 0
+    if not result.started:
+        return unstarted(result.request, result.start_timeout, result.launcher_log, result.meeting)
+    return finish(result.request, result.run_dir, result.logs, exits=result.exits, exit_codes=result.exit_codes,
+                  launcher_code=result.launcher_code or 1, launcher_log=result.launcher_log,
+                  rerun=result.rerun, machines=result.machines)
 
 
 def launcher_exit_codes(stderr_file: Path) -> Dict[int, int]:

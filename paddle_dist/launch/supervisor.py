@@ -15,8 +15,13 @@
   cause's, not the launcher's.
 - Rank 0's output goes to this terminal as it comes (console.py), every rank's to its log.
 
+One interface for every way ranks start (Supervision: start, wait, close): Paddle's
+launcher as the one child (LaunchSupervision), the ranks as children of their own
+(RankSupervision), paddle.distributed.spawn's (SpawnSupervision). Each returns a typed
+JobResult (outcome.py), which the report reads once.
+
 Example:
-    code = supervise_launch(plan.argv, child_env, run_dir, stop_timeout=60)
+    code = LaunchSupervision(plan.argv, child_env, run_dir, 60, Path("log")).run()
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .console import Console, tee
 from .jobprocs import Ranks, place_of, remove_segments, signal_pids
-from .outcome import finish, global_ranks, launcher_exit_codes, machines_of, pointed_run, unstarted
+from .outcome import JobResult, global_ranks, launcher_exit_codes, machines_of, pointed_run, report
 from ..procfs import children_of, die_with_parent
 from ..runs.report import POLL_S
 from ..runs.topology import Meeting
@@ -161,109 +166,158 @@ def _end(ranks: Ranks) -> List[str]:
     return remove_segments(set(ranks.members) | set(ranks.pids))
 
 
-def supervise_launch(argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
-                     stop_timeout: float, log_dir: Path, start_timeout: float = 0,
-                     meeting: Optional[Meeting] = None) -> int:
-    """Run `python -m paddle.distributed.launch ...` and report the job's real outcome.
+class Supervision:
+    """One job's processes under supervision, whichever way they start: `start()` them,
+    `wait()` until the job ended (acting on signals meanwhile; nothing of the job outlives
+    it) for its JobResult, and `close()`, which kills whatever is left (also on an error
+    before wait()). `run()` does all three and reports the result (outcome.report)."""
 
-    Paddle's launcher's own messages go to <log_dir>/launcher.err instead of the terminal:
-    they blame whichever rank it killed last, and paddle_dist reports the root cause.
-    `start_timeout` (> 0): a launcher that has started no rank after that many seconds (a
-    multi-node launch whose nodes never meet in Paddle's rendezvous) is stopped: exit 3.
-    A stop request before any rank started ends the launcher at once (exit 143 or 130).
-    `meeting`: what the machines of a multi-node launch learnt when they met (the report
-    names the other machines from it).
-    """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    err_path = log_dir / "launcher.err"
-    started = time.monotonic()
-    with open(err_path, "w", opener=private.nofollow) as err:
-        proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stderr=err,
-                                preexec_fn=die_with_parent)
-    ranks = set()   # Paddle's launcher puts every rank in a session of its own
-    places: Dict[int, Tuple[int, int, int]] = {}    # rank pid: (local rank, global rank, nnodes)
-    late = []       # set when no rank started within start_timeout
+    def start(self) -> None:
+        raise NotImplementedError
 
-    def finished():
-        ranks.update(children_of(proc.pid))
-        for pid in ranks - set(places):     # read once each rank runs with its own variables
+    def wait(self) -> JobResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> int:
+        """The job's exit code; its report printed once when it failed or was stopped."""
+        try:
+            self.start()
+            result = self.wait()
+        finally:
+            self.close()
+        return report(result)
+
+
+class LaunchSupervision(Supervision):
+    """`python -m paddle.distributed.launch ...` as the one child, which starts and watches
+    the ranks itself. Its own messages go to <log_dir>/launcher.err instead of the
+    terminal: they blame whichever rank it killed last, and paddle_dist reports the root
+    cause. `start_timeout` (> 0): a launcher that has started no rank after that many
+    seconds (a multi-node launch whose nodes never meet in Paddle's rendezvous) is stopped:
+    exit 3. A stop request before any rank started ends the launcher at once (exit 143 or
+    130). `meeting`: what the machines of a multi-node launch learnt when they met (the
+    report names the other machines from it)."""
+
+    def __init__(self, argv: List[str], child_env: Dict[str, str], run_dir: Optional[Path],
+                 stop_timeout: float, log_dir: Path, start_timeout: float = 0,
+                 meeting: Optional[Meeting] = None):
+        self.argv, self.child_env, self.run_dir, self.stop_timeout = argv, child_env, run_dir, stop_timeout
+        self.log_dir, self.start_timeout, self.meeting = log_dir, start_timeout, meeting
+        self.err_path = log_dir / "launcher.err"
+        self.proc: Optional[subprocess.Popen] = None
+        self.ranks: set = set()    # Paddle's launcher puts every rank in a session of its own
+        self.places: Dict[int, Tuple[int, int, int]] = {}    # rank pid: (local rank, global rank, nnodes)
+        self.late = False          # no rank started within start_timeout
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        with open(self.err_path, "w", opener=private.nofollow) as err:
+            self.proc = subprocess.Popen(self.argv, env=self.child_env, start_new_session=True, stderr=err,
+                                         preexec_fn=die_with_parent)
+
+    def _finished(self) -> bool:
+        self.ranks.update(children_of(self.proc.pid))
+        for pid in self.ranks - set(self.places):     # read once each rank runs with its own variables
             place = place_of(pid)
             if place is not None:
-                places[pid] = place
-        if not ranks and start_timeout > 0 and not late and time.monotonic() - started > start_timeout:
-            late.append(True)
-            everyone(signal.SIGKILL)
-        return proc.poll() is not None
+                self.places[pid] = place
+        if (not self.ranks and self.start_timeout > 0 and not self.late
+                and time.monotonic() - self.started > self.start_timeout):
+            self.late = True
+            self._everyone(signal.SIGKILL)
+        return self.proc.poll() is not None
 
-    def everyone(sig):
-        for group in [proc.pid] + sorted(ranks):
+    def _everyone(self, sig) -> None:
+        for group in [self.proc.pid] + sorted(self.ranks):
             try:
                 os.killpg(group, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    try:
-        request = _wait_loop(finished, lambda: sorted(ranks), everyone, stop_timeout)
-    finally:
-        everyone(signal.SIGKILL)           # nothing of the job outlives its launcher
-    code = proc.returncode
-    if code == 0 and not request:
-        return 0
-    if not ranks and (late or request):
-        return unstarted(request, start_timeout, err_path, meeting)
-    number = global_ranks(places.values(), meeting)
-    logs = {number(r): str(log_dir / f"workerlog.{r}") for r in range(64)
-            if (log_dir / f"workerlog.{r}").exists()}
-    codes = {number(r): c for r, c in launcher_exit_codes(err_path).items()}
-    return finish(request, run_dir, logs, exit_codes=codes, launcher_code=code or 1,
-                  launcher_log=err_path, machines=machines_of(places.values(), meeting, number))
+    def wait(self) -> JobResult:
+        try:
+            request = _wait_loop(self._finished, lambda: sorted(self.ranks), self._everyone, self.stop_timeout)
+        finally:
+            self.close()
+        code = self.proc.returncode
+        if not self.ranks and (self.late or request):
+            return JobResult(request, launcher_code=code, launcher_log=self.err_path, started=False,
+                             start_timeout=self.start_timeout, meeting=self.meeting)
+        number = global_ranks(self.places.values(), self.meeting)
+        logs = {number(int(log.suffix[1:])): str(log) for log in sorted(self.log_dir.glob("workerlog.*"))
+                if log.suffix[1:].isdigit()}
+        codes = {number(r): c for r, c in launcher_exit_codes(self.err_path).items()}
+        return JobResult(request, run_dir=self.run_dir, logs=logs, exit_codes=codes, launcher_code=code,
+                         launcher_log=self.err_path, machines=machines_of(self.places.values(), self.meeting, number))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self._everyone(signal.SIGKILL)       # nothing of the job outlives its launcher
 
 
-def supervise_ranks(argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
-                    run_dir: Optional[Path], stop_timeout: float, log_dir: Path,
-                    script: Optional[UserScript] = None) -> int:
-    """Start `argv` once per rank (with `rank_envs[r]` added), each in a session of its
-    own with its output in <log_dir>/workerlog.<r> (rank 0's on this terminal too), and
-    report the job's real outcome: every rank's exit code or signal is known first hand.
-    `script`: the ranks run a user's script (its own grace, report and command)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs: List[subprocess.Popen] = []
-    console = Console(filtered=script is not None)
-    tee_thread = None
-    ranks = None
-    try:
-        for rank, extra in enumerate(rank_envs):
-            with open(log_dir / f"workerlog.{rank}", "wb", opener=private.nofollow) as log:
-                procs.append(subprocess.Popen(
-                    argv, env=dict(child_env, **extra), stdin=subprocess.DEVNULL,
+class RankSupervision(Supervision):
+    """`argv` once per rank (with `rank_envs[r]` added), each in a session of its own with
+    its output in <log_dir>/workerlog.<r> (rank 0's on this terminal too): every rank's exit
+    code or signal is known first hand. `script`: the ranks run a user's script (its own
+    grace, report and command)."""
+
+    def __init__(self, argv: List[str], child_env: Dict[str, str], rank_envs: List[Dict[str, str]],
+                 run_dir: Optional[Path], stop_timeout: float, log_dir: Path,
+                 script: Optional[UserScript] = None):
+        self.argv, self.child_env, self.rank_envs, self.run_dir = argv, child_env, rank_envs, run_dir
+        self.stop_timeout, self.log_dir, self.script = stop_timeout, log_dir, script
+        self.procs: List[subprocess.Popen] = []
+        self.console = Console(filtered=script is not None)
+        self.tee_thread: Optional[threading.Thread] = None
+        self.ranks: Optional[Ranks] = None
+        self.closed = False
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for rank, extra in enumerate(self.rank_envs):
+            with open(self.log_dir / f"workerlog.{rank}", "wb", opener=private.nofollow) as log:
+                self.procs.append(subprocess.Popen(
+                    self.argv, env=dict(self.child_env, **extra), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=die_with_parent))
             if rank == 0:
-                tee_thread = threading.Thread(target=tee, args=(procs[0].stdout, log_dir / "workerlog.0", console),
-                                              daemon=True)
-                tee_thread.start()
-        ranks = Ranks([p.pid for p in procs], [p.wait for p in procs], sessions=True)
-        stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if script else _Stop(GRACE_S, stop_timeout)
-        request = _watch(ranks, stop, stop_timeout, on_interrupt=console.mute)
-    finally:
-        for p in procs:                    # nothing of the job outlives its launcher
+                self.tee_thread = threading.Thread(target=tee, daemon=True, args=(
+                    self.procs[0].stdout, self.log_dir / "workerlog.0", self.console))
+                self.tee_thread.start()
+        self.ranks = Ranks([p.pid for p in self.procs], [p.wait for p in self.procs], sessions=True)
+
+    def wait(self) -> JobResult:
+        try:
+            stop = _Stop(SCRIPT_NOTICE_S, SCRIPT_GRACE_S) if self.script else _Stop(GRACE_S, self.stop_timeout)
+            request = _watch(self.ranks, stop, self.stop_timeout, on_interrupt=self.console.mute)
+        finally:
+            self.close()
+        run_dir = self.run_dir
+        if self.script is not None and run_dir is None:
+            run_dir = pointed_run(self.script.run_pointer)
+        return JobResult(request, exits=[self.ranks.exits[r] for r in sorted(self.ranks.exits)], run_dir=run_dir,
+                         logs={rank: str(self.log_dir / f"workerlog.{rank}") for rank in range(len(self.procs))},
+                         rerun=self.script.command if self.script else ())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for p in self.procs:                   # nothing of the job outlives its launcher
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             p.wait()
-        if ranks is not None:
-            ranks.collect(0)
-            _end(ranks)
-        if tee_thread is not None:
-            tee_thread.join(timeout=5)
-    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
-    if not request and all(e.code == 0 for e in exits):
-        return 0
-    logs = {rank: str(log_dir / f"workerlog.{rank}") for rank in range(len(procs))}
-    if script is not None and run_dir is None:
-        run_dir = pointed_run(script.run_pointer)
-    return finish(request, run_dir, logs, exits=exits, rerun=script.command if script else ())
+        if self.ranks is not None:
+            self.ranks.collect(0)
+            _end(self.ranks)
+        if self.tee_thread is not None:
+            self.tee_thread.join(timeout=5)
 
 
 def _join_code(p) -> int:
@@ -273,20 +327,34 @@ def _join_code(p) -> int:
     return p.exitcode
 
 
-def supervise_spawn(start: Callable, run_dir: Path, stop_timeout: float) -> int:
-    """`start()` returns paddle.distributed.spawn's context (its `.processes` in rank order)."""
-    context = start()
-    procs = context.processes
-    ranks = Ranks([p.pid for p in procs], [lambda p=p: _join_code(p) for p in procs], sessions=False)
-    try:
-        request = _watch(ranks, _Stop(GRACE_S, stop_timeout), stop_timeout)
-    finally:
-        ranks.signal(signal.SIGKILL)
-        for p in procs:
+class SpawnSupervision(Supervision):
+    """paddle.distributed.spawn's ranks: `spawn()` starts them and returns its context (its
+    `.processes` in rank order)."""
+
+    def __init__(self, spawn: Callable, run_dir: Optional[Path], stop_timeout: float):
+        self.spawn, self.run_dir, self.stop_timeout = spawn, run_dir, stop_timeout
+        self.procs: list = []
+        self.ranks: Optional[Ranks] = None
+        self.closed = False
+
+    def start(self) -> None:
+        self.procs = self.spawn().processes
+        self.ranks = Ranks([p.pid for p in self.procs], [lambda p=p: _join_code(p) for p in self.procs],
+                           sessions=False)
+
+    def wait(self) -> JobResult:
+        try:
+            request = _watch(self.ranks, _Stop(GRACE_S, self.stop_timeout), self.stop_timeout)
+        finally:
+            self.close()
+        return JobResult(request, exits=[self.ranks.exits[r] for r in sorted(self.ranks.exits)], run_dir=self.run_dir)
+
+    def close(self) -> None:
+        if self.closed or self.ranks is None:
+            return
+        self.closed = True
+        self.ranks.signal(signal.SIGKILL)
+        for p in self.procs:
             p.join(timeout=5)
-        ranks.collect(0)
-        _end(ranks)
-    exits = [ranks.exits[r] for r in sorted(ranks.exits)]
-    if not request and all(e.code == 0 for e in exits):
-        return 0
-    return finish(request, run_dir, {}, exits=exits)
+        self.ranks.collect(0)
+        _end(self.ranks)

@@ -260,11 +260,23 @@ def test_plan_env_is_not_shared_between_plans():
 
 
 # ---------------------------------------------------------------- launch() with fakes
+def _supervision(calls: list, code, started=lambda *args, **kwargs: None):
+    """A stand-in for a supervisor.Supervision class: records what it was built with, and
+    run() returns `code` (or what `started(*args)` returns, when not None)."""
+    class Fake:
+        def __init__(self, *args, **kwargs):
+            calls.append(args)
+            self.args, self.kwargs = args, kwargs
+
+        def run(self):
+            found = started(*self.args, **self.kwargs)
+            return code if found is None else found
+    return Fake
+
+
 def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(launcher.supervisor, "supervise_ranks",
-                        lambda argv, env, ranks, run_dir, stop, log_dir, script=None: calls.append(
-                            (argv, env, ranks, run_dir, stop, log_dir)) or 3)
+    monkeypatch.setattr(launcher.supervisor, "RankSupervision", _supervision(calls, 3))
     monkeypatch.setenv("PADDLE_DIST_TEST_PARENT", "kept")
     p = make_plan(["dist.nprocs=2", "dist.nccl.debug=INFO", "dist.stop_timeout=7"],
                   log_dir=str(tmp_path))
@@ -286,14 +298,13 @@ def test_launch_runs_the_argv_with_the_plan_env_under_the_supervisor(monkeypatch
 def test_mpirun_ranks_do_not_inherit_the_launchers_flags_selected_gpus(monkeypatch, tmp_path):
     # mpirun hands its whole environment to the ranks on its machine, which pick their GPU
     # by local rank: an inherited FLAGS_selected_gpus=0 would leave local rank 1 without gpu:1.
-    seen = []
-    monkeypatch.setattr(launcher.supervisor, "supervise_launch",
-                        lambda argv, env, *args, **kwargs: seen.append(env) or 0)
+    calls = []
+    monkeypatch.setattr(launcher.supervisor, "LaunchSupervision", _supervision(calls, 0))
     monkeypatch.setenv("FLAGS_selected_gpus", "0")
     p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"],
                   info=FOUR_GPUS, log_dir=str(tmp_path))
     assert launcher.launch(p, run_dir=tmp_path) == 0
-    [child_env] = seen
+    [(argv, child_env, *_)] = calls
     assert "FLAGS_selected_gpus" not in child_env
     rank1 = dict(child_env, OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
                  OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_LOCAL_SIZE="2")
@@ -309,8 +320,8 @@ def _run_spawn_plan(monkeypatch, p, fake_spawn):
     import paddle.distributed as dist
 
     monkeypatch.setattr(dist, "spawn", fake_spawn)
-    monkeypatch.setattr(launcher.supervisor, "supervise_spawn",
-                        lambda start, run_dir, stop: 0 if start() is _Context else 9)
+    monkeypatch.setattr(launcher.supervisor, "SpawnSupervision",
+                        _supervision([], 9, lambda start, run_dir, stop: 0 if start() is _Context else None))
     return launcher.launch(p, print, ("x",))
 
 

@@ -224,6 +224,6 @@ def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
 def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     started = time.monotonic()
-    code = supervisor.supervise_launch(argv, {}, None, 60, tmp_path, start_timeout=0.5)
+    code = supervisor.LaunchSupervision(argv, {}, None, 60, tmp_path, start_timeout=0.5).run()
     assert code == errors.EXIT_RENDEZVOUS and time.monotonic() - started < 10
     assert "started no rank within 0.5 s" in capsys.readouterr().err

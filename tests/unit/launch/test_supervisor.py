@@ -1,6 +1,7 @@
 """Which rank a job's end is blamed on, from the order of the exits the launcher saw;
 what the launcher removes from /dev/shm; what reaches the terminal."""
 
+import os
 import signal
 
 import pytest
@@ -170,3 +171,40 @@ def test_a_warning_logged_before_the_traceback_comes_with_the_last_lines(tmp_pat
     assert logs.tail_lines(str(log), 6)[0] == "WARNING:root:disk nearly full"
     log.write_text("[2026-11-26 22:02:39,446] [    INFO] fine\n" + "".join(f"line {i}\n" for i in range(10)))
     assert logs.tail_lines(str(log), 6) == [f"line {i}" for i in range(4, 10)]
+
+
+# ---------------------------------------------------------------- one supervision interface
+def test_every_way_of_starting_ranks_has_one_interface_and_a_typed_result():
+    from paddle_dist.launch import supervisor
+
+    for kind in (supervisor.LaunchSupervision, supervisor.RankSupervision, supervisor.SpawnSupervision):
+        assert issubclass(kind, supervisor.Supervision)
+        assert all(getattr(kind, name) is not getattr(supervisor.Supervision, name)
+                   for name in ("start", "wait", "close"))
+
+
+def test_ranks_under_supervision_end_in_a_job_result_the_report_reads_once(tmp_path, capfd):
+    """Two real ranks, one ending with 3: wait() gives each rank's exit first hand and its
+    log; run() reports the rank that failed, once, and returns its code."""
+    import sys
+
+    from paddle_dist.launch import supervisor
+    from paddle_dist.launch.outcome import report
+
+    argv = [sys.executable, "-c", "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"]
+    envs = [{"RANK": "0"}, {"RANK": "1"}]
+    job = supervisor.RankSupervision(argv, dict(os.environ), envs, None, 5, tmp_path / "log")
+    try:
+        job.start()
+        result = job.wait()
+    finally:
+        job.close()
+    assert sorted((e.rank, e.code) for e in result.exits) == [(0, 0), (1, 3)]
+    assert result.logs == {0: str(tmp_path / "log" / "workerlog.0"), 1: str(tmp_path / "log" / "workerlog.1")}
+    assert not result.ended_well and result.request is None and result.started
+    assert report(result) == 3
+    said = capfd.readouterr().err
+    assert said.count("Root cause: rank 1 exited with code 3") == 1
+    job.close()                                       # closing twice is harmless
+    ok = supervisor.RankSupervision(argv[:2] + ["pass"], dict(os.environ), envs, None, 5, tmp_path / "ok")
+    assert ok.run() == 0 and capfd.readouterr().err == ""

@@ -190,6 +190,6 @@ def test_the_first_rank_of_every_machine_prints_labelled_and_one_machine_is_unch
 
 
 def test_exits_seen_by_the_launcher_keep_their_meaning():
-    # supervise_ranks/spawn (one machine) pass exits, never Machines: unchanged behaviour
+    # RankSupervision/SpawnSupervision (one machine) pass exits, never Machines: unchanged behaviour
     report = root_cause({}, exits=[Exit(0, -6, 10.05), Exit(1, KILL, 10.0)])
     assert "Root cause: rank 1 killed by SIGKILL" in report.lines[0]
