@@ -119,6 +119,13 @@ def open_reducer(env, transport: str, count: int, phase=None):
     if transport != transports.AUTO:
         transports.check(transport)
         return transports.REGISTRY[transport].open(env, count, phase)
+    return _by_hosts(env, count, phase, transport)
+
+
+def _by_hosts(env, count: int, phase, transport: str):
+    """Shared memory when every rank is on this machine, hierarchical when some machine
+    has several ranks, else the backend; `transport` (auto | hierarchical) says what a
+    failed shared-memory set-up across hosts does (_open_hier)."""
     keys = _gather(env, _key(env), phase)
     hosts = host_groups(keys)
     chunk = min(count, shm.CHUNK)
@@ -149,16 +156,7 @@ def open_shm_only(env, count: int, phase=None):
 def open_hierarchical(env, count: int, phase=None):
     """sync.transport=hierarchical: shared memory within hosts, the backend between them
     (shared memory alone when every rank is on one machine)."""
-    keys = _gather(env, _key(env), phase)
-    hosts = host_groups(keys)
-    chunk = min(count, shm.CHUNK)
-    if len(hosts) == 1:
-        reducer = open_shm(env, chunk, phase, keys)
-        if reducer is not None:
-            return reducer
-    if len(hosts) == 1 or all(len(ranks) == 1 for ranks in hosts):
-        return BackendReducer()                  # nothing for shared memory to save
-    return _open_hier(env, hosts, keys, chunk, phase, "hierarchical")
+    return _by_hosts(env, count, phase, "hierarchical")
 
 
 def host_groups(keys: List[str]) -> List[List[int]]:

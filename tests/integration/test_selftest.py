@@ -76,15 +76,21 @@ sys.exit(st.main(sys.argv[1:]))
 """
 
 
+def _self_test_with(rank_script: str, tmp_path):
+    """doctor --test on 2 ranks that run `rank_script`: (the result, the match of the line
+    naming the logs it kept, or None)."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist.doctor import selftest\n"
+                      f"selftest.RANK_SCRIPT = {rank_script!r}\nsys.exit(selftest.run(2))\n")
+    done = run([str(script)], timeout=TIMEOUT)
+    return done, re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)
+
+
 def test_a_check_that_hangs_is_stopped_and_named(tmp_path):
     """Rank 1 hangs in 'grad sync fused' (rank 0 waits for it there, and hangs too or fails
     once rank 1 is stopped): the deadline (3 s here) stops the job, the row names the
     hang, the later checks are not run, exit 1, the logs are kept."""
-    script = tmp_path / "parent.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist.doctor import selftest\n"
-                      f"selftest.RANK_SCRIPT = {HANGING_RANK!r}\nsys.exit(selftest.run(2))\n")
-    done = run([str(script)], timeout=TIMEOUT)
-    kept = re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)
+    done, kept = _self_test_with(HANGING_RANK, tmp_path)
     try:
         assert done.returncode == 1, done.stdout + done.stderr
         rows = table(done.stdout)
@@ -148,11 +154,7 @@ sys.exit(st.main(sys.argv[1:]))
 def test_a_failed_check_that_every_rank_met_leaves_the_later_rows_to_run(tmp_path):
     """A wrong result and an exception on every rank are FAIL rows; the ranks still meet
     after them, so every later row runs and reports (exit 1)."""
-    script = tmp_path / "parent.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom paddle_dist.doctor import selftest\n"
-                      f"selftest.RANK_SCRIPT = {FAILING_RANK!r}\nsys.exit(selftest.run(2))\n")
-    done = run([str(script)], timeout=TIMEOUT)
-    kept = re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)
+    done, kept = _self_test_with(FAILING_RANK, tmp_path)
     try:
         assert done.returncode == 1, done.stdout + done.stderr
         rows = table(done.stdout)

@@ -7,7 +7,7 @@ directory exists."""
 import json
 import re
 
-from ..unit.test_tls import pki  # noqa: F401  (fixture: certificates made by openssl)
+from tests.unit.security.test_tls import pki  # noqa: F401  (fixture: certificates made by openssl)
 from .procs import ROOT, check, finish, run, start
 from .test_job_token import _node as _token_node
 from .test_job_token import _token_file
