@@ -140,7 +140,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     print(exposure.start_line(cfg), flush=True)
     if spec.node is None:      # under srun, Slurm starts the other machines' tasks itself
         tell_other_nodes(cfg, script, script_args, module)
-    code, known = 0, {}       # known: the machines each meeting saw, by node_rank (for `_without`)
+    code, known = 0, {}       # known: the machines each meeting saw, by node_rank (for `_say_without`)
     for attempt in range(cfg.dist.max_restarts + 1):
         if attempt:
             print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
@@ -268,7 +268,7 @@ def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
     them its run's name; every other machine writes under a directory of that name
     (rundir.node_run_dir). Each clears its own ranks' status records, which an earlier
     attempt of the run may have left; node 0 also those of ranks beyond the job's world
-    when an elastic job goes on with fewer machines (_without)."""
+    when an elastic job goes on with fewer machines (_say_without)."""
     node0 = gate.node_rank == 0
     code, met = launcher.wait_for_machines(dataclasses.replace(gate, run=run_dir.name if node0 else ""))
     if code:
