@@ -45,12 +45,13 @@ def token(path: str) -> bytes:
 
 
 def contexts(files: tls.Files) -> Tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(node 0's server context, the other machines' client context) of `files`, each file
-    loaded once while it stays the same (tls.server_context, tls.client_context)."""
+    """(node 0's server context, the other machines' client context) of `files`, made from
+    one read of each file (tls.Contents) while it stays the same."""
     key = _stamp(files.ca, files.cert, files.key)
     with _LOCK:
         if key not in _CONTEXTS:
-            _CONTEXTS[key] = (tls.server_context(files), tls.client_context(files))
+            contents = tls.Contents.read(files)            # each file opened once
+            _CONTEXTS[key] = (tls.server_context(files, contents), tls.client_context(files, contents))
         return _CONTEXTS[key]
 
 

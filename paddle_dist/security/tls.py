@@ -67,6 +67,27 @@ class Files:
     key: str
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What the TLS files hold, read once (security/credentials.py): contexts made from it
+    open none of the files again."""
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+    @classmethod
+    def read(cls, files: Files) -> "Contents":
+        found = {}
+        for name in ("ca", "cert", "key"):
+            path = getattr(files, name)
+            try:
+                with open(path, "rb") as f:
+                    found[name] = f.read()
+            except OSError as e:
+                raise UserError(f"dist.tls_{name} {path} cannot be read ({e.strerror}); {MAKE}") from None
+        return cls(**found)
+
+
 def configured(ca: str = "", cert: str = "", key: str = "") -> Optional[Files]:
     """The TLS files, None when TLS is off (no key given); a one-line UserError naming the
     missing keys when only some are given.
@@ -84,45 +105,58 @@ def configured(ca: str = "", cert: str = "", key: str = "") -> Optional[Files]:
     return Files(ca, cert, key)
 
 
-def server_context(files: Files) -> ssl.SSLContext:
+def server_context(files: Files, contents: Optional[Contents] = None) -> ssl.SSLContext:
     """Node 0's context: TLS 1.3 only, a client certificate of the CA required, no host name
     checked (the module's docstring says why), no session tickets (nothing resumes).
 
     Example:
         server_context(Files("ca.pem", "node0.pem", "node0.key")).verify_mode  # CERT_REQUIRED
     """
-    context = _context(ssl.PROTOCOL_TLS_SERVER, files)
+    context = _context(ssl.PROTOCOL_TLS_SERVER, files, contents)
     context.verify_mode = ssl.CERT_REQUIRED
     context.num_tickets = 0
     return context
 
 
-def client_context(files: Files) -> ssl.SSLContext:
+def client_context(files: Files, contents: Optional[Contents] = None) -> ssl.SSLContext:
     """The other machines' context: TLS 1.3 only, node 0's certificate checked against the CA
     and against the host of dist.master (server_hostname at wrap time).
 
     Example:
         client_context(Files("ca.pem", "node1.pem", "node1.key")).check_hostname   # True
     """
-    context = _context(ssl.PROTOCOL_TLS_CLIENT, files)
+    context = _context(ssl.PROTOCOL_TLS_CLIENT, files, contents)
     context.verify_mode = ssl.CERT_REQUIRED
     context.check_hostname = True
     return context
 
 
-def _context(protocol: int, files: Files) -> ssl.SSLContext:
+def _context(protocol: int, files: Files, contents: Optional[Contents] = None) -> ssl.SSLContext:
+    """A context of `files`, or of their `contents` when given: the CA as data, the
+    certificate and key from a memory file (ssl loads a key from a path only)."""
     context = ssl.SSLContext(protocol)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     _check_key_mode(files.key)
     try:
-        context.load_verify_locations(cafile=files.ca)
-    except OSError as e:       # ssl.SSLError included: a file that is no PEM certificate
+        if contents is not None:
+            context.load_verify_locations(cadata=contents.ca.decode("ascii", "replace"))
+        else:
+            context.load_verify_locations(cafile=files.ca)
+    except (OSError, ValueError) as e:       # ssl.SSLError included: no PEM certificate
         raise UserError(f"dist.tls_ca {files.ca} cannot be used as the job's CA "
                         f"({_why(e)}); {MAKE}") from None
     try:
         # A key protected by a passphrase is refused rather than asked for on a terminal
         # that a launched machine does not have.
-        context.load_cert_chain(files.cert, files.key, password=_no_passphrase)
+        if contents is not None and hasattr(os, "memfd_create"):
+            fd = os.memfd_create("paddle_dist-tls")
+            try:
+                os.write(fd, contents.cert.rstrip(b"\n") + b"\n" + contents.key)
+                context.load_cert_chain(f"/proc/self/fd/{fd}", password=_no_passphrase)
+            finally:
+                os.close(fd)
+        else:
+            context.load_cert_chain(files.cert, files.key, password=_no_passphrase)
     except (OSError, ValueError) as e:
         raise UserError(f"dist.tls_cert {files.cert} and dist.tls_key {files.key} are not a "
                         f"certificate and its unencrypted private key ({_why(e)}); {MAKE}") from None

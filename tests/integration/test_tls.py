@@ -55,11 +55,11 @@ def test_tls_files_that_cannot_be_used_are_refused_before_anything_starts(tmp_pa
 COUNTING = ROOT / "tests" / "integration" / "scripts" / "counting_reads.py"
 
 
-def test_each_launcher_reads_the_token_once_and_makes_each_tls_context_once(tmp_path, pki):  # noqa: F811
+def test_each_launcher_reads_the_token_and_each_tls_file_once(tmp_path, pki):  # noqa: F811
     """The pre-flight, the meeting of the machines and the rank gate share what one read
     gave (security/credentials.py): each launcher process opens the token file once, and
-    makes its server and client TLS contexts once, so OpenSSL loads each file twice (once
-    per context; the pre-flight's handshake in memory uses those same contexts)."""
+    each TLS file once (its server and client contexts are made from that read; the
+    pre-flight's handshake in memory uses those same contexts)."""
     token, port, run_dir = _token_file(tmp_path / "job.token"), _port(), tmp_path / "run"
 
     def counted(rank):
@@ -76,4 +76,4 @@ def test_each_launcher_reads_the_token_once_and_makes_each_tls_context_once(tmp_
     for rank, stderr in ((0, err), (1, node1.stderr)):
         files = pki[f"node{rank}"]
         counts = {path: int(n) for n, path in re.findall(r"^read (\d+) (\S+)$", stderr, re.M)}
-        assert counts == {token: 1, files.ca: 2, files.cert: 2, files.key: 2}, (rank, counts)
+        assert counts == {token: 1, files.ca: 1, files.cert: 1, files.key: 1}, (rank, counts)
