@@ -91,8 +91,9 @@ def preprocessing(cfg, classes: Optional[List[str]] = None) -> Dict[str, Any]:
     """How an image becomes the model's input for this config's data (deploy.json's
     "input_shape", "classes", "preprocess"); `classes`: an image folder's names."""
     data = get(cfg.data.name)
-    if not data.images:
-        classes = [str(c) for c in range(10)] if data.task == "classification" else None
+    if not data.images:       # class numbers: the model's outputs (synthetic data: 10)
+        count = cfg.model.num_classes or 10
+        classes = [str(c) for c in range(count)] if data.task == "classification" else None
         return {"input_shape": list(MODEL_INPUTS[cfg.model.name]), "classes": classes, "preprocess": None}
     pre, own = data.preprocess(cfg)
     channels = 1 if pre["color"] == "L" else 3

@@ -313,8 +313,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     data["exposure"] = dict(exposure.rows(cfg or configlib.load(None, [])))   # of the job checked, else the demo's
     problems = preflight(cfg, environ, host.gpus) if cfg is not None else []
     if not data["gpus"]["code_fits"]:       # nothing would run: as bad as a pre-flight error
-        problems += [Problem(ERROR, line) for line in data["gpus"]["code"] if "no code for" in line]
-    _print(data, problems, args.json, args.check or bool(problems))
+        problems += [Problem(ERROR, line) for line in data["gpus"]["code"] if gpucode.NO_CODE in line]
+    _print(data, problems, args.json, args.check)
     return 1 if any(p.severity == ERROR for p in problems) else 0
 
 
@@ -358,9 +358,10 @@ def _print(data: Dict[str, Any], problems: List[Problem], as_json: bool, checked
         print(json.dumps(data, indent=2))
         return
     print(format_report(data))
-    if checked:
+    if checked or problems:          # without --check: the build's missing GPU code alone
         print()
         for problem in problems:
             print(problem)
+    if checked:
         print(f"pre-flight: {errors} error(s)" if errors else "pre-flight: ok")
 

@@ -37,6 +37,7 @@ from typing import Callable, FrozenSet, Iterable, List, Optional, Sequence, Tupl
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 SECTION = b".nv_fatbin"
 PTX, CUBIN = 1, 2
+NO_CODE = "kernel files have no code for"     # in the line of a GPU the build cannot run on
 INSTALL = ("install a paddlepaddle-gpu built for {cap} (Paddle's own index has 3.x builds for "
            "CUDA 11.8 to 12.x: https://www.paddlepaddle.org.cn/install/quick; PyPI's 2.6.2 stops at 8.6)")
 
@@ -89,7 +90,7 @@ def verdict(code: Code, capability: Tuple[int, int], gpu: str = "this GPU") -> T
         return True, f"this Paddle build has {has}; {needs}: supported"
     cap = f"{capability[0]}.{capability[1]}"
     return False, (f"this Paddle build has {has}; {needs}, which {missing} of its {len(code.fatbins)} "
-                   f"kernel files have no code for: {INSTALL.format(cap=cap)}")
+                   f"{NO_CODE}: {INSTALL.format(cap=cap)}")
 
 
 # ---------------------------------------------------------------- reading a library
