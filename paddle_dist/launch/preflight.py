@@ -16,11 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from ..runtime import devices as devicelib, variables as varlib
 from ..security import credentials, tls
@@ -70,48 +71,52 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
         # [Problem('error', 'port 6170 of dist.master 127.0.0.1:6170 is taken by pid 1234 ...')]
     """
     table = netcheck.interfaces() if interfaces is None else interfaces
-    problems = (sync_problems(cfg) + gpu_problems(cfg, gpu_info, environ) + interface_problems(cfg, environ, table)
-                + route_problems(cfg, route) + port_problems(cfg, table) + proxy_problems(cfg, environ)
-                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min) + token_problems(cfg)
-                + tls_problems(cfg))
+    problems = (refusals(cfg, environ, gpu_info, route) + interface_problems(cfg, environ, table)
+                + port_problems(cfg, table) + proxy_problems(cfg, environ)
+                + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
-def sync_problems(cfg) -> List[Problem]:
-    """sync.transport names a transport of sync/transports.py that can carry sync.compress
-    (the transports are sync/'s own, so the config's schema does not list them)."""
-    try:
+def refusals(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
+             route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
+    """What the layers below refuse in `cfg`, each refusal one error, before the run
+    directory or any rank exists:
+    - sync.transport names a transport of sync/transports.py that can carry sync.compress
+      (the transports are sync/'s own, so the config's schema does not list them);
+    - dist.gpus names GPUs this build or machine can give (devices.check_gpus);
+    - a multi-node job (dist.nnodes > 1, or an mpirun hostfile) with dist.master: the master
+      resolves, this machine has a route to it, and dist.nccl.socket_ifname allows that
+      route's interface (`route`: netcheck.check unless a test passes its own);
+    - dist.token_file can be the job's token (readable, 0600, 64 hex digits: auth.read_token);
+    - dist.tls_ca, tls_cert and tls_key are all given or none, and would pass the other
+      side's checks (tls.check: readable, the key 0600, the certificate signed by the CA and
+      valid now, node 0's naming dist.master's host).
+    """
+    d, found = cfg.dist, []
+    with _refused(found):
         transports.check(cfg.sync.transport, cfg.sync.compress)
-    except UserError as e:
-        return [Problem(ERROR, str(e))]
-    return []
-
-
-def token_problems(cfg) -> List[Problem]:
-    """dist.token_file can be the job's token (auth.read_token: readable, 0600, 64 hex
-    digits), checked before the run directory or any rank exists."""
-    d = cfg.dist
+    with _refused(found):
+        devicelib.check_gpus(d.gpus, gpu_info, environ)
+    if d.master and (d.nnodes > 1 or d.hostfile):
+        with _refused(found):
+            route(d.master, d.nccl.socket_ifname)
     if d.token_file:
-        try:
+        with _refused(found):
             credentials.token(d.token_file)
-        except UserError as e:
-            return [Problem(ERROR, str(e))]
-    return []
-
-
-def tls_problems(cfg) -> List[Problem]:
-    """dist.tls_ca, tls_cert and tls_key are all given or none, and would pass the other
-    side's checks (tls.check: readable, the key 0600, the certificate signed by the CA and
-    valid now, node 0's naming dist.master's host), before the run directory or any rank
-    exists."""
-    d = cfg.dist
-    try:
+    with _refused(found):
         files = tls.configured(d.tls_ca, d.tls_cert, d.tls_key)
         if files:
             credentials.check_tls(files, d.master, serves=d.node_rank == 0)
+    return found
+
+
+@contextlib.contextmanager
+def _refused(found: List[Problem]) -> Iterator[None]:
+    """A UserError raised inside becomes one more error in `found`."""
+    try:
+        yield
     except UserError as e:
-        return [Problem(ERROR, str(e))]
-    return []
+        found.append(Problem(ERROR, str(e)))
 
 
 def check(cfg, environ: Optional[Mapping[str, str]] = None,
@@ -133,15 +138,6 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
     if errors:
         more = f" (and {len(errors) - 1} more; {CHECK_HINT})" if len(errors) > 1 else ""
         raise PreflightError(errors[0].message + more)
-
-
-def gpu_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> List[Problem]:
-    """`dist.gpus` names GPUs this build or machine cannot give (devices.check_gpus's rules)."""
-    try:
-        devicelib.check_gpus(cfg.dist.gpus, gpu_info, environ)
-    except UserError as e:
-        return [Problem(ERROR, str(e))]
-    return []
 
 
 def _uses_gpus(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> bool:
@@ -265,21 +261,6 @@ def proxy_problems(cfg, environ: Mapping[str, str]) -> List[Problem]:
     return [Problem(ERROR, f"{setting[0]} is set and dist.master host {host} is not in no_proxy"
                            f"{note}: the rendezvous would go through the proxy and hang; "
                            f"export no_proxy={host}{keep} or unset {setting[0]}")]
-
-
-# ------------------------------------------------ the route to the master
-def route_problems(cfg, route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
-    """The check a multi-node job makes before it starts (dist.nnodes > 1, or an mpirun
-    hostfile, with dist.master): the master resolves, this machine has a route to it, and
-    dist.nccl.socket_ifname allows the interface of that route (netcheck.check)."""
-    d = cfg.dist
-    if not d.master or not (d.nnodes > 1 or d.hostfile):
-        return []
-    try:
-        route(d.master, d.nccl.socket_ifname)
-    except netcheck.NetworkError as e:
-        return [Problem(ERROR, str(e))]
-    return []
 
 
 # ------------------------------------------------ the socket interface

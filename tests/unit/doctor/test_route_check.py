@@ -1,10 +1,11 @@
 """`python -m paddle_dist.doctor --check` makes the route and interface check a multi-node
-job makes before it starts (netcheck.check through preflight.route_problems)."""
+job makes before it starts (netcheck.check through preflight.refusals)."""
 
 from paddle_dist.doctor import facts
 from paddle_dist.runtime import netcheck
 from paddle_dist.config import load
-from paddle_dist.launch.preflight import ERROR, route_problems
+from paddle_dist.launch.preflight import ERROR, refusals
+from paddle_dist.runtime.devices import GpuInfo
 
 
 # ---------------------------------------------------------------- doctor --check's route check
@@ -13,7 +14,10 @@ def _no_route(master, ifname):
                                 "(198.19.5.5): [Errno 101] Network is unreachable; check dist.master")
 
 
-def test_route_problems_for_a_multi_node_master_only():
+def test_the_route_is_checked_for_a_multi_node_master_only():
+    def route_problems(cfg, route):
+        return refusals(cfg, {}, GpuInfo(), route)
+
     cfg = load(overrides=["dist.master=198.19.5.5:6170", "dist.nnodes=2"])
     [problem] = route_problems(cfg, _no_route)
     assert problem.severity == ERROR and "no route from this machine" in problem.message

@@ -16,6 +16,7 @@ from paddle_dist.launch import launcher, rendezvous, preflight
 from paddle_dist.security import tls
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
+from paddle_dist.runtime.devices import GpuInfo
 
 from tests.unit.security.test_auth import _token_file
 from tests.unit.launch.test_rendezvous import _listening, _Node
@@ -159,7 +160,7 @@ def test_check_names_an_expired_certificate_another_ca_and_a_missing_host_name(p
 
 def test_preflight_refuses_unusable_tls_files_like_a_token_file(pki):
     def problems(*overrides):
-        return preflight.tls_problems(load(None, list(overrides)))
+        return preflight.refusals(load(None, list(overrides)), {}, GpuInfo())
 
     assert problems() == [] and problems(*_keys(pki["node0"])) == []
     [partial] = problems(f"dist.tls_ca={pki['node0'].ca}")
