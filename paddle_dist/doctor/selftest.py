@@ -43,6 +43,7 @@ from .. import errors
 from .. import config as configlib
 from ..runtime import devices as devicelib, env as envlib, variables as varlib
 from ..launch import launcher
+from ..launch.jobspec import JobSpec
 from ..errors import UserError
 from .selftest_plan import CONFIG_FILE, PLAN, SETUP
 
@@ -78,7 +79,7 @@ def run(nprocs: Optional[int] = None, gpus: Optional[str] = None, as_json: bool 
         raise UserError("already inside a launched job; run the self-test from a shell")
     folder = Path(tempfile.mkdtemp(prefix="paddle_dist-selftest-"))
     try:
-        p = prepare(cfg, here, folder, environ=host.environ, gpu_info=host.gpus, cpu_count=host.cores)
+        p = prepare(cfg, here, folder, host)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)        # a refused plan leaves nothing behind
         raise
@@ -93,14 +94,15 @@ def run(nprocs: Optional[int] = None, gpus: Optional[str] = None, as_json: bool 
     return exit_code(lines)
 
 
-def prepare(cfg: configlib.Config, here: envlib.DistEnv, folder: Path, **facts) -> launcher.LaunchPlan:
+def prepare(cfg: configlib.Config, here: envlib.DistEnv, folder: Path,
+            host: varlib.HostFacts) -> launcher.LaunchPlan:
     """Write the ranks' config and script into `folder`; the launch plan that runs them
-    (launcher.plan: this machine's `facts`, one rank even, never in this process)."""
+    (launcher.plan: this machine's facts, one rank even, never in this process)."""
     (folder / CONFIG_FILE).write_text(json.dumps(cfg.to_dict()))
     script = folder / "rank.py"
     script.write_text(RANK_SCRIPT.format(root=str(Path(__file__).resolve().parents[2])))
-    return launcher.plan(cfg, here, script=str(script), script_args=[str(folder)], always=True,
-                         log_dir=str(folder / "log"), **facts)
+    spec = JobSpec(cfg, host, here, script=str(script), script_args=(str(folder),))
+    return launcher.plan(spec, always=True, log_dir=str(folder / "log"))
 
 
 def job_config(nprocs: Optional[int], gpus: Optional[str], visible: Sequence[str]) -> configlib.Config:

@@ -19,7 +19,7 @@ from ..options import ArgParser, add_config_options, add_device_options, config_
 from ..runs import commands
 from ..runtime import protocol
 from ..security import exposure
-from . import job, launcher, preflight, supervisor
+from . import job, jobspec, launcher, preflight, supervisor
 
 
 def launch_main(argv: Optional[List[str]] = None) -> int:
@@ -55,15 +55,14 @@ def _launch_script(args) -> int:
         what = "is not a file" if script.exists() else "not found"
         raise errors.UserError(f"script {args.script!r} {what}; give the path of a Python file")
     # spawn needs a function; a script is run by launch
-    spec = job.resolve(config_from_args(args, ["dist.launcher=launch"]))
+    spec = jobspec.resolve(config_from_args(args, ["dist.launcher=launch"]), script=args.script,
+                           script_args=args.script_args)
     if spec.here.launcher != "standalone":
         raise errors.UserError("already inside a launched job; run the script directly")
     cfg = spec.cfg
     job.warn_unsupported()
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=job.warn)
-    p = launcher.plan(cfg, spec.here, script=args.script, script_args=args.script_args, log_dir=args.log_dir,
-                      always=True, environ=spec.facts.environ, gpu_info=spec.facts.gpus,
-                      cpu_count=spec.facts.cores)
+    p = launcher.plan(spec, log_dir=args.log_dir, always=True)
     job.isolate_if_asked(cfg)
     # -c and -o reach the script's paddle_dist.load_config() and fit() (protocol.launch_options).
     config = str(configlib.resolve_path(args.config).resolve()) if args.config else None

@@ -1,10 +1,10 @@
 """The built-in job, from its launcher: resolve once, plan once, then check, choose the run,
 meet the other machines, start the ranks and restart them.
 
-`resolve()` turns the config and this host's facts into one frozen `JobSpec`: the config
-with everything the host decides filled in (an srun task that starts its node's ranks, the
-master's route, mpirun's master), the host's facts, and who this process is. `plan()` runs
-once on it. The ranks this launcher starts take the resolved config from their environment
+`jobspec.resolve()` turns the config, the program and this host's facts into one frozen
+`JobSpec`: the config with everything the host decides filled in (an srun task that starts
+its node's ranks, the master's route, mpirun's master), the host's facts, and who this
+process is. `launcher.plan()` plans each attempt from it. The ranks this launcher starts take the resolved config from their environment
 (runtime/protocol.py, JOB_CONFIG) and run it: they never read their -c/-o again, never
 plan, and never choose the run directory, which is chosen here (runs/rundir.py), or, on
 the other machines of a multi-node launch, named by node 0 when they meet.
@@ -19,22 +19,20 @@ import dataclasses
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from .. import cifar, compat, errors
 from .. import config as configlib
 from ..data import mnist, registry
 from ..errors import UserError
-from ..runs import commands, rundir, status
+from ..runs import commands, layout, rundir, status
 from ..runs.topology import Meeting, Node
-from ..runtime import devices as devicelib, engines, netcheck, variables as varlib
-from ..runtime.env import DistEnv, detect
-from ..runtime.variables import HostFacts
-from ..security import exposure, private
+from ..runtime import devices as devicelib, variables as varlib
+from ..security import exposure
 from ..trainer import amp
-from . import isolate, launcher, mpirun, preflight
+from . import isolate, jobspec, launcher, preflight
+from .jobspec import JobSpec, attempt_config
 
 # Exit codes no restart can change: success, bad input, a stop request (saved, or before
 # anything started: 143), Ctrl+C, machines that did not all arrive in time, and ranks whose
@@ -43,74 +41,12 @@ FINAL = (0, errors.EXIT_USAGE, errors.EXIT_PREEMPTED, errors.EXIT_INTERRUPTED, 1
          errors.EXIT_RENDEZVOUS, errors.EXIT_DIVERGED)
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """A job resolved once, before anything is planned or started."""
-
-    cfg: configlib.Config         # with what this host decides filled in; nothing patches it later
-    facts: HostFacts              # the environment, GPUs and cores, read once
-    here: DistEnv                 # who this process is (a launcher: standalone)
-    node: Optional[dict] = None   # an srun task that starts its node's ranks (engines.srun_node_launcher)
-    run_dir: Optional[Path] = None    # chosen once the plan says how many ranks; another machine
-                                      # of a multi-node launch learns it when it meets node 0
-
-
-def attempt_config(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None) -> configlib.Config:
-    """The config that an attempt's ranks run, derived from the resolved one here and only
-    here: the run directory; after a restart, the latest checkpoint (whatever resume said
-    first) and no injected fault (testing: the first attempt's only); when an elastic job's
-    machines did not all meet, the ones that did, renumbered (topology.Meeting.of)."""
-    changes: Dict[str, object] = {}
-    if spec.run_dir is not None:
-        changes["output.run_dir"] = str(spec.run_dir)
-    if attempt:
-        changes.update({"checkpoint.resume": "auto", "faults.inject": ""})
-    if met is not None and met.absent:       # in this order: each step a valid config
-        changes.update({"dist.node_rank": met.node_rank, "dist.min_nnodes": 0, "dist.nnodes": len(met.nodes)})
-    return configlib.derived(spec.cfg, changes)
-
-
-def resolve(cfg: configlib.Config) -> JobSpec:
-    """The job that `cfg` asks for on this host, resolved once (module docstring)."""
-    private.closed_umask(cfg.output.share)
-    facts = varlib.host_facts()
-    node = engines.srun_node_launcher(facts.environ, cfg.dist.nprocs)
-    if node is not None:
-        cfg = _as_node_launcher(cfg, node)
-    here = detect(gpus=cfg.dist.gpus, backend=cfg.dist.backend, gpu_info=facts.gpus,
-                  environ=engines.as_launcher(facts.environ) if node else facts.environ)
-    if here.launcher == "standalone":
-        cfg = _with_master(cfg)
-    return JobSpec(cfg, facts, here, node)
-
-
-def _with_master(cfg: configlib.Config) -> configlib.Config:
-    """A launcher's config with where the machines meet: the route to dist.master checked,
-    and this machine's address on it (Paddle's launcher guesses it from the host name);
-    mpirun's master on the hostfile's first host, at a free port, unless given."""
-    d = cfg.dist
-    if d.master and (d.nnodes > 1 or (d.hostfile and d.launcher == "mpirun")):
-        netcheck.check(d.master, d.nccl.socket_ifname)
-        if d.nnodes > 1 and not d.host:
-            cfg = configlib.replace_key(cfg, "dist.host", netcheck.route_to(d.master.rpartition(":")[0])[0])
-    if d.launcher == "mpirun" and not d.master:
-        first = mpirun.hostfile_first_host(d.hostfile) if d.hostfile else "127.0.0.1"
-        cfg = configlib.replace_key(cfg, "dist.master", f"{first}:{launcher.free_port()}")
-    return cfg
-
-
 def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), module: str = "") -> int:
     """Run the built-in job: here, or as the ranks it starts, each running `script` (or
     `-m module`) with `script_args` and the config resolved here."""
-    spec = resolve(cfg)
+    spec = jobspec.resolve(cfg, script=script, module=module, script_args=script_args, builtin=True)
     cfg = spec.cfg
-
-    def planner(cfg: configlib.Config) -> launcher.LaunchPlan:
-        return launcher.plan(cfg, spec.here, script=script, module=module, script_args=script_args,
-                             environ=spec.facts.environ, gpu_info=spec.facts.gpus, cpu_count=spec.facts.cores,
-                             job_config=cfg.to_dict())
-
-    p = planner(cfg)
+    p = launcher.plan(spec)
     if p.mode == "none":
         from .. import worker
 
@@ -121,8 +57,8 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     registry.check(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
              fp16_supported=lambda: True)
-    configlib.check_compress(cfg.sync.compress, devicelib.select_backend(
-        cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs))
+    backend = devicelib.select_backend(cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs)
+    configlib.check_compress(cfg.sync.compress, backend)
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=warn)
     _check_data(cfg)
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
@@ -147,29 +83,10 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
                   "checkpoint", flush=True)
         if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
             rundir.clear_status(run_dir)
-        code = _start(spec, attempt, planner, known)
+        code = _start(spec, attempt, known)
         if code in FINAL:
             break
     return code
-
-
-def _as_node_launcher(cfg: configlib.Config, node: dict) -> configlib.Config:
-    """An srun task alone on its node, asked for dist.nprocs ranks, starts them as a
-    multi-node launch does (engines.srun_node_launcher): Slurm says how many nodes, which
-    one this is and, unless dist.master does, where node 0 is."""
-    for key, default in (("nnodes", 1), ("node_rank", 0)):
-        given = getattr(cfg.dist, key)
-        elastic = key == "nnodes" and 0 < cfg.dist.min_nnodes <= node[key] <= given
-        if given not in (node[key], default) and not elastic:
-            raise UserError(f"dist.{key}={given}, but srun started this task as node_rank "
-                            f"{node['node_rank']} of {node['nnodes']} nodes; drop dist.{key}")
-    # In this order: each step is a valid config (more nodes need the master first).
-    changes = {"dist.master": cfg.dist.master or node["master"], "dist.launcher": "launch",
-               "dist.nnodes": node["nnodes"], "dist.node_rank": node["node_rank"]}
-    cfg = configlib.derived(cfg, changes)
-    print(f"paddle_dist: srun task of node {cfg.dist.node_rank} of {cfg.dist.nnodes}: it starts this "
-          f"node's {cfg.dist.nprocs} ranks (master {cfg.dist.master})", flush=True)
-    return cfg
 
 
 def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
@@ -208,12 +125,11 @@ def _check_data(cfg) -> None:
             cifar.load_cifar10(cfg.data.root, split)
 
 
-def _start(spec: JobSpec, attempt: int, planner: Callable[[configlib.Config], launcher.LaunchPlan],
-           known: Dict[int, Node]) -> int:
+def _start(spec: JobSpec, attempt: int, known: Dict[int, Node]) -> int:
     """One attempt: the ranks of the plan for this attempt's config (attempt_config), on the
     machines that met, when some of an elastic job's did not."""
     cfg = attempt_config(spec, attempt)
-    p, run_dir = planner(cfg), spec.run_dir
+    p, run_dir = launcher.plan(spec, attempt), spec.run_dir
     if p.mode in ("launch", "mpirun"):
         met = None
         if p.gate is not None:
@@ -221,12 +137,14 @@ def _start(spec: JobSpec, attempt: int, planner: Callable[[configlib.Config], la
             if code:
                 return code
             _say_without(met, cfg, known)
-            cfg = attempt_config(dataclasses.replace(spec, run_dir=run_dir), attempt, met)
-            p = planner(cfg)           # with the run directory node 0 named, and who met
+            spec = dataclasses.replace(spec, run_dir=run_dir)
+            cfg, p = attempt_config(spec, attempt, met), launcher.plan(spec, attempt, met)   # with the run
+            # directory node 0 named, and who met
             if p.gate is None:         # one machine left: its ranks meet on its loopback
                 met.rendezvous.close()
                 met = None
-        return launcher.launch(p, run_dir=run_dir, met=met, log_dir=str(launch_logs(run_dir, cfg.dist)))
+        logs = layout.Run(run_dir).launch_logs(cfg.dist.nnodes, cfg.dist.node_rank)
+        return launcher.launch(p, run_dir=run_dir, met=met, log_dir=str(logs))
     # spawn needs paddle here anyway. It reads variables such as OMP_NUM_THREADS when
     # imported, and forked ranks keep this import: make it with the ranks' environment.
     old = varlib.export(p.env)
@@ -254,12 +172,6 @@ def _say_without(met: Meeting, cfg: configlib.Config, known: Dict[int, Node]) ->
           + (f" (were {was})" if was and was != met.world_size else "")
           + (f"; this machine is node_rank {met.node_rank} now" if met.node_rank != cfg.dist.node_rank else ""),
           flush=True)
-
-
-def launch_logs(run_dir: Path, dist) -> Path:
-    """Where Paddle's launcher writes its workerlog.<i> files: `launch/`, or per machine
-    (`launch-node<N>/`) in a multi-node job, whose machines may share the run directory."""
-    return run_dir / ("launch" if dist.nnodes == 1 else f"launch-node{dist.node_rank}")
 
 
 def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):

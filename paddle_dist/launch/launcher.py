@@ -4,7 +4,7 @@ Modes:
 - `none`: run in this process: one rank, or processes already started outside
   (under `paddle.distributed.launch`, `spawn`, ...) so nothing is started twice;
 - `launch`: on one machine, paddle_dist starts `python script args` N times itself, with
-  the variables `paddle.distributed.launch` would give each rank (`rank_variables`), each
+  the variables `paddle.distributed.launch` would give each rank (variables.rank_variables), each
   first admitted by the job's gate (rankgate.py), which tells it where the store is; across
   machines (`dist.nnodes` > 1), `python -m paddle.distributed.launch --nnodes ... script
   args` on each, whose HTTP rendezvous finds the other machines' ranks, after the machines
@@ -17,7 +17,7 @@ The ranks run a script (`python train.py args`) or, for a job started as a modul
 (`python -m paddle_dist.train`), that module (`python -m paddle_dist.train args`).
 
 Example:
-    p = plan(cfg, env, script="train.py", script_args=sys.argv[1:])
+    p = plan(jobspec.resolve(cfg, script="train.py", script_args=sys.argv[1:]))
     if p.mode != "none":
         sys.exit(launch(p))
 """
@@ -33,14 +33,16 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..security import auth, credentials, private, rankgate
 from . import jobprocs, mpirun, rendezvous, supervisor
+from .jobspec import JobSpec, attempt_config
 from .meeting import wait_for_machines
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
+from ..runs.topology import Meeting
 from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
-from ..errors import DeviceError, UserError
+from ..errors import DeviceError
 from ..procfs import pid_alive
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
@@ -73,61 +75,41 @@ class LaunchPlan:
     token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
 
 
-def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
-                    backend: str) -> Tuple[int, Tuple[str, ...]]:
-    """(process count, GPU ids) for a job. `--gpus 0,1` alone means two processes;
-    without `--gpus` on a GPU machine each process takes the next visible GPU.
-    `nprocs=None` means "not given"."""
-    if gpus:
-        if nprocs is not None and nprocs != len(gpus):
-            raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
-                              f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs "
-                              "or make them agree")
-        return len(gpus), tuple(gpus)
-    count = nprocs or 1
-    if not visible or backend == "gloo":
-        return count, ()
-    if count > len(visible):
-        raise DeviceError(f"{count} processes need {count} GPUs but {len(visible)} are visible "
-                          f"({','.join(visible)}); use --nprocs {len(visible)} or fewer, "
-                          "or dist.backend=gloo to train on CPU")
-    return count, tuple(visible[:count])
-
-
-def plan(cfg, env: envlib.DistEnv, script: str = "", script_args: Sequence[str] = (),
-         gpu_info: Optional[devicelib.GpuInfo] = None, log_dir: str = "",
-         cpu_count: Optional[int] = None, environ=None, always: bool = False,
-         module: str = "", job_config: Optional[dict] = None) -> LaunchPlan:
-    """Decide how to run `cfg` from a process described by `env`. Pure: nothing starts.
+def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir: str = "",
+         always: bool = False) -> LaunchPlan:
+    """Decide how to run an attempt of the job `spec` (jobspec.attempt_config: which config,
+    on the machines that `met`). Pure: nothing starts.
 
     `always`: start processes even for one rank (a script cannot run in this process).
-    `module`: the ranks run `python -m module script_args` instead of the script.
-    `job_config`: the built-in job's resolved config for this attempt, which its ranks run
-    instead of reading their command line again (protocol.JOB_CONFIG; spawn's ranks get it
-    as their entry's argument instead: one road each).
+    The built-in job's ranks (`spec.builtin`) run the attempt's config, which the plan puts
+    in their environment (protocol.JOB_CONFIG) instead of them reading their command line
+    again; spawn's ranks get it as their entry's argument instead: one road each.
 
     Example:
-        plan(cfg, DistEnv(), script="train.py").argv
+        plan(JobSpec(cfg, varlib.host_facts(), DistEnv(), script="train.py")).argv
         # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
     """
-    info = gpu_info if gpu_info is not None else devicelib.probe_gpus()
+    d = spec.cfg.dist          # no attempt changes the launcher, its hostfile or the ranks asked for
+    slots = mpirun.hostfile_slots(d.hostfile) if d.launcher == "mpirun" and d.nprocs is None and d.hostfile else None
+    cfg = attempt_config(spec, attempt, met)
+    env, environ, cpu_count = spec.here, spec.facts.environ, spec.facts.cores
+    script, module, script_args = spec.script, spec.module, spec.script_args
+    info = spec.facts.gpus
     requested = devicelib.check_gpus(cfg.dist.gpus, info, environ)
     visible = devicelib.visible_gpus(info, environ)
-    nprocs, gpus = resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
+    nprocs, gpus = devicelib.resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
     devicelib.select_backend(cfg.dist.backend, "gpu" if gpus else devicelib.CPU, nprocs)  # checks it
-    mode = cfg.dist.launcher
-    if mode == "mpirun" and cfg.dist.nprocs is None and cfg.dist.hostfile:
-        nprocs = mpirun.hostfile_slots(cfg.dist.hostfile)
+    mode, nprocs = cfg.dist.launcher, nprocs if slots is None else slots
     alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
     if env.launcher != "standalone":          # its ranks are started already: run right here
-        check_started_outside(cfg.dist.nprocs, env)
+        envlib.check_started_outside(cfg.dist.nprocs, env)
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     if alone and not always:                  # one process: run right here
         return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
     variables = dict(QUIET_CHILD, **{protocol.SUPERVISED: "1"})
     variables.update(varlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
-    if job_config is not None and mode != "spawn":       # spawn hands it as its entry's argument
-        variables.update(protocol.job_config(job_config))
+    if spec.builtin and mode != "spawn":       # spawn hands it as its entry's argument
+        variables.update(protocol.job_config(cfg.to_dict()))
     argv: Tuple[str, ...] = ()
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
@@ -161,28 +143,6 @@ def gate_of(cfg, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
                                    last_call=d.last_call)
 
 
-def check_started_outside(nprocs: Optional[int], env: envlib.DistEnv) -> None:
-    """A rank that another engine started (srun, mpirun, Paddle's launcher) starts no
-    others, so a `dist.nprocs` that disagrees with that engine would be silently ignored:
-    refuse it, saying how to get that many ranks.
-
-    Example:
-        check_started_outside(8, DistEnv(launcher="slurm", local_world_size=1))   # UserError
-    """
-    # Under mpirun, dist.nprocs is mpirun's -n: the ranks of the whole job (mpirun_argv).
-    whole = env.launcher == "openmpi"
-    started = env.world_size if whole else env.local_world_size
-    if nprocs is None or nprocs == started:
-        return
-    how = {"slurm": f"srun --ntasks-per-node={nprocs} (docs/slurm.md)",
-           "openmpi": f"mpirun -n {nprocs}",
-           "paddle_launch": f"--nproc_per_node {nprocs}"}.get(env.launcher, f"{nprocs} ranks per machine")
-    where = "in all" if whole else "on this machine"
-    raise UserError(f"dist.nprocs={nprocs}, but {env.launcher} started this job with {started} "
-                    f"rank(s) {where}, and a rank started outside paddle_dist starts no others; "
-                    f"drop dist.nprocs, or ask for {how}")
-
-
 def python_args(script: str, module: str = "") -> Tuple[str, ...]:
     """What follows `python` on a rank's command line: `-m module` when the job runs a
     module, else the script. (A module's file is never run as a script: its directory
@@ -204,35 +164,6 @@ def start_method(chosen: str, gpus: Sequence[str]) -> str:
     if chosen != "auto":
         return chosen
     return "spawn" if gpus else "fork"
-
-
-def rank_variables(nprocs: int, selected: Sequence[str], port: Optional[int] = None,
-                   host: str = "127.0.0.1") -> List[Dict[str, str]]:
-    """Each rank's variables as Paddle 3.3's launcher sets them on one machine
-    (distributed/launch/controllers/collective.py), but for where rank 0 serves the TCP
-    store: the job's gate tells each rank once it is admitted (rankgate.store_variables),
-    unless `port` is given. `selected`: FLAGS_selected_gpus per rank, empty on CPU.
-
-    Example:
-        rank_variables(2, ())[1]["PADDLE_TRAINER_ID"]   # '1'
-    """
-    out = []
-    for rank in range(nprocs):
-        variables = {
-            "PADDLE_GLOBAL_SIZE": str(nprocs),
-            "PADDLE_LOCAL_SIZE": str(nprocs), "PADDLE_GLOBAL_RANK": str(rank),
-            "PADDLE_LOCAL_RANK": str(rank), "PADDLE_NNODES": "1",
-            "PADDLE_TRAINER_ID": str(rank),
-            "PADDLE_TRAINERS_NUM": str(nprocs), "PADDLE_RANK_IN_NODE": str(rank),
-        }
-        if port is not None:
-            variables.update(rankgate.store_variables(rank, nprocs, host, port))
-        if selected:
-            variables["FLAGS_selected_gpus"] = selected[rank]
-        else:
-            variables["PADDLE_DISTRI_BACKEND"] = "gloo"
-        out.append(variables)
-    return out
 
 
 def nodes_of(cfg) -> Tuple[str, ...]:
@@ -276,7 +207,7 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     machines of a multi-node launch learnt when they met, if they have met already
     (wait_for_machines()); the report names the ranks' hosts from it. `log_dir`: where the
     ranks' logs go, when known only now (in the run directory, named when the machines met).
-    The built-in job's ranks get their config from the plan alone (plan(job_config=))."""
+    The built-in job's ranks get their config from the plan alone (plan: JobSpec.builtin)."""
     if log_dir:
         p = _logging_to(p, log_dir)
     with job_files(p.token_file) as (folder, token_file):
@@ -284,7 +215,7 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
         if p.direct:
             with rankgate.RankGate(credentials.token(token_file), auth.nonce(), p.nprocs) as gate:
                 child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
-                return supervisor.RankSupervision(list(p.argv), child_env, rank_variables(p.nprocs, p.selected),
+                return supervisor.RankSupervision(list(p.argv), child_env, varlib.rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),
                                                   script=script).run()
         if p.mode in ("launch", "mpirun"):

@@ -71,19 +71,23 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
         # [Problem('error', 'port 6170 of dist.master 127.0.0.1:6170 is taken by pid 1234 ...')]
     """
     table = netcheck.interfaces() if interfaces is None else interfaces
-    problems = (refusals(cfg, environ, gpu_info, route) + interface_problems(cfg, environ, table)
+    problems = (refusals(cfg, environ, gpu_info, route, table)
                 + port_problems(cfg, table) + proxy_problems(cfg, environ)
                 + shm_problems(cfg, gpu_info, environ, statvfs, shm_path, shm_min))
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
 def refusals(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
-             route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
+             route: Callable[[str, str], str] = netcheck.check,
+             interfaces: Optional[Mapping[str, List[str]]] = None) -> List[Problem]:
     """What the layers below refuse in `cfg`, each refusal one error, before the run
     directory or any rank exists:
     - sync.transport names a transport of sync/transports.py that can carry sync.compress
       (the transports are sync/'s own, so the config's schema does not list them);
     - dist.gpus names GPUs this build or machine can give (devices.check_gpus);
+    - dist.nccl.socket_ifname (else NCCL_SOCKET_IFNAME) selects one of this machine's
+      `interfaces` (netcheck.interfaces() unless given): else NCCL finds no socket to
+      bootstrap over;
     - a multi-node job (dist.nnodes > 1, or an mpirun hostfile) with dist.master: the master
       resolves, this machine has a route to it, and dist.nccl.socket_ifname allows that
       route's interface (`route`: netcheck.check unless a test passes its own);
@@ -97,6 +101,12 @@ def refusals(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
         transports.check(cfg.sync.transport, cfg.sync.compress)
     with _refused(found):
         devicelib.check_gpus(d.gpus, gpu_info, environ)
+    spec, source = d.nccl.socket_ifname, "dist.nccl.socket_ifname"
+    if not spec:
+        spec, source = environ.get("NCCL_SOCKET_IFNAME", ""), "NCCL_SOCKET_IFNAME"
+    if spec:
+        with _refused(found):
+            netcheck.check_selects(spec, source, netcheck.interfaces() if interfaces is None else interfaces)
     if d.master and (d.nnodes > 1 or d.hostfile):
         with _refused(found):
             route(d.master, d.nccl.socket_ifname)
@@ -261,23 +271,6 @@ def proxy_problems(cfg, environ: Mapping[str, str]) -> List[Problem]:
     return [Problem(ERROR, f"{setting[0]} is set and dist.master host {host} is not in no_proxy"
                            f"{note}: the rendezvous would go through the proxy and hang; "
                            f"export no_proxy={host}{keep} or unset {setting[0]}")]
-
-
-# ------------------------------------------------ the socket interface
-def interface_problems(cfg, environ: Mapping[str, str],
-                       interfaces: Mapping[str, List[str]]) -> List[Problem]:
-    """NCCL_SOCKET_IFNAME (from dist.nccl.socket_ifname, else the environment) that selects
-    no interface of this machine: NCCL finds no socket to bootstrap over."""
-    spec, source = cfg.dist.nccl.socket_ifname, "dist.nccl.socket_ifname"
-    if not spec:
-        spec, source = environ.get("NCCL_SOCKET_IFNAME", ""), "NCCL_SOCKET_IFNAME"
-    if not spec or any(netcheck.matches(name, spec) for name in interfaces):
-        return []
-    with_address = [n for n, addrs in interfaces.items() if addrs and n != netcheck.LOOPBACK]
-    example = (with_address or list(interfaces) or ["eth0"])[0]
-    return [Problem(ERROR, f"{source}={spec} selects no interface on this machine (interfaces: "
-                           f"{', '.join(interfaces) or 'none'}); set -o dist.nccl.socket_ifname="
-                           f"{example} (a prefix; =NAME for an exact name, ^NAME to exclude)")]
 
 
 # ------------------------------------------------ facts the checks share with the report

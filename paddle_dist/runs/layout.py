@@ -15,6 +15,8 @@ report) never needs paddle.
       best/                 the best checkpoint, the same layout
       vdl/                  VisualDL's scalars
       export/               the inference model (python -m paddle_dist.export)
+      launch/               the built-in job's ranks' output, workerlog.<R> (a multi-node
+                            job: launch-node<N>/, per machine, which may share the run)
 
 Example:
     run = Run(Path("runs/mnist-1"))
@@ -64,6 +66,11 @@ class Run:
 
     def rank_status(self, rank: int) -> Path:
         return status_files.path_of(self.root, rank)
+
+    def launch_logs(self, nnodes: int = 1, node_rank: int = 0) -> Path:
+        """Where the ranks' launcher writes their workerlog.<R> files: `launch/`, or per
+        machine (`launch-node<N>/`) in a multi-node job, whose machines may share the run."""
+        return self.root / ("launch" if nnodes == 1 else f"launch-node{node_rank}")
 
     def is_run(self) -> bool:
         """Whether a run wrote its config here (what makes a folder a run)."""

@@ -69,9 +69,9 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[di
     if named:
         _check_own(Path(named), "output.run_dir", must_exist=False)
         path = _given(Path(named), hold=True)
-        private.restrict(path, cfg.output.share)
         if auto:
             _check_loadable(path, identity)
+        private.restrict(path, cfg.output.share)
         _record(path, identity, command, continues=auto)
         return Choice(path.resolve())
     root = Path(cfg.output.root)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .. import compat
 from .engines import EXTERNAL_ENGINES
@@ -216,3 +216,24 @@ def select_backend(backend: str, device: str, world_size: int) -> str:
     if backend != "auto":
         return backend
     return "nccl" if device.startswith("gpu") else "gloo"
+
+
+def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequence[str],
+                    backend: str) -> Tuple[int, Tuple[str, ...]]:
+    """(process count, GPU ids) for a job. `--gpus 0,1` alone means two processes;
+    without `--gpus` on a GPU machine each process takes the next visible GPU.
+    `nprocs=None` means "not given"."""
+    if gpus:
+        if nprocs is not None and nprocs != len(gpus):
+            raise DeviceError(f"--nprocs {nprocs} does not match --gpus {','.join(gpus)} "
+                              f"({len(gpus)} GPUs); one process runs per GPU, so drop --nprocs "
+                              "or make them agree")
+        return len(gpus), tuple(gpus)
+    count = nprocs or 1
+    if not visible or backend == "gloo":
+        return count, ()
+    if count > len(visible):
+        raise DeviceError(f"{count} processes need {count} GPUs but {len(visible)} are visible "
+                          f"({','.join(visible)}); use --nprocs {len(visible)} or fewer, "
+                          "or dist.backend=gloo to train on CPU")
+    return count, tuple(visible[:count])

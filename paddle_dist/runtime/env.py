@@ -125,3 +125,25 @@ def _hand_local_rank(given: Optional[int], world_size: int, environ: Mapping[str
         raise UserError(f"{what} must be in 0 .. {world_size - 1} for --world-size {world_size} "
                         "(the rank's index among this machine's ranks, which picks its GPU)")
     return given
+
+
+def check_started_outside(nprocs: Optional[int], env: DistEnv) -> None:
+    """A rank that another engine started (srun, mpirun, Paddle's launcher) starts no
+    others, so a `dist.nprocs` that disagrees with that engine would be silently ignored:
+    refuse it, saying how to get that many ranks.
+
+    Example:
+        check_started_outside(8, DistEnv(launcher="slurm", local_world_size=1))   # UserError
+    """
+    # Under mpirun, dist.nprocs is mpirun's -n: the ranks of the whole job (mpirun_argv).
+    whole = env.launcher == "openmpi"
+    started = env.world_size if whole else env.local_world_size
+    if nprocs is None or nprocs == started:
+        return
+    how = {"slurm": f"srun --ntasks-per-node={nprocs} (docs/slurm.md)",
+           "openmpi": f"mpirun -n {nprocs}",
+           "paddle_launch": f"--nproc_per_node {nprocs}"}.get(env.launcher, f"{nprocs} ranks per machine")
+    where = "in all" if whole else "on this machine"
+    raise UserError(f"dist.nprocs={nprocs}, but {env.launcher} started this job with {started} "
+                    f"rank(s) {where}, and a rank started outside paddle_dist starts no others; "
+                    f"drop dist.nprocs, or ask for {how}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from typing import Dict, List, Tuple
+from typing import Dict, List, Mapping, Tuple
 
 from ..errors import UserError
 
@@ -139,6 +139,19 @@ def matches(name: str, spec: str) -> bool:
     exclude, exact, names = parse_ifname(spec)
     hit = any(name == n if exact else name.startswith(n) for n in names)
     return hit != exclude
+
+
+def check_selects(spec: str, source: str, table: Mapping[str, List[str]]) -> None:
+    """A NetworkError when the socket interface setting `spec` (from `source`: a config key
+    or NCCL_SOCKET_IFNAME) selects none of this machine's interfaces in `table` (as
+    interfaces()): NCCL would find no socket to bootstrap over."""
+    if not spec or any(matches(name, spec) for name in table):
+        return
+    with_address = [n for n, addrs in table.items() if addrs and n != LOOPBACK]
+    example = (with_address or list(table) or ["eth0"])[0]
+    raise NetworkError(f"{source}={spec} selects no interface on this machine (interfaces: "
+                       f"{', '.join(table) or 'none'}); set -o dist.nccl.socket_ifname="
+                       f"{example} (a prefix; =NAME for an exact name, ^NAME to exclude)")
 
 
 def check(master: str, socket_ifname: str = "") -> str:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .devices import DEVICE_FLAG, GpuInfo, probe_gpus
 from .engines import EXTERNAL_ENGINES
 from .env import USER_OMP_NUM_THREADS, DistEnv
 from ..errors import UserError
+from ..security import rankgate
 
 LOOPBACK = "lo"            # Linux's loopback interface
 # dist.nccl's fields and the variables they set
@@ -108,7 +109,7 @@ def host_facts() -> HostFacts:
 
     Example:
         host = host_facts()
-        launcher.plan(cfg, env, environ=host.environ, gpu_info=host.gpus, cpu_count=host.cores)
+        launcher.plan(JobSpec(cfg, host, env, script="train.py"))
     """
     return HostFacts(dict(os.environ), probe_gpus(), os.cpu_count() or 1)
 
@@ -216,3 +217,32 @@ def prepare_process_group(env: DistEnv, nccl) -> None:
     if env.device.startswith("gpu"):
         variables["FLAGS_selected_gpus"] = env.device.split(":")[1]
     export(variables)
+
+
+def rank_variables(nprocs: int, selected: Sequence[str], port: Optional[int] = None,
+                   host: str = "127.0.0.1") -> List[Dict[str, str]]:
+    """Each rank's variables as Paddle 3.3's launcher sets them on one machine
+    (distributed/launch/controllers/collective.py), but for where rank 0 serves the TCP
+    store: the job's gate tells each rank once it is admitted (rankgate.store_variables),
+    unless `port` is given. `selected`: FLAGS_selected_gpus per rank, empty on CPU.
+
+    Example:
+        rank_variables(2, ())[1]["PADDLE_TRAINER_ID"]   # '1'
+    """
+    out = []
+    for rank in range(nprocs):
+        variables = {
+            "PADDLE_GLOBAL_SIZE": str(nprocs),
+            "PADDLE_LOCAL_SIZE": str(nprocs), "PADDLE_GLOBAL_RANK": str(rank),
+            "PADDLE_LOCAL_RANK": str(rank), "PADDLE_NNODES": "1",
+            "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_TRAINERS_NUM": str(nprocs), "PADDLE_RANK_IN_NODE": str(rank),
+        }
+        if port is not None:
+            variables.update(rankgate.store_variables(rank, nprocs, host, port))
+        if selected:
+            variables["FLAGS_selected_gpus"] = selected[rank]
+        else:
+            variables["PADDLE_DISTRI_BACKEND"] = "gloo"
+        out.append(variables)
+    return out

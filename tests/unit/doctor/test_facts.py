@@ -24,7 +24,7 @@ from paddle_dist.runtime import netcheck
 from paddle_dist.launch import preflight as pf
 from paddle_dist.config import load
 from paddle_dist.doctor.facts import format_report, gather, mask_credentials
-from paddle_dist.launch.preflight import Problem, interface_problems, preflight, proxy_problems, shm_problems
+from paddle_dist.launch.preflight import Problem, preflight, proxy_problems, refusals, shm_problems
 from paddle_dist.launch.proxies import bypasses_proxy
 from paddle_dist.procfs import port_holder
 from paddle_dist.runtime.devices import GpuInfo
@@ -258,6 +258,10 @@ def test_no_proxy_rules_agree_with_httpx(monkeypatch, host, no_proxy):
 
 
 # ---------------------------------------------------------------- interfaces
+def interface_problems(cfg, environ, table):
+    return refusals(cfg, environ, CPU_BUILD, interfaces=table)
+
+
 def test_missing_interface_names_the_existing_ones():
     real = netcheck.interfaces()
     cfg = load(None, ["dist.nccl.socket_ifname=nosuchnic"])

@@ -240,17 +240,18 @@ def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     """The ranks are run by launcher.launch as train.py's are: python rank.py FOLDER once
     per rank, with the variables Paddle's launcher would give them, on CPU with gloo."""
     from paddle_dist.runtime.devices import GpuInfo
+    from paddle_dist.runtime.variables import HostFacts
 
     cfg = selftest.job_config(2, None, [])
-    p = selftest.prepare(cfg, DistEnv(), tmp_path, environ={}, gpu_info=GpuInfo(False, 0), cpu_count=2)
+    host = HostFacts({}, GpuInfo(False, 0), 2)
+    p = selftest.prepare(cfg, DistEnv(), tmp_path, host)
     assert (p.mode, p.direct, p.nprocs, p.gpus) == ("launch", True, 2, ())
     assert p.argv[-2:] == (str(tmp_path / "rank.py"), str(tmp_path))   # after the gate
     assert p.env["PADDLE_DIST_SUPERVISED"] == "1" and p.env["OMP_NUM_THREADS"] == "1"
     assert config.from_dict(json.loads((tmp_path / "config.json").read_text())).dist.nprocs == 2
     assert "selftest_rank.main(sys.argv[1:])" in (tmp_path / "rank.py").read_text()
     assert selftest.describe(p) == "2 ranks, gloo on CPU"
-    one = selftest.prepare(selftest.job_config(1, None, []), DistEnv(), tmp_path, environ={},
-                           gpu_info=GpuInfo(False, 0), cpu_count=2)
+    one = selftest.prepare(selftest.job_config(1, None, []), DistEnv(), tmp_path, host)
     assert one.mode == "launch" and selftest.describe(one) == "1 rank on CPU"
 
 

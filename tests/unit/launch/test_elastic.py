@@ -9,7 +9,7 @@ import pytest
 
 from paddle_dist import config as configlib
 from paddle_dist.errors import ConfigError, UserError
-from paddle_dist.launch import job, launcher, rendezvous
+from paddle_dist.launch import job, jobspec, launcher, rendezvous
 from paddle_dist.runs.topology import Meeting, Node
 from paddle_dist.runtime import inject
 
@@ -87,9 +87,9 @@ def test_the_job_goes_on_with_the_machines_that_met_and_says_which_is_lost(capsy
     cfg = configlib.with_overrides(["dist.nnodes=2:3", "dist.master=10.0.0.1:6170", "dist.node_rank=2"])
     known = {0: Node(2, "10.0.0.1", "a"), 1: Node(2, "10.0.0.2", "b"), 2: Node(2, "10.0.0.3", "c")}
     met = Meeting.of("run", {0: known[0], 2: known[2]}, 3, node_rank=2)
-    spec = job.JobSpec(cfg, None, None, run_dir=Path("/runs/x"))
+    spec = jobspec.JobSpec(cfg, None, None, run_dir=Path("/runs/x"))
     job._say_without(met, cfg, dict(known))
-    cfg2 = job.attempt_config(spec, 1, met)          # a restart, with the machines that met
+    cfg2 = jobspec.attempt_config(spec, 1, met)          # a restart, with the machines that met
     assert (cfg2.dist.nnodes, cfg2.dist.node_rank, cfg2.dist.min_nnodes) == (2, 1, 0)
     assert (cfg2.output.run_dir, cfg2.checkpoint.resume, cfg2.faults.inject) == ("/runs/x", "auto", "")
     assert capsys.readouterr().out == (
@@ -98,16 +98,16 @@ def test_the_job_goes_on_with_the_machines_that_met_and_says_which_is_lost(capsy
     every = Meeting.of("run", dict(known), 3, node_rank=2)
     job._say_without(every, cfg, {})
     assert capsys.readouterr().out == ""
-    assert job.attempt_config(spec, 0, every).to_dict() == configlib.derived(cfg, {"output.run_dir": "/runs/x"}).to_dict()
+    assert jobspec.attempt_config(spec, 0, every).to_dict() == configlib.derived(cfg, {"output.run_dir": "/runs/x"}).to_dict()
 
 
 def test_an_srun_task_on_fewer_nodes_than_the_most_is_an_elastic_jobs_node():
     cfg = configlib.with_overrides(["dist.nnodes=1:2", "dist.master=10.0.0.1:6170", "dist.nprocs=2"])
     node = {"nnodes": 1, "node_rank": 0, "master": "10.0.0.1:6170"}
-    assert job._as_node_launcher(cfg, node).dist.nnodes == 1
+    assert jobspec._as_node_launcher(cfg, node).dist.nnodes == 1
     fixed = dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, min_nnodes=0))
     with pytest.raises(UserError, match="dist.nnodes=2, but srun started this task as node_rank 0 of 1"):
-        job._as_node_launcher(fixed, node)
+        jobspec._as_node_launcher(fixed, node)
 
 
 # ---------------------------------------------------------------- faults.inject=lose
@@ -124,5 +124,5 @@ def test_lose_kills_the_machines_paddle_dist_launcher(monkeypatch, parent_cmdlin
 
 def test_an_srun_task_of_two_nodes_takes_the_master_slurm_gives():
     cfg = configlib.with_overrides(["dist.nprocs=2"])
-    node = job._as_node_launcher(cfg, {"nnodes": 2, "node_rank": 1, "master": "10.0.0.1:12345"})
+    node = jobspec._as_node_launcher(cfg, {"nnodes": 2, "node_rank": 1, "master": "10.0.0.1:12345"})
     assert (node.dist.nnodes, node.dist.node_rank, node.dist.master) == (2, 1, "10.0.0.1:12345")

@@ -4,18 +4,20 @@ No process is started here: `launch()` is only exercised with Popen / spawn repl
 """
 
 import os
-import re
 import sys
 
 import pytest
 
+from paddle_dist import config as configlib
 from paddle_dist.launch import launcher
+from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.security import rankgate
 from paddle_dist.config import load
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import DistEnv, detect
+from paddle_dist.runtime.variables import HostFacts
 from paddle_dist.errors import ConfigError, DeviceError
-from paddle_dist.launch.launcher import LaunchPlan, plan, resolve_devices
+from paddle_dist.launch.launcher import LaunchPlan, plan
 
 from tests.conftest import environ_diff
 
@@ -24,13 +26,16 @@ FOUR_GPUS = GpuInfo(True, 4)
 LAUNCH_PREFIX = (sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node")
 
 
-def make_plan(overrides=(), env=None, info=CPU_BUILD, **kwargs):
-    """plan() for `-o overrides`, from a standalone process, 8 cores, no user variables."""
-    kwargs.setdefault("script", "train.py")
-    kwargs.setdefault("script_args", ["-o", "train.epochs=1"])
-    kwargs.setdefault("cpu_count", 8)
-    kwargs.setdefault("environ", {})
-    return plan(load(overrides=list(overrides)), env or DistEnv(), gpu_info=info, **kwargs)
+def job(cfg, env=None, info=CPU_BUILD, environ=None, cpu_count=8, script="train.py",
+        script_args=("-o", "train.epochs=1"), **program) -> JobSpec:
+    """The job `cfg`, from a standalone process, 8 cores, no user variables."""
+    facts = HostFacts({} if environ is None else environ, info, cpu_count)
+    return JobSpec(cfg, facts, env or DistEnv(), script=script, script_args=tuple(script_args), **program)
+
+
+def make_plan(overrides=(), env=None, info=CPU_BUILD, always=False, log_dir="", **kwargs):
+    """plan() for `-o overrides` (the job: `job()`)."""
+    return plan(job(load(overrides=list(overrides)), env, info, **kwargs), always=always, log_dir=log_dir)
 
 
 # ---------------------------------------------------------------- modes
@@ -71,28 +76,6 @@ def test_several_machines_use_paddle_distributed_launch_exactly():
 GATED = (sys.executable, "-S", rankgate.SCRIPT)
 
 
-def test_rank_variables_are_what_paddles_launcher_sets():
-    first, second = launcher.rank_variables(2, (), 6170)
-    assert first["PADDLE_MASTER"] == second["PADDLE_MASTER"] == "127.0.0.1:6170"
-    assert (first["PADDLE_TRAINER_ID"], second["PADDLE_TRAINER_ID"]) == ("0", "1")
-    assert second["PADDLE_LOCAL_RANK"] == second["PADDLE_RANK_IN_NODE"] == "1"
-    assert second["PADDLE_TRAINERS_NUM"] == second["PADDLE_GLOBAL_SIZE"] == "2"
-    assert second["PADDLE_NNODES"] == "1" and second["PADDLE_DISTRI_BACKEND"] == "gloo"
-    endpoints = second["PADDLE_TRAINER_ENDPOINTS"].split(",")
-    assert endpoints[1] == second["PADDLE_CURRENT_ENDPOINT"] and len(set(endpoints)) == 2
-    assert "FLAGS_selected_gpus" not in second
-    gpu = launcher.rank_variables(2, ("0", "1"), 6170)[1]
-    assert gpu["FLAGS_selected_gpus"] == "1" and "PADDLE_DISTRI_BACKEND" not in gpu
-
-
-def test_ranks_as_detected_from_the_variables_they_get():
-    from paddle_dist.runtime.env import detect
-
-    variables = launcher.rank_variables(2, (), 6170)[1]
-    env = detect(gpu_info=CPU_BUILD, environ=variables)
-    assert (env.global_rank, env.local_rank, env.world_size, env.master) == (1, 1, 2, "127.0.0.1:6170")
-
-
 def test_launch_children_get_threads_nccl_settings_and_quiet_logs():
     p = make_plan(["dist.nprocs=2", "dist.nccl.socket_ifname=eth0", "dist.nccl.debug=WARN",
                    "dist.nccl.ib_disable=true", "dist.nccl.extra={NCCL_ALGO: Ring}"])
@@ -122,13 +105,12 @@ def test_the_job_config_reaches_the_ranks_by_one_road():
     holds no second, stale copy."""
     from paddle_dist.runtime import protocol
 
-    given = {"train": {"epochs": 3}}
-    launched = plan(load(None, ["dist.nprocs=2"]), DistEnv(), script="train.py", gpu_info=GpuInfo(),
-                    cpu_count=8, environ={}, job_config=given)
-    spawned = plan(load(None, ["dist.nprocs=2", "dist.launcher=spawn"]), DistEnv(), gpu_info=GpuInfo(),
-                   cpu_count=8, environ={}, job_config=given)
-    assert launched.env[protocol.JOB_CONFIG] == protocol.job_config(given)[protocol.JOB_CONFIG]
+    given = load(None, ["dist.nprocs=2", "train.epochs=3"])
+    launched = plan(job(given, builtin=True))
+    spawned = plan(job(configlib.derived(given, {"dist.launcher": "spawn"}), builtin=True))
+    assert launched.env[protocol.JOB_CONFIG] == protocol.job_config(given.to_dict())[protocol.JOB_CONFIG]
     assert spawned.mode == "spawn" and protocol.JOB_CONFIG not in spawned.env
+    assert protocol.JOB_CONFIG not in plan(job(given)).env        # a user's script reads its -c/-o
 
 
 def test_backend_is_passed_through():
@@ -193,34 +175,10 @@ def test_inside_a_launched_job_with_gpus_nothing_is_launched_again():
     assert p.mode == "none"
 
 
-# ---------------------------------------------------------------- resolve_devices
+# ---------------------------------------------------------------- devices
 def test_dist_nprocs_below_one_is_a_config_error():
     with pytest.raises(ConfigError, match="dist.nprocs must be >= 1"):
         make_plan(["dist.nprocs=0"])
-
-
-@pytest.mark.parametrize("nprocs, gpus, visible, backend, expected", [
-    (None, [], [], "auto", (1, ())),
-    (3, [], [], "auto", (3, ())),
-    (None, ["0", "1"], ["0", "1"], "auto", (2, ("0", "1"))),
-    (2, ["0", "1"], ["0", "1"], "auto", (2, ("0", "1"))),
-    (None, ["5"], ["4", "5"], "auto", (1, ("5",))),
-    (2, [], ["0", "1", "2"], "auto", (2, ("0", "1"))),   # next visible GPUs
-    (3, [], ["0", "1"], "gloo", (3, ())),                # gloo on a GPU machine: CPU ranks
-])
-def test_resolve_devices(nprocs, gpus, visible, backend, expected):
-    assert resolve_devices(nprocs, gpus, visible, backend) == expected
-
-
-@pytest.mark.parametrize("nprocs", [1, 3])
-def test_resolve_devices_rejects_a_mismatch(nprocs):
-    with pytest.raises(DeviceError, match="one process runs per GPU"):
-        resolve_devices(nprocs, ["0", "1"], ["0", "1"], "auto")
-
-
-def test_more_processes_than_visible_gpus_is_an_error():
-    with pytest.raises(DeviceError, match="3 processes need 3 GPUs but 2 are visible"):
-        resolve_devices(3, [], ["0", "1"], "auto")
 
 
 def test_nccl_on_cpu_is_an_error():
@@ -238,8 +196,8 @@ def test_spawn_without_gpus_on_a_gpu_machine_takes_visible_gpus():
 def test_plan_is_repeatable_and_leaves_os_environ_alone():
     before = dict(os.environ)
     cfg = load(overrides=["dist.nprocs=2", "dist.nccl.debug=INFO"])
-    first = plan(cfg, DistEnv(), script="train.py", gpu_info=CPU_BUILD, cpu_count=8)
-    second = plan(cfg, DistEnv(), script="train.py", gpu_info=CPU_BUILD, cpu_count=8)
+    first = plan(job(cfg, environ=dict(os.environ)))
+    second = plan(job(cfg, environ=dict(os.environ)))
     assert first == second
     assert environ_diff(before, os.environ) == []
 
@@ -248,7 +206,7 @@ def test_plan_does_not_modify_the_config():
     cfg = load(overrides=["dist.gpus=0,1"])
     before = cfg.to_dict()
     make_plan(["dist.gpus=0,1"], info=FOUR_GPUS)
-    plan(cfg, DistEnv(), script="train.py", gpu_info=FOUR_GPUS, environ={})
+    plan(job(cfg, info=FOUR_GPUS))
     assert cfg.to_dict() == before
 
 
@@ -429,20 +387,3 @@ def test_a_script_job_is_unchanged_by_the_module_option():
     assert launcher.python_args("", "paddle_dist.train") == MODULE
     p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"])
     assert p.argv[-4:] == (sys.executable, "train.py", "-o", "train.epochs=1")
-
-
-@pytest.mark.parametrize("launcher, started, fix", [
-    ("slurm", "1 rank(s) on this machine", "srun --ntasks-per-node=8"),
-    ("paddle_launch", "1 rank(s) on this machine", "--nproc_per_node 8"),
-    ("openmpi", "2 rank(s) in all", "mpirun -n 8")])      # mpirun's -n counts the whole job
-def test_a_rank_started_outside_refuses_a_dist_nprocs_it_would_ignore(launcher, started, fix):
-    from paddle_dist.errors import UserError
-    from paddle_dist.launch.launcher import check_started_outside
-
-    with pytest.raises(UserError, match=re.escape(f"dist.nprocs=8, but {launcher} started this job "
-                                                  f"with {started}")) as refused:
-        check_started_outside(8, DistEnv(launcher=launcher, world_size=2, local_world_size=1))
-    assert fix in str(refused.value)
-    check_started_outside(None, DistEnv(launcher=launcher, local_world_size=1))    # not given
-    agrees = 4 if launcher == "openmpi" else 2
-    check_started_outside(agrees, DistEnv(launcher=launcher, world_size=4, local_world_size=2))

@@ -15,9 +15,11 @@ import pytest
 from paddle_dist import errors
 from paddle_dist.launch import launcher, rendezvous, supervisor
 from paddle_dist.launch.meeting import wait_for_machines
+from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.config import load
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import DistEnv
+from paddle_dist.runtime.variables import HostFacts
 from paddle_dist.errors import UserError
 
 
@@ -208,8 +210,8 @@ def test_meet_returns_3_with_the_line(capsys):
 
 # ---------------------------------------------------------------- the plan
 def _plan(overrides, **kwargs):
-    return launcher.plan(load(overrides=overrides), DistEnv(), script="train.py",
-                         gpu_info=GpuInfo(False, 0), cpu_count=2, environ={}, **kwargs)
+    spec = JobSpec(load(overrides=overrides), HostFacts({}, GpuInfo(False, 0), 2), DistEnv(), script="train.py")
+    return launcher.plan(spec, **kwargs)
 
 
 def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():

@@ -15,7 +15,7 @@ from paddle_dist.config import load
 from paddle_dist.schema import NcclConfig
 from paddle_dist.runtime.engines import first_host, tasks_per_node
 from paddle_dist.runtime.devices import GpuInfo, check_gpus, parse_gpus
-from paddle_dist.runtime.env import DistEnv, detect
+from paddle_dist.runtime.env import DistEnv, check_started_outside, detect
 from paddle_dist.runtime.variables import paddle_variables
 from paddle_dist.errors import DeviceError, UserError
 
@@ -1092,3 +1092,17 @@ def test_an_inherited_flags_selected_gpus_that_disagrees_with_dist_gpus_is_one_l
     # Agreeing (GPU 5 is position 1 among the visible 4,5): taken as before.
     env = detect(gpus="5", gpu_info=FOUR_GPUS, environ={"CUDA_VISIBLE_DEVICES": "4,5", "FLAGS_selected_gpus": "1"})
     assert env.device == "gpu:1"
+
+
+@pytest.mark.parametrize("launcher, started, fix", [
+    ("slurm", "1 rank(s) on this machine", "srun --ntasks-per-node=8"),
+    ("paddle_launch", "1 rank(s) on this machine", "--nproc_per_node 8"),
+    ("openmpi", "2 rank(s) in all", "mpirun -n 8")])      # mpirun's -n counts the whole job
+def test_a_rank_started_outside_refuses_a_dist_nprocs_it_would_ignore(launcher, started, fix):
+    with pytest.raises(UserError, match=re.escape(f"dist.nprocs=8, but {launcher} started this job "
+                                                  f"with {started}")) as refused:
+        check_started_outside(8, DistEnv(launcher=launcher, world_size=2, local_world_size=1))
+    assert fix in str(refused.value)
+    check_started_outside(None, DistEnv(launcher=launcher, local_world_size=1))    # not given
+    agrees = 4 if launcher == "openmpi" else 2
+    check_started_outside(agrees, DistEnv(launcher=launcher, world_size=4, local_world_size=2))
