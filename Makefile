@@ -34,6 +34,8 @@ TEST_WORKERS ?= 3
 # without it, every xdist worker would rewrite every test module again.
 PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+# The files that hold `serial` tests: their run collects those alone (tests when none).
+SERIAL_FILES = $(or $(shell grep -rl --include='test_*.py' 'mark\.serial' tests),tests)
 
 .PHONY: demo test check compat bench setup system-deps bytecode clean
 
@@ -46,7 +48,7 @@ ifeq ($(TEST_WORKERS),0)
 else
 	@status=0; \
 	$(PYTEST) tests -q $(XDIST) -m "not serial" || status=$$?; \
-	$(PYTEST) tests -q -p no:xdist -m serial || status=$$?; \
+	$(PYTEST) $(SERIAL_FILES) -q -p no:xdist -m serial || status=$$?; \
 	exit $$status
 endif
 

@@ -4,10 +4,11 @@ meet the other machines, start the ranks and restart them.
 `jobspec.resolve()` turns the config, the program and this host's facts into one frozen
 `JobSpec`: the config with everything the host decides filled in (an srun task that starts
 its node's ranks, the master's route, mpirun's master), the host's facts, and who this
-process is. `launcher.plan()` plans each attempt from it. The ranks this launcher starts take the resolved config from their environment
-(runtime/protocol.py, JOB_CONFIG) and run it: they never read their -c/-o again, never
-plan, and never choose the run directory, which is chosen here (runs/rundir.py), or, on
-the other machines of a multi-node launch, named by node 0 when they meet.
+process is. `launcher.plan()` plans each attempt from it. The ranks this launcher starts
+take their attempt's config from their environment (runtime/protocol.py, JOB_CONFIG) and
+run it: they never read their -c/-o again, never plan, and never choose the run directory,
+which is chosen here (runs/rundir.py), or, on the other machines of a multi-node launch,
+named by node 0 when they meet.
 
 Example:
     sys.exit(run(configlib.load(None, ["dist.nprocs=2"]), script="train.py", script_args=argv))
@@ -137,9 +138,8 @@ def _start(spec: JobSpec, attempt: int, known: Dict[int, Node]) -> int:
             if code:
                 return code
             _say_without(met, cfg, known)
-            spec = dataclasses.replace(spec, run_dir=run_dir)
-            cfg, p = attempt_config(spec, attempt, met), launcher.plan(spec, attempt, met)   # with the run
-            # directory node 0 named, and who met
+            spec = dataclasses.replace(spec, run_dir=run_dir)     # the one node 0 named
+            cfg, p = attempt_config(spec, attempt, met), launcher.plan(spec, attempt, met)   # who met
             if p.gate is None:         # one machine left: its ranks meet on its loopback
                 met.rendezvous.close()
                 met = None

@@ -90,7 +90,8 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
         # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
     """
     d = spec.cfg.dist          # no attempt changes the launcher, its hostfile or the ranks asked for
-    slots = mpirun.hostfile_slots(d.hostfile) if d.launcher == "mpirun" and d.nprocs is None and d.hostfile else None
+    sized_by_hostfile = d.launcher == "mpirun" and d.nprocs is None and d.hostfile
+    slots = mpirun.hostfile_slots(d.hostfile) if sized_by_hostfile else None
     cfg = attempt_config(spec, attempt, met)
     env, environ, cpu_count = spec.here, spec.facts.environ, spec.facts.cores
     script, module, script_args = spec.script, spec.module, spec.script_args
