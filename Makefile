@@ -25,7 +25,7 @@ COMPAT_MARK ?= compat
 
 # `make test` runs the suite on TEST_WORKERS pytest-xdist workers (most tests wait on
 # processes, sockets and timeouts: more workers than cores keep the cores busy; on 2 cores
-# 3 took 11:21 where 4 took 12:16, with 2.3 CPU minutes less: fewer ranks contend), then the
+# 3 took 11:50 where 2 took 13:23 and 4 were slower still: more ranks contend), then the
 # few marked `serial` alone (their outcome depends on how a job's ranks are scheduled).
 # Tests that share a fixture built once per module or session (a trained run, the Slurm
 # cluster) run on one worker (tests/conftest.py). TEST_WORKERS=0: one process, no xdist.
