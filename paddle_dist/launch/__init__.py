@@ -1,8 +1,9 @@
 """The parent: plan, meet, start, watch. Imports no paddle (about a second to import): a
 launcher's start-up time depends on it; the ranks it starts import paddle themselves.
 
-- job: the built-in job (`python -m paddle_dist.train`): resolve once, plan once, check,
-  choose the run, meet the other machines, start the ranks and restart them;
+- jobspec: a job resolved once (JobSpec) and what each attempt's ranks run;
+- job: the built-in job (`python -m paddle_dist.train`): check, choose the run, meet the
+  other machines, start the ranks and restart them;
 - __main__: `python -m paddle_dist.launch script.py`, any Paddle training script;
 - launcher: `plan()` (pure: mode, argv, variables) and `launch()`, the one place that starts
   ranks; mpirun: mpirun's part of a plan;
@@ -17,8 +18,8 @@ The face re-exports nothing: every import of a submodule loads this file first, 
 is imported on its own (isolate.py even runs as a plain script).
 
 Example:
-    from paddle_dist.launch import launcher
-    code = launcher.launch(launcher.plan(cfg, env, script="my_train.py"))
+    from paddle_dist.launch import jobspec, launcher
+    code = launcher.launch(launcher.plan(jobspec.resolve(cfg, script="my_train.py")))
 """
 
 __all__: list = []
