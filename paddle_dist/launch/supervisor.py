@@ -214,7 +214,7 @@ class LaunchSupervision(Supervision):
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.started = time.monotonic()
+        self.started_at = time.monotonic()
         with open(self.err_path, "w", opener=private.nofollow) as err:
             self.proc = subprocess.Popen(self.argv, env=self.child_env, start_new_session=True, stderr=err,
                                          preexec_fn=die_with_parent)
@@ -226,7 +226,7 @@ class LaunchSupervision(Supervision):
             if place is not None:
                 self.places[pid] = place
         if (not self.ranks and self.start_timeout > 0 and not self.late
-                and time.monotonic() - self.started > self.start_timeout):
+                and time.monotonic() - self.started_at > self.start_timeout):
             self.late = True
             self._everyone(signal.SIGKILL)
         return self.proc.poll() is not None

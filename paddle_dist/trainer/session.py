@@ -58,7 +58,6 @@ class SessionSetup:
     resumed_from: Optional[str] = None  # the checkpoint it continues from
 
 
-# ------------------------------------------------------------------ data order
 # ------------------------------------------------------------------ the session
 class Session:
     """One rank's training run: counters, progress, checkpoints, stop requests.
