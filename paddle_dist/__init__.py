@@ -14,6 +14,11 @@ warnings.filterwarnings("ignore", message="No ccache found")
 # BatchNorm says, at every training forward, that it tracks the running statistics.
 warnings.filterwarnings("ignore", message="When training, we now always track global mean")
 
+# Before Paddle: its import runs with the garbage collector paused (a third of its CPU time).
+from .runtime import paddle_import  # noqa: E402
+
+paddle_import.install()
+
 # Before Paddle: Paddle 2.6 with numpy 2 crashes when numpy.random comes after it (compat.py).
 import numpy.random  # noqa: E402,F401
 

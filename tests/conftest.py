@@ -97,6 +97,8 @@ def pytest_xdist_setupnodes(config, specs):
 def pytest_configure(config):
     # The compat stage (`make compat`, in .ci/run) runs these on other Paddle versions.
     config.addinivalue_line("markers", "compat: a key flow that must hold on every supported Paddle")
+    config.addinivalue_line("markers", "waits: most of its time is a timeout running out, not work: `make test` "
+                                       "spreads these over the run, so that other tests' processes use the cores meanwhile")
     config.addinivalue_line("markers", "serial: run alone: `make test` runs these after the others, "
                                        "without pytest-xdist (timing between a job's ranks matters)")
     # pytest-xdist's own marker, declared here too so that a run without xdist accepts it.
@@ -159,6 +161,21 @@ def pytest_collection_modifyitems(config, items):
         if keys and not by_hand[item]:
             root = find(keys[0])
             item.add_marker(pytest.mark.xdist_group(named.get(root, root)))
+    items[:] = spread_waits(items)
+
+
+def spread_waits(items: List[pytest.Item]) -> List[pytest.Item]:
+    """The tests marked `waits`, spread evenly over the integration tests (in order), so that
+    pytest-xdist's workers rarely wait at the same time: run one after another, as their
+    files' order had them, they left a core idle for a minute of `make test`. Unit tests,
+    quick and many, stay last, where they fill the workers' ends."""
+    waiting = [item for item in items if item.get_closest_marker("waits")]
+    rest = [item for item in items if not item.get_closest_marker("waits")]
+    span = sum(1 for item in rest if item.nodeid.startswith("tests/integration/"))
+    out = list(rest)
+    for n, item in reversed(list(enumerate(waiting))):     # from the back: earlier places stay put
+        out.insert(round((n + 0.5) * span / len(waiting)), item)
+    return out
 
 
 @pytest.hookimpl(trylast=True)      # after xdist's own hook has read the xdist_group marks

@@ -8,6 +8,7 @@
 - netcheck: the route and interface to the master; gloocheck: why a process group did not form;
 - process: `setup()` (device, process group, seeds); monitor, watchdog, _deadline: status,
   stop requests, phases and the hang watchdog; inject: fault injection;
+- paddle_import: `import paddle` with the garbage collector paused (a third less CPU per rank);
 - scripthooks/: what a plain script's ranks get under `python -m paddle_dist.launch`
   (its DataParallel's BatchNorm statistics: --sync-buffers, or a warning).
 

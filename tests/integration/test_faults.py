@@ -79,6 +79,7 @@ def test_bare_paddle_launch_names_the_failed_rank(tmp_path):
 
 # hang: a stall in Python; nativehang: in a C call that holds the GIL all along, where
 # no thread of the rank could run: the watchdog is a process of its own.
+@pytest.mark.waits
 @pytest.mark.parametrize("kind", ["hang", "nativehang"])
 def test_rank_stalls_inside_the_training_loop(kind, tmp_path):
     result = run(TWO_RANKS["launch"] + JOB + [
@@ -99,6 +100,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("rank", [0, 1])
 def test_peer_never_arrives(rank, tmp_path):
     """One rank of a 2-rank job started by hand, alone: rank 0 waits for a worker, rank 1
@@ -279,6 +281,7 @@ def test_a_checkpoint_that_would_unpickle_is_refused(tmp_path):
     assert "refusing to load" in result.stderr and "pickled" in result.stderr
 
 
+@pytest.mark.waits
 def test_a_slow_checkpoint_never_stalls_the_other_ranks(tmp_path):
     """Rank 0 writes every checkpoint 35 s slower than usual, longer than gloo's fixed 30 s
     collective timeout: training must go on meanwhile and the job must succeed."""

@@ -128,6 +128,7 @@ def test_a_stopped_rank_of_a_users_fit_script_is_named(ranks, victim, tmp_path):
 
 
 @pytest.mark.compat           # the training code's own paddle.distributed calls are marked
+@pytest.mark.waits
 def test_a_rank_that_skips_an_all_reduce_is_named_as_the_odd_one(tmp_path):
     """own_fit.py's model all-reduces a statistic in every training forward; rank 1
     skips it at step 12 and goes on to the gradients' all-reduce."""
@@ -141,6 +142,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named_as_the_odd_one(tmp_path):
     assert _status(runs)[1]["state"] == "hung"
 
 
+@pytest.mark.waits
 def test_a_slow_but_live_rank_is_not_a_hang(tmp_path):
     """Rank 1 takes 5 s longer for each of 3 steps, with progress meanwhile: rank 0 waits
     longer than dist.hang_timeout in each of those all-reduces, and the job still ends
@@ -153,6 +155,7 @@ def test_a_slow_but_live_rank_is_not_a_hang(tmp_path):
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
 
 
+@pytest.mark.waits
 def test_a_hang_that_gloo_gives_up_on_first_is_still_named(tmp_path):
     """Gradients through gloo (sync.transport=backend) and the default dist.hang_timeout
     (300 s): gloo's own 30 s timeout ends rank 0's wait first, and rank 0 then names who
@@ -166,6 +169,7 @@ def test_a_hang_that_gloo_gives_up_on_first_is_still_named(tmp_path):
     assert status[0]["state"] == "hung"
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_a_stopped_rank_on_the_gpu_default_sync_is_named(api, tmp_path):
     """sync.mode=dataparallel (the GPU default): Paddle's reducer all-reduces inside

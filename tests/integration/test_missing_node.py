@@ -12,6 +12,8 @@ import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, ROOT, check, run, settled_session
 
@@ -30,6 +32,7 @@ def _node(rank, port, run_dir, timeout=10):
                   "-o", f"dist.rendezvous_timeout={timeout}", "-o", f"output.run_dir={run_dir}"]
 
 
+@pytest.mark.waits
 def test_node_0_alone_ends_with_3_naming_the_missing_node(tmp_path):
     result = run(_node(0, _port(), tmp_path), timeout=25)
     assert result.returncode == 3, result.stderr
@@ -37,6 +40,7 @@ def test_node_0_alone_ends_with_3_naming_the_missing_node(tmp_path):
     assert "missing node_rank 1; start it with the command node 0 printed" in result.stderr
 
 
+@pytest.mark.waits
 def test_node_1_alone_ends_with_3_saying_node_0_did_not_answer(tmp_path):
     port = _port()
     result = run(_node(1, port, tmp_path, timeout=3), timeout=25)
@@ -45,6 +49,7 @@ def test_node_1_alone_ends_with_3_saying_node_0_did_not_answer(tmp_path):
         in result.stderr
 
 
+@pytest.mark.waits
 def test_paddle_dist_launch_meets_the_same_way(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("raise SystemExit('the ranks must not start')\n")

@@ -11,6 +11,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from paddle_dist import errors
 
@@ -184,6 +185,7 @@ def test_a_rank_killed_on_node_1_is_named_by_its_global_rank_and_host_on_both(tw
     assert "before any rank reported" not in node0.stderr
 
 
+@pytest.mark.waits
 def test_master_nobody_serves_fails_within_the_timeout(two_hosts, tmp_path):
     argv = two_hosts.cmd(two_hosts.b, [PY, "train.py"] + JOB + [
         "--master", f"{two_hosts.ip_a}:6172", "--world-size", "2", "--rank", "1",

@@ -86,6 +86,7 @@ def _self_test_with(rank_script: str, tmp_path):
     return done, re.search(r"^logs kept in (/\S+) ", done.stdout, re.M)
 
 
+@pytest.mark.waits
 def test_a_check_that_hangs_is_stopped_and_named(tmp_path):
     """Rank 1 hangs in 'grad sync fused' (rank 0 waits for it there, and hangs too or fails
     once rank 1 is stopped): the deadline (3 s here) stops the job, the row names the

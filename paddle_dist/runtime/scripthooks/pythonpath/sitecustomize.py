@@ -6,8 +6,10 @@ At start-up it imports the standard library alone, and never paddle (a script ma
 variables before it imports paddle):
 1. it imports the sitecustomize that Python would have imported without this one (the
    next on sys.path), so that an environment's own start-up code still runs;
-2. it puts a finder first on sys.meta_path that, once the `paddle` package has run,
-   wraps `paddle.DataParallel.__init__` on the class itself (so `paddle.DataParallel`,
+2. it puts runtime/paddle_import.py's finder first on sys.meta_path (loading that file by its
+   path, standard library only): the `paddle` package runs with the garbage collector
+   paused, as in paddle_dist's own ranks; once it has run, `paddle.DataParallel.__init__`
+   is wrapped on the class itself (so `paddle.DataParallel`,
    `paddle.distributed.DataParallel` and their subclasses are all covered);
 3. each DataParallel made then is handed to paddle_dist.runtime.scripthooks.buffers,
    imported at that moment, which syncs its BatchNorm statistics (--sync-buffers) or
@@ -63,41 +65,15 @@ def _report(exc: BaseException) -> None:
           file=sys.stderr)
 
 
-class _RunThenHook:
-    """The loader of `paddle`, which hooks DataParallel once the package has run. Paddle
-    itself only ever sees its own loader (put back before the package runs)."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        module.__loader__ = module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        hook_data_parallel(module)
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-
-class PaddleFinder:
-    """On sys.meta_path: finds `paddle` with the other finders, and hands back its spec
-    with a loader that hooks DataParallel after the package has run."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "paddle":
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RunThenHook(spec.loader)
-                return spec
-        return None
+def load_paddle_import():
+    """runtime/paddle_import.py, loaded by its path: the standard library only, without the
+    paddle_dist package (whose import needs numpy and more)."""
+    name = "_paddle_dist_paddle_import"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.dirname(HERE)),
+                                                                     "paddle_import.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def hook_data_parallel(paddle) -> None:
@@ -132,13 +108,7 @@ def attach(data_parallel) -> None:
     buffers.attach(data_parallel)
 
 
-def install() -> None:
-    loaded = sys.modules.get("paddle")
-    if loaded is not None and hasattr(loaded, "DataParallel"):    # the other sitecustomize imported it
-        hook_data_parallel(loaded)
-    elif not any(isinstance(finder, PaddleFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, PaddleFinder())
-
-
 chained = chain_next_sitecustomize()
-install()
+# Paddle's import with the collector paused, then the hook (at once if the other
+# sitecustomize imported paddle already).
+load_paddle_import().install(after=hook_data_parallel)
