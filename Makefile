@@ -25,8 +25,10 @@ COMPAT_MARK ?= compat
 
 # `make test` runs the suite on TEST_WORKERS pytest-xdist workers (most tests wait on
 # processes, sockets and timeouts: more workers than cores keep the cores busy; on 2 cores
-# 3 took 11:50 where 2 took 13:23 and 4 were slower still: more ranks contend), then the
-# few marked `serial` alone (their outcome depends on how a job's ranks are scheduled).
+# 3 take 10:03; measured before ranks imported paddle with the collector paused, 3 took
+# 11:50 where 2 took 13:23 and 4 were slower still: more ranks contend), then the few
+# marked `serial` alone (their outcome depends on how a job's ranks are scheduled). Tests
+# marked `waits` (mostly a timeout running out) are spread over the run (tests/conftest.py).
 # Tests that share a fixture built once per module or session (a trained run, the Slurm
 # cluster) run on one worker (tests/conftest.py). TEST_WORKERS=0: one process, no xdist.
 TEST_WORKERS ?= 3

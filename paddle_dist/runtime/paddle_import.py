@@ -1,9 +1,9 @@
 """`import paddle`, made cheaper in every process paddle_dist starts or is imported into first.
 
-Paddle's import makes about 200,000 objects that live as long as the process. Python's cyclic
+Paddle's import makes about 190,000 objects that live as long as the process. Python's cyclic
 garbage collector runs again and again while they are made, each full pass walking all of
-them, and once more at exit: about a third of the import's CPU time (0.3 of 1.1 CPU-seconds
-per rank, docs/benchmarks.md). Here the package runs with the collector paused, then
+them, and once more at exit: about a third of the import's CPU time (0.34 of 1.14
+CPU-seconds per rank here, docs/benchmarks.md). Here the package runs with the collector paused, then
 `gc.freeze()` moves what it made out of the collector's sight for good: later passes and the
 one at exit skip it, and DataLoader workers forked from a rank leave those pages shared
 instead of copying them (gc.freeze's own purpose). Reference counting still frees what is

@@ -1,7 +1,8 @@
 """What `python -m paddle_dist.launch` adds to a plain script's ranks without changing the
 script or its command line: pythonpath/ (holding only sitecustomize.py) is put first on
 their PYTHONPATH (protocol.script_hooks), and its sitecustomize hooks paddle.DataParallel
-once the script imports paddle; buffers.py then gives each DataParallel --sync-buffers,
+once the script imports paddle (an import run with the garbage collector paused:
+runtime/paddle_import.py); buffers.py then gives each DataParallel --sync-buffers,
 or warns that the ranks' BatchNorm statistics differ.
 
 This face imports nothing (the sitecustomize imports `buffers` when a DataParallel is made).
