@@ -62,9 +62,7 @@ def export(net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None
     """
     import paddle
 
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists; choose another output directory or remove it")
+    out = check_out(Path(out))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -90,6 +88,20 @@ def export(net, input_spec: Sequence, out, info: Optional[Dict[str, Any]] = None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out
+
+
+def check_out(out: Path) -> Path:
+    """`out`, if export can make it: it must not exist (or be an empty directory), and the
+    nearest directory above it that exists must be writable. Checked before any work."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists; choose another output directory or remove it")
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        reason = "not a directory" if above.exists() and not above.is_dir() else "not writable"
+        raise UserError(f"cannot write to {out} ({above} is {reason}); choose a writable directory")
     return out
 
 
@@ -134,13 +146,17 @@ def _classes(run_dir: Optional[Path]) -> List[str]:
                         "imagefolder run (it records its class names there)") from None
 
 
+def _must_exist(target: Path) -> None:
+    if not target.exists():
+        raise UserError(f"{target} not found; give a run directory (runs/<name>-<time>) or a checkpoint")
+
+
 def _locate(target: Path):
     """(checkpoint directory, run directory or None) for a run, a checkpoints root or one
     checkpoint. A run's best/ comes first."""
     from .checkpoint import CheckpointError, latest, resolve_resume
 
-    if not target.exists():
-        raise UserError(f"{target} not found; give a run directory (runs/<name>-<time>) or a checkpoint")
+    _must_exist(target)
     run = Run(target)
     if run.is_run():
         found = latest(run.best) or latest(run.checkpoints)
@@ -164,6 +180,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("-c", "--config", help="the config the checkpoint was trained with "
                                                "(default: the run's config.yaml)")
     args = parser.parse_args(argv)
+    _must_exist(Path(args.target))       # the input's own mistakes, before paddle's import
+    if args.out:
+        check_out(Path(args.out))
     from .runtime.process import quiet_paddle
 
     with quiet_paddle():

@@ -76,10 +76,10 @@ class Predictor:
     """
 
     def __init__(self, folder, device: Optional[str] = None):
+        self.folder = Path(folder)
+        self.deploy = read_deploy(self.folder)           # before paddle's import: a wrong folder is quick
         from paddle import inference
 
-        self.folder = Path(folder)
-        self.deploy = read_deploy(self.folder)
         gpu = gpu_index(device if device is not None else envlib.detect().device)
         config = inference.Config(str(self.folder / self.deploy["model_file"]),
                                   str(self.folder / self.deploy["params_file"]))

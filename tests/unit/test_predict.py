@@ -109,3 +109,9 @@ def test_a_malformed_device_is_a_one_line_user_error(exported, device):
     with pytest.raises(UserError, match="is not 'cpu' or 'gpu:N'") as refused:
         predict.Predictor(exported, device=device)
     assert "\n" not in str(refused.value) and FakeConfig.made == []
+
+
+def test_a_folder_without_deploy_json_is_said_before_paddles_import(tmp_path, without_paddle):
+    done = without_paddle("-m", "paddle_dist.predict", str(tmp_path), "digit.png")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: {tmp_path} holds no readable deploy.json; give a directory written by python -m paddle_dist.export")

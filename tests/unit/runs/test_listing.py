@@ -2,10 +2,8 @@
 (written by monitor.Monitor, as training writes them) and checkpoint folders."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 from paddle_dist.runtime import monitor as rank_monitor
@@ -97,24 +95,16 @@ def test_the_command_prints_a_table_or_json_and_refuses_a_missing_root(tmp_path,
     assert listing.main(["--root", str(root), "-n", "0"]) == 2
 
 
-def test_the_command_runs_where_paddle_is_not_installed(tmp_path):
+def test_the_command_runs_where_paddle_is_not_installed(tmp_path, without_paddle):
     """runs/ reads runs with the standard library: `python -m paddle_dist.runs` in a fresh
-    interpreter whose `import paddle` fails as on a machine without it (a stand-in package
-    first on the path that raises ModuleNotFoundError) lists a run, its step and its
-    latest checkpoint."""
+    interpreter whose `import paddle` fails as on a machine without it lists a run, its
+    step and its latest checkpoint."""
     root = tmp_path / "runs"
     _run_dir(root, "failed", ("failed", {"step": 12, "error": RuntimeError("boom")}), checkpoint=10)
-    absent = tmp_path / "no_paddle" / "paddle"
-    absent.mkdir(parents=True)
-    (absent / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'paddle'\", name='paddle')\n")
-    repo = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-m", "paddle_dist.runs", "--root", str(root), "--json"],
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(absent.parent), str(repo)])},
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = without_paddle("-m", "paddle_dist.runs", "--root", str(root), "--json")
     assert done.returncode == 0, done.stderr
     (run,) = json.loads(done.stdout)
     assert (run["state"], run["step"], run["checkpoint_step"]) == ("failed", 12, 10)
     assert run["last_checkpoint"].endswith("ckpt_000000010")
-    check = subprocess.run([sys.executable, "-c", "import paddle"], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": str(absent.parent)})
+    check = without_paddle("-c", "import paddle")
     assert "No module named 'paddle'" in check.stderr         # the stand-in does stand in
