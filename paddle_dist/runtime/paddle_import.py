@@ -92,7 +92,7 @@ def install(after: Optional[Callable] = None) -> None:
     is imported already, call `after(paddle)` at once instead."""
     loaded = sys.modules.get("paddle")
     if loaded is not None:
-        if after is not None and hasattr(loaded, "DataParallel"):
+        if after is not None:
             after(loaded)
     elif not any(getattr(finder, "pauses_collector", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, PaddleFinder(after))

@@ -11,6 +11,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
+def fresh_python(tmp_path):
+    """run(code, *path): `code` in a fresh interpreter started in `tmp_path` whose PYTHONPATH
+    is `path`; its (stdout, stderr). The test fails if it exits with an error."""
+    def run(code, *path):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout, done.stderr
+    return run
+
+
+@pytest.fixture
 def without_paddle(tmp_path):
     """Run `python ARGS` from `tmp_path` in a fresh interpreter whose `import paddle` fails
     as on a machine without it (a stand-in package first on the path raises

@@ -6,8 +6,6 @@ is not needed); attach()'s rules in this process, with the world size patched.
 """
 
 import os
-import subprocess
-import sys
 import types
 
 import paddle
@@ -17,16 +15,6 @@ from paddle_dist.runtime import protocol
 from paddle_dist.runtime.scripthooks import buffers
 
 HOOKS = protocol.SCRIPT_HOOKS
-
-
-def python(code, tmp_path, *path):
-    """Run `code` in a fresh interpreter whose PYTHONPATH is `path`; its stdout and stderr."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout, done.stderr
 
 
 def test_the_hooks_directory_holds_only_sitecustomize():
@@ -40,26 +28,26 @@ def test_script_hooks_put_the_directory_first_once_and_pass_the_option():
     assert protocol.sync_buffers({protocol.SYNC_BUFFERS: "1"}) and not protocol.sync_buffers({})
 
 
-def test_start_up_chains_the_next_sitecustomize_and_imports_nothing_else(tmp_path):
+def test_start_up_chains_the_next_sitecustomize_and_imports_nothing_else(tmp_path, fresh_python):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import sys\nsys.path.append('/added')\nRAN = True\n")
-    out, _ = python("import sys, sitecustomize as s\n"
-                    "print(type(sys.meta_path[0]).__name__, s.chained.RAN, s.__file__ == s.HERE + '/sitecustomize.py')\n"
-                    "print(sys.path.index(s.HERE) < sys.path.index(%r), '/added' in sys.path)\n"
-                    "print(sorted(m for m in ('paddle', 'paddle_dist', 'numpy') if m in sys.modules))\n" % str(other),
-                    tmp_path, HOOKS, other)
+    out, _ = fresh_python("import sys, sitecustomize as s\n"
+                          "print(type(sys.meta_path[0]).__name__, s.chained.RAN, s.__file__ == s.HERE + '/sitecustomize.py')\n"
+                          "print(sys.path.index(s.HERE) < sys.path.index(%r), '/added' in sys.path)\n"
+                          "print(sorted(m for m in ('paddle', 'paddle_dist', 'numpy') if m in sys.modules))\n" % str(other),
+                          HOOKS, other)
     assert out.split("\n")[:3] == ["PaddleFinder True True", "True True", "[]"]
 
 
-def test_a_failing_next_sitecustomize_is_reported_as_python_does_and_the_hook_stays(tmp_path):
+def test_a_failing_next_sitecustomize_is_reported_as_python_does_and_the_hook_stays(tmp_path, fresh_python):
     (tmp_path / "sitecustomize.py").write_text("raise RuntimeError('broken')\n")
-    out, err = python("import sys; print(type(sys.meta_path[0]).__name__)", tmp_path, HOOKS, tmp_path)
+    out, err = fresh_python("import sys; print(type(sys.meta_path[0]).__name__)", HOOKS, tmp_path)
     assert out.strip() == "PaddleFinder"
     assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nRuntimeError: broken" in err
 
 
-def test_every_data_parallel_class_is_hooked_once_paddle_has_run(tmp_path):
+def test_every_data_parallel_class_is_hooked_once_paddle_has_run(tmp_path, fresh_python):
     """A stand-in paddle: its DataParallel, a subclass and its own loader seen by the package."""
     fake = tmp_path / "fake"
     (fake / "paddle").mkdir(parents=True)
@@ -68,17 +56,17 @@ def test_every_data_parallel_class_is_hooked_once_paddle_has_run(tmp_path):
         "class DataParallel:\n"
         "    def __init__(self, layers):\n"
         "        self.layers = layers\n")
-    out, _ = python("import sys, sitecustomize as s\n"
-                    "made = []\n"
-                    "s.attach = made.append\n"
-                    "import paddle\n"
-                    "class Mine(paddle.DataParallel):\n"
-                    "    def __init__(self, layers):\n"
-                    "        super().__init__(layers)\n"
-                    "a, b = paddle.DataParallel(1), Mine(2)\n"
-                    "print(made == [a, b], paddle.LOADER is paddle.__loader__ is paddle.__spec__.loader,\n"
-                    "      type(paddle.__loader__).__name__)\n",
-                    tmp_path, HOOKS, fake)
+    out, _ = fresh_python("import sys, sitecustomize as s\n"
+                          "made = []\n"
+                          "s.attach = made.append\n"
+                          "import paddle\n"
+                          "class Mine(paddle.DataParallel):\n"
+                          "    def __init__(self, layers):\n"
+                          "        super().__init__(layers)\n"
+                          "a, b = paddle.DataParallel(1), Mine(2)\n"
+                          "print(made == [a, b], paddle.LOADER is paddle.__loader__ is paddle.__spec__.loader,\n"
+                          "      type(paddle.__loader__).__name__)\n",
+                          HOOKS, fake)
     assert out.strip() == "True True SourceFileLoader"
 
 
