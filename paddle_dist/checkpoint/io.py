@@ -107,7 +107,9 @@ class AsyncSaver:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._idle = threading.Condition(self._lock)        # notified when a writer stops
+        self._writer: Optional[threading.Thread] = None     # the one thread draining the queue
+        self._running = False               # whether _writer's start() returned or it began
         self._pending: Dict[Path, tuple] = {}      # root -> its newest queued write, in order
         self._error: Optional[BaseException] = None
         self._path: Optional[Path] = None
@@ -120,19 +122,27 @@ class AsyncSaver:
         with self._lock:
             self._pending.pop(Path(root), None)         # the newer snapshot goes last
             self._pending[Path(root)] = (Path(root), snap, keep_last, before_write)
-            if self._thread is None:
+            if self._writer is None:
                 # Not a daemon: if training dies, the interpreter still finishes the write.
-                self._thread = threading.Thread(target=self._drain, name="paddle_dist-checkpoint")
-                self._thread.start()
+                self._writer = threading.Thread(target=self._drain, name="paddle_dist-checkpoint")
+                self._running = False
+                self._writer.start()
+                self._running = True
 
     def wait(self) -> Optional[Path]:
-        """Block until every queued write is done; return the last path, or re-raise."""
-        while True:
-            with self._lock:
-                thread = self._thread
-            if thread is None:
-                break
-            thread.join()
+        """Block until every queued write is done; return the last path, or re-raise.
+
+        A queue with no running writer is written here, on the calling thread: Ctrl-C can
+        land inside submit() while the writer is being started, and that thread may then run
+        late or never (it steps aside when it finds the queue taken over)."""
+        with self._lock:
+            while self._writer is not None and self._running:
+                self._idle.wait()
+            take_over = bool(self._pending)
+            if take_over:
+                self._writer = threading.current_thread()
+        if take_over:
+            self._drain()
         self._raise_error()
         return self._path
 
@@ -146,11 +156,18 @@ class AsyncSaver:
             raise error
 
     def _drain(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._lock:
+                if self._writer is not me:
+                    return                              # wait() took the queue over
+                self._running = True
+                if self._error is not None:
+                    self._pending.clear()               # not written after a failed write
                 job = self._pending.pop(next(iter(self._pending))) if self._pending else None
-                if job is None or self._error is not None:
-                    self._thread = None
+                if job is None:
+                    self._writer = None
+                    self._idle.notify_all()
                     return
             root, snap, keep_last, before_write = job
             try:

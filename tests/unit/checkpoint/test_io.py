@@ -329,6 +329,47 @@ def test_async_saver_reraises_a_failed_write_once(tmp_path, one_step):
     assert saver.wait() == tmp_path / "ok" / "ckpt_000000001"
 
 
+class _StartInterrupted(threading.Thread):
+    """Ctrl-C inside Thread.start(): the thread runs only once `gate` is set, or never."""
+    gate = None
+    made: list = []
+
+    def start(self):
+        _StartInterrupted.made.append(self)
+        if self.gate is not None:
+            super().start()
+        raise KeyboardInterrupt
+
+    def run(self):
+        assert self.gate.wait(timeout=60)
+        super().run()
+
+
+@pytest.mark.parametrize("runs", ["never", "late"])
+def test_ctrl_c_while_the_writer_starts_still_writes_the_checkpoint_once(tmp_path, one_step,
+                                                                        monkeypatch, runs):
+    net, opt, _ = one_step
+    writers, real_write = [], ck.write
+    monkeypatch.setattr(ck.io, "write", lambda *a: writers.append(threading.current_thread()) or real_write(*a))
+    monkeypatch.setattr(_StartInterrupted, "gate", threading.Event() if runs == "late" else None)
+    monkeypatch.setattr(_StartInterrupted, "made", [])
+    saver = ck.AsyncSaver()
+    with monkeypatch.context() as patched:
+        patched.setattr(threading, "Thread", _StartInterrupted)
+        with pytest.raises(KeyboardInterrupt):
+            saver.submit(tmp_path, ck.snapshot(net, opt, meta(7)), keep_last=0)
+    assert saver.wait() == tmp_path / "ckpt_000000007"       # written here, on this thread
+    assert writers == [threading.current_thread()]
+    if runs == "late":
+        _StartInterrupted.gate.set()
+        (late,) = _StartInterrupted.made
+        late.join(timeout=60)
+        assert not late.is_alive() and writers == [threading.current_thread()]
+    assert ck.latest(tmp_path) == tmp_path / "ckpt_000000007"
+    saver.submit(tmp_path, ck.snapshot(net, opt, meta(8)), keep_last=0)   # a new writer thread
+    assert saver.wait() == tmp_path / "ckpt_000000008" and writers[-1] is not threading.current_thread()
+
+
 # ---------------------------------------------------------------- names, pruning, crashes
 def test_keep_last_two_after_four_saves(tmp_path, one_step):
     net, opt, names = one_step
