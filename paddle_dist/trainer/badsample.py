@@ -11,6 +11,10 @@ function run inside `Guarded`/`GuardedCollate`, which write the description to a
 of their own in the job's private directory before the worker dies, and the rank's
 loader (`raise_noted`) raises it in place of Paddle's line.
 
+A batch that cannot be collated names the sample whose layout differs from the others'
+(`odd_samples`): a shuffled batch's indices are no range, and the failing one is rarely
+its first or last.
+
 Example:
     raise DataError(describe(exc, "reading sample 17 of Points"))
     # 'reading sample 17 of Points failed: ValueError: bad label (points.py:42, in __getitem__)'
@@ -20,21 +24,87 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections import Counter
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import DataError
 from ..security import private
 
 NOTE = "sample-error-"          # <job dir>/sample-error-<worker pid>: a worker's last failure
 _read: List[int] = []           # in a worker: the indices read since its last collate
+LISTED = 3                      # at most this many samples are named in a line
 
 
-def describe(exc: BaseException, what: str) -> str:
-    """One line: what failed, the exception, and the user's line that raised it."""
+def describe(exc: BaseException, what: str, detail: str = "") -> str:
+    """One line: what failed, the exception, the user's line that raised it, and `detail`."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return (f"{what} failed: {type(exc).__name__}: {message}{user_frame(exc)}; the sample is the data's, so "
-            "running again fails the same way: fix or drop it")
+    return (f"{what} failed: {type(exc).__name__}: {message}{user_frame(exc)}{': ' + detail if detail else ''}; "
+            "the sample is the data's, so running again fails the same way: fix or drop it")
+
+
+def collate_failure(exc: BaseException, samples: Sequence, indices: List[int], collate_fn: Callable) -> str:
+    """The line for a batch `collate_fn` could not collate, naming the sample that differs.
+
+    Example:
+        collate_failure(exc, samples, [350, 300, 12], default_collate_fn)
+        # 'collating samples 350, 300, 12 with default_collate_fn failed: ValueError: ...:
+        #  sample 300 has float32 [3, 64, 64] in its [0] where the batch's others have ...'
+    """
+    what = f"collating samples {span(indices)} with {getattr(collate_fn, '__name__', 'collate_fn')}"
+    return describe(exc, what, odd_samples(samples, indices))
+
+
+def odd_samples(samples: Sequence, indices: List[int]) -> str:
+    """Where the samples' layouts (their fields' dtypes and shapes) first differ, by index:
+    the few that differ from a majority, or else the first few; "" when all are alike.
+
+    Example:
+        odd_samples([a32, a32, a64], [4, 5, 6])
+        # "sample 6 has float32 [3, 64, 64] where the batch's others have float32 [3, 32, 32]"
+    """
+    if len(samples) != len(indices) or len(samples) < 2:
+        return ""
+    layouts = [dict(_fields(sample)) for sample in samples]
+    paths = list(dict.fromkeys(path for layout in layouts for path in layout))
+    for path in paths:          # a container's own path comes before its fields'
+        kinds = [layout.get(path, "nothing") for layout in layouts]
+        if len(set(kinds)) > 1:
+            return _differing(kinds, indices, f" in its {path}" if path else "")
+    return ""
+
+
+def _differing(kinds: List[str], indices: List[int], where: str) -> str:
+    (usual, count), *rest = Counter(kinds).most_common()
+    odd = [(i, kind) for i, kind in zip(indices, kinds) if kind != usual]
+    if count >= 2 and count > rest[0][1] and len(odd) <= LISTED:
+        named = ", ".join(f"sample {i} has {kind}" for i, kind in odd)
+        return f"{named}{where} where the batch's others have {usual}"
+    named = ", ".join(f"sample {i} has {kind}" for i, kind in zip(indices[:LISTED], kinds))
+    return (f"the samples differ{where}: {named}, ... ({len(rest) + 1} layouts in {len(kinds)} samples); "
+            "pad them to one shape in a collate_fn")
+
+
+def _fields(value, path: str = ""):
+    """(path, kind) of a sample and of each field in it, as a collate recurses into them."""
+    if isinstance(value, dict):
+        yield path, "a dict of " + ", ".join(map(repr, value))
+        for key, field in value.items():
+            yield from _fields(field, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        yield path, f"a {type(value).__name__} of {len(value)}"
+        for i, field in enumerate(value):
+            yield from _fields(field, f"{path}[{i}]")
+    else:
+        yield path, _kind(value)
+
+
+def _kind(value) -> str:
+    """'float32 [3, 32, 32]' for an array or tensor, else the value's type's name."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return type(value).__name__
+    return f"{str(getattr(dtype, 'name', dtype)).replace('paddle.', '')} {list(shape)}"
 
 
 def user_frame(exc: BaseException) -> str:
@@ -53,7 +123,13 @@ def name_of(dataset) -> str:
 
 
 def span(indices: List[int]) -> str:
-    return ", ".join(map(str, indices)) if len(indices) <= 4 else f"{indices[0]}..{indices[-1]}"
+    """'32..39' for a run of consecutive indices; else the first few (a shuffled batch's
+    first and last would read as a range that the failing sample need not be in)."""
+    if len(indices) > 4 and list(indices) == list(range(indices[0], indices[0] + len(indices))):
+        return f"{indices[0]}..{indices[-1]}"
+    if len(indices) <= 5:
+        return ", ".join(map(str, indices))
+    return ", ".join(map(str, indices[:4])) + f", ... ({len(indices)} samples)"
 
 
 class Guarded:
@@ -91,8 +167,7 @@ class GuardedCollate:
         try:
             return self.collate_fn(samples)
         except Exception as exc:
-            _note(self.folder, describe(exc, f"collating samples {span(indices)} with "
-                                             f"{getattr(self.collate_fn, '__name__', 'collate_fn')}"))
+            _note(self.folder, collate_failure(exc, samples, indices, self.collate_fn))
             raise
 
 

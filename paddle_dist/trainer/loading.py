@@ -25,7 +25,7 @@ from paddle.io.dataloader.collate import default_collate_fn
 
 from ..security import private
 from ..errors import ConfigError, DataError
-from .badsample import Guarded, GuardedCollate, describe, name_of, raise_noted, span
+from .badsample import Guarded, GuardedCollate, collate_failure, describe, name_of, raise_noted
 from .feed import Feed
 
 # The DataLoader settings carried over from a user's loader (besides its workers and collate).
@@ -179,8 +179,7 @@ class SampleLoader:
             try:
                 collated = self.collate_fn(samples)
             except Exception as exc:
-                raise DataError(describe(exc, f"collating samples {span(indices)} with "
-                                              f"{getattr(self.collate_fn, '__name__', 'collate_fn')}")) from exc
+                raise DataError(collate_failure(exc, samples, indices, self.collate_fn)) from exc
             yield to_tensors(collated)
 
     def __len__(self):
