@@ -139,7 +139,9 @@ def _start(spec: JobSpec, attempt: int, known: Dict[int, Node]) -> int:
                 return code
             _say_without(met, cfg, known)
             spec = dataclasses.replace(spec, run_dir=run_dir)     # the one node 0 named
-            cfg, p = attempt_config(spec, attempt, met), launcher.plan(spec, attempt, met)   # who met
+            # always: a machine left with one rank still starts it as a child, supervised
+            # like any other attempt's (this process is the launcher, not a rank).
+            cfg, p = attempt_config(spec, attempt, met), launcher.plan(spec, attempt, met, always=True)
             if p.gate is None:         # one machine left: its ranks meet on its loopback
                 met.rendezvous.close()
                 met = None
@@ -168,7 +170,7 @@ def _say_without(met: Meeting, cfg: configlib.Config, known: Dict[int, Node]) ->
     absent = ", ".join(f"node_rank {r}" + (f" ({', '.join(dict.fromkeys(filter(None, (known[r].host, known[r].address))))})"
                                            if r in known else "") for r in met.absent)
     print(f"paddle_dist: going on without {absent}: {len(met.nodes)} of {cfg.dist.nnodes} machines "
-          f"(dist.nnodes={cfg.dist.min_nnodes}:{cfg.dist.nnodes}), {met.world_size} ranks"
+          f"(dist.nnodes={cfg.dist.min_nnodes}:{cfg.dist.nnodes}), {met.world_size} rank{'s' * (met.world_size != 1)}"
           + (f" (were {was})" if was and was != met.world_size else "")
           + (f"; this machine is node_rank {met.node_rank} now" if met.node_rank != cfg.dist.node_rank else ""),
           flush=True)

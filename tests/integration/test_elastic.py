@@ -82,3 +82,21 @@ def _lose_host_b(two_hosts, clean: Path, out: Path, port: int, api: str) -> None
     assert [s["state"] for s in status] == ["done", "done"]
     assert not (out / "status" / "rank2.json").exists()      # host B's old records went
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
+
+
+def test_a_machine_of_one_rank_lost_leaves_the_other_to_finish_on_one_rank(two_hosts, tmp_path):
+    """2 machines x 1 rank: host A's launcher goes on with its one rank, started as its child
+    like any attempt's ranks, which finishes the run with 2 micro-batches a step."""
+    out = tmp_path / "one"
+    a, b = _both(two_hosts, out, 6183, "-o", "dist.nprocs=1", "-o", "dist.nnodes=1:2",
+                 "-o", "dist.max_restarts=1", "-o", "dist.last_call=2", "-o", "faults.inject=lose:1:12")
+    assert b.returncode == -9, (b.returncode, b.stderr[-2000:])
+    check(a)
+    assert (f"paddle_dist: going on without node_rank 1 ({socket.gethostname()}, {two_hosts.ip_b}): 1 of 2 machines "
+            "(dist.nnodes=1:2), 1 rank (were 2)") in a.stdout, a.stdout
+    log = (out / "logs" / "rank0.log").read_text()
+    assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 32" in log, log
+    assert sorted(_samples(out)) == list(range(1, 25))
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 24
+    assert json.loads((out / "status" / "rank0.json").read_text())["state"] == "done"
+    assert not (out / "status" / "rank1.json").exists()

@@ -3,6 +3,7 @@ fewer, the job's plan for the machines that met, and the injected loss of a mach
 The whole story across two hosts is tests/integration/test_elastic.py."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from paddle_dist import config as configlib
 from paddle_dist.errors import ConfigError, UserError
 from paddle_dist.launch import job, jobspec, launcher, rendezvous
 from paddle_dist.runs.topology import Meeting, Node
-from paddle_dist.runtime import inject
+from paddle_dist.runtime import inject, protocol
 
 from tests.unit.launch.test_rendezvous import _Node, _listening
 
@@ -99,6 +100,31 @@ def test_the_job_goes_on_with_the_machines_that_met_and_says_which_is_lost(capsy
     job._say_without(every, cfg, {})
     assert capsys.readouterr().out == ""
     assert jobspec.attempt_config(spec, 0, every).to_dict() == configlib.derived(cfg, {"output.run_dir": "/runs/x"}).to_dict()
+
+
+class _Closed:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_machine_left_with_one_rank_starts_it_as_the_launchers_child(monkeypatch, tmp_path):
+    """2 machines x 1 rank, node_rank 1 lost: node 0 goes on with 1 rank, which its launcher
+    starts itself as any attempt's ranks (a plan of mode none would start nothing)."""
+    cfg = configlib.with_overrides(["dist.nnodes=1:2", "dist.master=127.0.0.1:6170", "dist.nprocs=1"])
+    spec = dataclasses.replace(jobspec.resolve(cfg, script="train.py", builtin=True), run_dir=tmp_path)
+    rendezvous_ = _Closed()
+    met = Meeting.of("run", {0: Node(1, "127.0.0.1")}, 2, node_rank=0, rendezvous=rendezvous_)
+    monkeypatch.setattr(job, "_meet_and_name_run", lambda gate, cfg, run_dir: (0, met, run_dir))
+    planned = []
+    monkeypatch.setattr(job.launcher, "launch", lambda p, **kw: planned.append((p, kw)) or 0)
+    assert job._start(spec, 1, {0: Node(1, "127.0.0.1"), 1: Node(1, "127.0.0.2")}) == 0
+    [(p, kw)] = planned
+    assert (p.mode, p.direct, p.nprocs, p.gate, kw["met"]) == ("launch", True, 1, None, None)
+    assert rendezvous_.closed        # its ranks meet on its loopback, not at the machines' meeting
+    ran = json.loads(p.env[protocol.JOB_CONFIG])
+    assert (ran["dist"]["nnodes"], ran["checkpoint"]["resume"]) == (1, "auto")
 
 
 def test_an_srun_task_on_fewer_nodes_than_the_most_is_an_elastic_jobs_node():
