@@ -55,14 +55,14 @@ class Source:
         if data is None or isinstance(data, Source):
             return data
         if isinstance(data, paddle.io.DataLoader):
-            return cls._from_loader(data, what)
+            return _with_samples(cls._from_loader(data, what), what)
         if isinstance(data, paddle.io.IterableDataset):
             raise ConfigError(f"fit({what}=...) is an IterableDataset, which paddle_dist cannot "
                               "shard or resume; give a map-style paddle.io.Dataset (__getitem__, __len__)")
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             raise ConfigError(f"fit({what}=...) takes a paddle.io.Dataset or a paddle.io.DataLoader, "
                               f"not {type(data).__name__}")
-        return cls(data)
+        return _with_samples(cls(data), what)
 
     @classmethod
     def _from_loader(cls, loader, what: str) -> "Source":
@@ -126,6 +126,20 @@ class Source:
         if self.gathers(batched):
             return BatchLoader(self.dataset, batch_sampler)
         return SampleLoader(self.dataset, batch_sampler, self.collate_fn)
+
+
+def _with_samples(source: Source, what: str) -> Source:
+    """`source`, unless it is an eval set without samples: its evaluation would say
+    "0 on 0 samples" and choose the best checkpoint from that, silently.
+
+    Example:
+        _with_samples(Source(Nothing()), "eval_data")   # DataError: ... has no samples ...
+    """
+    if what == "eval_data" and len(source) == 0:
+        raise DataError(f"fit({what}=...) has no samples ({name_of(source.dataset)}, len 0): its "
+                        "evaluation would report 0 on 0 samples and pick the best checkpoint from that; "
+                        f"give it a dataset with samples, or leave {what} out to train without evaluation")
+    return source
 
 
 class BatchLoader:
