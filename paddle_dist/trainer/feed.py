@@ -90,8 +90,8 @@ class Feed:
                 (self.input_names and all(n in batch for n in self.input_names)):
             return ""
         tensors = [k for k, v in batch.items() if hasattr(v, "shape")]
-        fix = (f"inputs=[paddle.static.InputSpec(name={tensors[0]!r})]" if tensors else "inputs=") + (
-            f", labels=[paddle.static.InputSpec(name={tensors[1]!r})]" if len(tensors) > 1 else "")
+        fix = (f"inputs=[{spec_text(tensors[0], batch[tensors[0]])}]" if tensors else "inputs=") + (
+            f", labels=[{spec_text(tensors[1], batch[tensors[1]])}]" if len(tensors) > 1 else "")
         keys = "; ".join(f"{k}: {describe([v]) if hasattr(v, 'shape') else type(v).__name__}"
                          for k, v in batch.items())
         return (f"; the samples are dicts with keys {keys}, none named after forward's arguments "
@@ -161,6 +161,19 @@ class Feed:
         inputs, and the labels too when the model computes its loss (counts, once known)."""
         inputs, labels = self.counts or (self.input_count, 0)
         return inputs + labels if self.model_loss else inputs
+
+
+def spec_text(name: str, value) -> str:
+    """The code of an InputSpec naming a batch's field `name` after its value's shape (the
+    batch dimension left open) and dtype: what a hint can suggest to paste, since Paddle's
+    InputSpec takes no name without a shape.
+
+    Example:
+        spec_text("img", paddle.ones([8, 3, 32, 32]))   # "paddle.static.InputSpec([None, 3, 32, 32], 'float32', 'img')"
+    """
+    shape = [None, *(int(d) for d in list(value.shape)[1:])]
+    dtype = str(value.dtype).replace("paddle.", "")
+    return f"paddle.static.InputSpec({shape}, {dtype!r}, {name!r})"
 
 
 def batch_size_of(inputs: Sequence) -> int:

@@ -11,7 +11,8 @@
     fit_habits.py own_sampler         # a DataLoader with a batch sampler of the user's own
     fit_habits.py aux_heads OUT       # a model with extra heads in training only, and a loss
                                       # that takes them all (as PaddleSeg's); prints what it saw
-    fit_habits.py dict_keys           # dict samples whose keys are not forward's names
+    fit_habits.py dict_keys [FIX]     # dict samples whose keys are not forward's names; FIX:
+                                      # fit()'s keyword arguments, e.g. "inputs=[...]"
     fit_habits.py sync_bn OUT [NORM]  # a SyncBatchNorm on a CPU (NORM=bn: a BatchNorm1D instead);
                                       # rank 0 writes OUT/<NORM>.npz
     fit_habits.py untrained           # a trainable head the loss never reaches
@@ -232,7 +233,8 @@ class Named(paddle.io.Dataset):
         return 16
 
 
-def dict_keys():
+def dict_keys(fix=""):
+    """`fix`: the keyword arguments of the fit() the refusal suggests, pasted as it gives them."""
     class Net(paddle.nn.Layer):
         def __init__(self):
             super().__init__()
@@ -240,7 +242,8 @@ def dict_keys():
 
         def forward(self, x):
             return self.fc(x)
-    paddle_dist.fit(Net(), Named(), epochs=1, batch_size=4)
+    given = eval(f"dict({fix})", {"paddle": paddle}) if fix else {}     # noqa: S307  (the hint's code)
+    paddle_dist.fit(Net(), Named(), epochs=1, batch_size=4, **given)
 
 
 def sync_bn(out, norm="sync"):
@@ -327,5 +330,5 @@ def schedule(out):
 
 if __name__ == "__main__":
     {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts, "bad_sample": bad_sample,
-     "sync_bn": sync_bn,
+     "sync_bn": sync_bn, "dict_keys": dict_keys,
      "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])
