@@ -1,6 +1,6 @@
 """`python -m paddle_dist.launch --sync-buffers` on a plain script: its paddle.DataParallel
 keeps BatchNorm statistics equal on every rank, so the metric the ranks sum is the saved
-model's; without the option, rank 0 says once that it is not.
+model's; rank 0 says once which of the two it is.
 
 The script (scripts/bn_plain.py) trains a BatchNorm CNN on 2 ranks, each rank evaluates
 its shard of the eval set, rank 0 prints the all-reduced sums and saves its weights; the
@@ -16,6 +16,7 @@ from .procs import ROOT, check, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "bn_plain.py")
 WARNING = "each rank keeps its own BatchNorm statistics"
+SYNCING = "paddle_dist: --sync-buffers: the statistics of"
 
 
 def launched(tmp_path, *options):
@@ -39,6 +40,8 @@ def test_with_the_option_every_rank_has_the_statistics_and_the_metric_is_the_sav
     assert printed["correct"] == saved["correct"]
     assert printed["loss"] == pytest.approx(saved["loss"], rel=1e-6)
     assert WARNING not in result.stdout + result.stderr
+    said = [line for line in (result.stdout + result.stderr).splitlines() if SYNCING in line]
+    assert len(said) == 1 and "2 BatchNorm layers" in said[0], said      # rank 0, once
 
 
 def test_without_it_the_ranks_differ_and_rank_0_says_so_once(tmp_path):

@@ -1,5 +1,6 @@
 """A plain script's `paddle.DataParallel` under `python -m paddle_dist.launch`: its BatchNorm
-statistics kept equal on every rank (--sync-buffers), or a warning that they are not.
+statistics kept equal on every rank (--sync-buffers, said once by rank 0), or a warning
+that they are not.
 
 Paddle's DataParallel never syncs buffers, so each rank's BatchNorm running statistics
 follow its own shard: each rank evaluates with its own, rank 0 saves its own, and a
@@ -33,7 +34,12 @@ OWN = __name__.rpartition(".")[0]      # paddle_dist.runtime.scripthooks: these 
 WARNING = ("paddle_dist: each rank keeps its own BatchNorm statistics ({layers}; paddle.DataParallel "
            "does not sync buffers), so what each rank evaluates and what rank 0 saves differ; add "
            "--sync-buffers to python -m paddle_dist.launch to keep them equal on every rank")
+# Said once when the option is on: the all-reduce after each forward costs step rate.
+SYNCING = ("paddle_dist: --sync-buffers: the statistics of {layers} are all-reduced after each training "
+           "forward, so every rank evaluates and saves the same (the cost grows with the number of "
+           "BatchNorm layers: docs/benchmarks.md)")
 _warned = False
+_said = False
 
 
 def attach(data_parallel) -> Optional[BatchStats]:
@@ -51,6 +57,7 @@ def attach(data_parallel) -> Optional[BatchStats]:
         _say(f"paddle_dist: --sync-buffers leaves a DataParallel over {group.nranks} of {world} "
              "ranks alone (it syncs DataParallels over all ranks)")
         return None
+    say_once(net)
     return sync(data_parallel, types.SimpleNamespace(is_distributed=True))
 
 
@@ -90,6 +97,16 @@ def warn_once(net) -> None:
         return
     _warned = True
     _say(WARNING.format(layers=f"{len(own)} BatchNorm layer{'s' * (len(own) != 1)}"))
+
+
+def say_once(net) -> None:
+    """One line on global rank 0's stderr, once per process, that `net`'s statistics are synced."""
+    global _said
+    if _said or dist.get_rank() != 0:
+        return
+    _said = True
+    count = len(batch_norm_layers(net))
+    _say(SYNCING.format(layers=f"{count} BatchNorm layer{'s' * (count != 1)}"))
 
 
 def made_by_paddle_dist() -> bool:

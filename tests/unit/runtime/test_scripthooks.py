@@ -147,3 +147,20 @@ def test_the_statistics_step_after_training_forwards_only(monkeypatch):
     model.train()
     model(x)
     assert steps == [1]
+
+
+def test_rank_0_says_once_that_the_statistics_are_synced(world, capsys, monkeypatch):
+    """--sync-buffers costs step rate (docs/benchmarks.md): a job that has it on says so."""
+    monkeypatch.setenv(protocol.SYNC_BUFFERS, "1")
+    monkeypatch.setattr(buffers, "_said", False)
+    monkeypatch.setattr(buffers, "sync", lambda data_parallel, env: "synced")
+    world(2, rank=1)
+    assert buffers.attach(wrapped(bn_net())) == "synced"
+    assert capsys.readouterr().err == ""
+    world(2, rank=0)
+    assert buffers.attach(wrapped(bn_net())) == "synced"
+    assert buffers.attach(wrapped(bn_net())) == "synced"
+    err = capsys.readouterr().err
+    assert err == ("paddle_dist: --sync-buffers: the statistics of 1 BatchNorm layer are all-reduced "
+                   "after each training forward, so every rank evaluates and saves the same (the cost "
+                   "grows with the number of BatchNorm layers: docs/benchmarks.md)\n")
