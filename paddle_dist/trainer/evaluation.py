@@ -23,7 +23,7 @@ import paddle.distributed as dist
 
 from ..compat import state_tensors
 from ..sync.grad_sync import collective
-from .feed import Feed, batch_size_of
+from .feed import Feed, batch_size_of, describe
 
 
 class ExactShardSampler(paddle.io.BatchSampler):
@@ -80,13 +80,39 @@ def metric_names(metrics: Sequence) -> List[str]:
 
 
 def builtin_accuracy(outputs: Sequence, labels: Sequence) -> Optional[paddle.Tensor]:
-    """Correct predictions of a classifier ([N, C] scores, N labels), else None."""
+    """Correct predictions of a classifier ([N, C] scores with C >= 2, N labels), else None.
+    One column (a binary classifier's logit, BCEWithLogitsLoss) is left out: its argmax is
+    class 0 for every sample, a constant that says nothing of the model (accuracy_left_out)."""
+    scores = _scores(outputs, labels)
+    if scores is None or scores.shape[1] < 2:
+        return None
+    return (scores.argmax(axis=-1) == labels[0].reshape([-1]).astype("int64")).astype("float64").sum()
+
+
+def accuracy_left_out(outputs: Sequence, labels: Sequence) -> str:
+    """The line that says why a classifier whose scores have one column gets no built-in
+    accuracy, and how to get one; "" for any other outputs.
+
+    Example:
+        accuracy_left_out([logits], [labels])     # logits [8, 1]: 'no built-in accuracy: ...'
+    """
+    scores = _scores(outputs, labels)
+    if scores is None or scores.shape[1] != 1:
+        return ""
+    return (f"no built-in accuracy: the model's scores have one column ({describe([scores])}), and an "
+            "argmax over one column names class 0 for every sample; give fit() metrics=[...] with a "
+            "paddle.metric.Metric whose compute() thresholds the logit (logged as eval_<name>, usable "
+            "as checkpoint.monitor), or a model with one column per class")
+
+
+def _scores(outputs: Sequence, labels: Sequence) -> Optional[paddle.Tensor]:
+    """The one output when it is [N, C] scores for N labels, else None."""
     if len(outputs) != 1 or len(labels) != 1 or not isinstance(outputs[0], paddle.Tensor):
         return None
     out, label = outputs[0], labels[0]
     if len(out.shape) != 2 or int(np.prod(label.shape)) != out.shape[0]:
         return None
-    return (out.argmax(axis=-1) == label.reshape([-1]).astype("int64")).astype("float64").sum()
+    return out
 
 
 @paddle.no_grad()

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from typing import Callable, List
@@ -28,7 +29,7 @@ import paddle
 
 from .amp import AmpPlan, autocast
 from ..errors import DataError, UserError
-from .evaluation import buffers, computed
+from .evaluation import accuracy_left_out, buffers, computed
 from .badsample import user_frame
 from .feed import describe, returns_loss
 
@@ -88,11 +89,21 @@ def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hi
             _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
                   lambda: _training_loss(feed, parts.loss, outputs, labels), hint)
             given = []
+        if what == "evaluation" and parts.task == "classification" and not parts.metrics:
+            _say_accuracy(given, labels)
         for metric in parts.metrics if what == "evaluation" else ():
             name = type(metric).__name__
             _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
                   f"({describe(labels)}) of {held}",
                   lambda: metric.update(*computed(metric, given, labels)), hint)
+
+
+def _say_accuracy(outputs, labels) -> None:
+    """One line at the start when evaluation will leave the built-in accuracy out because
+    the scores have one column (evaluation.accuracy_left_out)."""
+    line = accuracy_left_out(outputs, labels)
+    if line:
+        logging.getLogger("paddle_dist").info(f"paddle_dist: {line}")
 
 
 def _training_loss(feed, loss_fn, outputs, labels):

@@ -224,6 +224,22 @@ def test_dict_samples_split_by_position_say_their_keys_and_the_inputspec_fix(tmp
 
 
 @pytest.mark.compat
+def test_a_one_logit_classifier_gets_no_accuracy_and_one_line_says_why(tmp_path):
+    """An argmax over one column names class 0 for every sample: a constant "accuracy"
+    while the loss falls. Two columns keep the built-in accuracy."""
+    said = {}
+    for columns in ("1", "2"):
+        done = run([SCRIPT, "one_logit", str(tmp_path / columns), columns], cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        said[columns] = done.stdout + done.stderr
+    history = {c: json.loads((tmp_path / c / "metrics.json").read_text())["history"] for c in said}
+    assert all("eval_accuracy" not in h and "eval_loss" in h for h in history["1"])
+    assert "test accuracy" not in said["1"]
+    assert said["1"].count("no built-in accuracy: the model's scores have one column (float32 [8, 1])") == 1
+    assert all("eval_accuracy" in h for h in history["2"]) and "no built-in accuracy" not in said["2"]
+
+
+@pytest.mark.compat
 def test_a_sync_batch_norm_on_a_cpu_runs_as_batch_norm_on_one_rank(tmp_path):
     """Paddle has no CPU kernel for SyncBatchNorm. On one rank its math is a BatchNorm's:
     it trains as one, to the same weights."""

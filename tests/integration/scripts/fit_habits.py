@@ -13,6 +13,8 @@
                                       # that takes them all (as PaddleSeg's); prints what it saw
     fit_habits.py dict_keys [FIX]     # dict samples whose keys are not forward's names; FIX:
                                       # fit()'s keyword arguments, e.g. "inputs=[...]"
+    fit_habits.py one_logit OUT COLUMNS  # a classifier without metrics whose scores have COLUMNS
+                                      # columns: 1 (BCEWithLogitsLoss) or 2 (cross-entropy)
     fit_habits.py sync_bn OUT [NORM]  # a SyncBatchNorm on a CPU (NORM=bn: a BatchNorm1D instead);
                                       # rank 0 writes OUT/<NORM>.npz
     fit_habits.py untrained           # a trainable head the loss never reaches
@@ -246,6 +248,17 @@ def dict_keys(fix=""):
     paddle_dist.fit(Net(), Named(), epochs=1, batch_size=4, **given)
 
 
+def one_logit(out, columns):
+    """A binary classifier evaluated without metrics: one logit with BCEWithLogitsLoss, or
+    two columns with cross-entropy."""
+    paddle.seed(7)
+    model = paddle.nn.Linear(4, int(columns))
+    loss = (lambda logit, y: F.binary_cross_entropy_with_logits(logit, y.astype("float32"))) \
+        if columns == "1" else paddle.nn.CrossEntropyLoss()
+    paddle_dist.fit(model, Points(32, 0), Points(16, 1), loss=loss, epochs=2, batch_size=8,
+                    config=paddle_dist.load_config(overrides=[f"output.run_dir={out}"]))
+
+
 def sync_bn(out, norm="sync"):
     paddle.seed(7)
     layer = paddle.nn.SyncBatchNorm(8) if norm == "sync" else paddle.nn.BatchNorm1D(8)
@@ -330,5 +343,5 @@ def schedule(out):
 
 if __name__ == "__main__":
     {"callbacks": callbacks, "evaluate": evaluate, "replay": replay, "aux_heads": aux_heads, "loss_parts": loss_parts, "bad_sample": bad_sample,
-     "sync_bn": sync_bn, "dict_keys": dict_keys,
+     "sync_bn": sync_bn, "dict_keys": dict_keys, "one_logit": one_logit,
      "schedule": schedule}.get(sys.argv[1], lambda *a: globals()[sys.argv[1]]())(*sys.argv[2:])

@@ -8,7 +8,7 @@ from paddle.static import InputSpec
 from paddle_dist.config import Config, validate
 from paddle_dist.errors import ConfigError, DataError
 from paddle_dist.trainer.ema import Ema, MeasuredClip, warmed_decay
-from paddle_dist.trainer.evaluation import ExactShardSampler, builtin_accuracy, zip_values
+from paddle_dist.trainer.evaluation import ExactShardSampler, accuracy_left_out, builtin_accuracy, zip_values
 from paddle_dist.trainer.feed import Feed
 from paddle_dist.trainer.loading import SampleLoader, Source
 from paddle_dist.trainer.selection import Best
@@ -166,6 +166,16 @@ def test_exact_shards_take_as_many_exchange_rounds_as_rank_0_has_batches():
 def test_builtin_accuracy_only_for_classifier_outputs():
     assert builtin_accuracy([paddle.to_tensor([[0.1, 0.9], [0.8, 0.2]])], [paddle.to_tensor([[1], [1]])]) == 1
     assert builtin_accuracy([t(2, 2, 4, 4)], [t(2, 4, 4, dtype="int64")]) is None
+    # One logit ([N, 1], BCEWithLogitsLoss): an argmax over one column names class 0 for every sample.
+    assert builtin_accuracy([paddle.to_tensor([[2.0], [-2.0]])], [paddle.to_tensor([[1], [0]])]) is None
+
+
+def test_one_column_of_scores_says_why_there_is_no_accuracy_and_two_do_not():
+    line = accuracy_left_out([t(8, 1)], [t(8, 1, dtype="int64")])
+    assert line.startswith("no built-in accuracy: the model's scores have one column (float32 [8, 1])")
+    assert "metrics=" in line
+    assert accuracy_left_out([t(8, 2)], [t(8, 1, dtype="int64")]) == ""
+    assert accuracy_left_out([t(2, 2, 4, 4)], [t(2, 4, 4, dtype="int64")]) == ""     # not a classifier's
 
 
 def test_metric_values_are_named_as_the_metric_names_them():
