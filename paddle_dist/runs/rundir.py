@@ -73,6 +73,9 @@ def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[di
             _check_loadable(path, identity)
         private.restrict(path, cfg.output.share)
         _record(path, identity, command, continues=auto)
+        # A run continued on fewer ranks: the records of ranks it no longer has are an
+        # earlier attempt's (this attempt's ranks each write their own at their start).
+        clear_status(path, [r for r in status.read_all(path) if r >= world_size])
         return Choice(path.resolve())
     root = Path(cfg.output.root)
     _check_own(root, "output.root", must_exist=False)

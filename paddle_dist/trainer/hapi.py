@@ -55,6 +55,7 @@ class _Bridge(paddle.callbacks.Callback):
             # Each micro-batch's loss is divided by its group's size, so the summed
             # gradient is that of the group's mean loss (the epoch's last group may be short).
             self.loss.divisor = min(self.k, len(self.sampler) - step)
+        self.session.seed_micro_batch(step % self.k, self.loss.divisor)
         if self.k > 1:       # only the group's last backward() sends gradients (overlap)
             self.session.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
 

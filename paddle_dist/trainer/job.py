@@ -41,7 +41,7 @@ from ..sync import GradSync, PeerFailure, agree_on_layout, check_optimizer, reso
 from ..sync.batchstats import BatchStats, sync_batch_norm_on_cpu
 from . import callbacks as callbacklib
 from . import firstbatch, hapi, loop
-from . import sampling, schedule
+from . import randomness, sampling, schedule
 from .common import Parts, Position, Result, make_optimizer
 from .session import Session, SessionSetup
 from .resuming import batches_at, resume
@@ -82,13 +82,21 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
     started = time.perf_counter()
     precision = amp.plan(cfg.train, env.device)   # a mode this device cannot run: no run dir
     prepared = _prepare(parts, cfg, env, precision)
-    if cfg.train.max_steps and not configlib.evaluates_only(cfg):    # steps, as suites count: the
-        cfg = configlib.replace_key(cfg, "train.epochs", epochs_for(cfg, prepared.per_epoch))  # epochs they fill
+    cfg = _epochs_of_steps(cfg, prepared.per_epoch)
     run_dir = process.make_run_dir(cfg, env, {"fit": prepared.record} if prepared.record else None)
     try:
         return _monitored(parts, cfg, env, run_dir, precision, prepared, started)
     finally:
         rundir.release(run_dir)   # a process that fits again may choose this run
+
+
+def _epochs_of_steps(cfg, per_epoch: int):
+    """With train.max_steps (steps, as suites count them), train.epochs becomes the epochs
+    those steps fill at `per_epoch` optimizer steps an epoch: the run's, which a
+    continuation on another number of ranks replans (_replanned)."""
+    if not cfg.train.max_steps or configlib.evaluates_only(cfg):
+        return cfg
+    return configlib.replace_key(cfg, "train.epochs", epochs_for(cfg, per_epoch))
 
 
 def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
@@ -242,6 +250,7 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
         if not session.done:
             session.events.train_begin()
             TRAINERS[cfg.train.api].run(session)
+            _check_reached(session)
             session.events.train_end(callbacklib.hapi_logs(session.result.metrics, "eval_"))
         # The ranks compare their final weights (as at every checkpoint: once a step), before
         # session.close() has rank 0 wait for its checkpoint writes: the others must not
@@ -256,6 +265,15 @@ def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpP
     result.samples_per_s = progress.samples_per_s
     result.comm_calls, result.sync_transport = grad_sync.calls, grad_sync.used
     return result
+
+
+def _check_reached(session: Session) -> None:
+    """A run is done at its last step (or an early stop, which moves the limit there), never
+    before: epochs that ran out first would record a shorter run as finished."""
+    if not session.done:
+        raise RuntimeError(f"training ended at step {session.pos.global_step} of {session.limit}: "
+                           f"its {session.cfg.train.epochs} epoch(s) ran out first; this is a bug in "
+                           "paddle_dist's step count, please report it with the run's config.yaml")
 
 
 def _agree_on_metrics(parts: Parts, env, phase) -> None:
@@ -328,10 +346,13 @@ def _replanned(parts: Parts, cfg, env, prepared: Prepared, plan: DataPlan, log):
     the steps per epoch and the lr policy (a function of the global batch) stay the run's."""
     cfg = configlib.replace_key(cfg, "train.accumulate_steps", plan.per_rank(env.world_size))
     per_epoch = -(-batches_at(parts, cfg)(plan.world) // plan.accumulate)
+    cfg = _epochs_of_steps(cfg, per_epoch)       # the run's steps fill the run's epochs
     limit = total_steps(cfg, per_epoch)
     policy, text = _lr_policy(cfg, env, prepared.optimizer, per_epoch, limit, parts.callbacks,
                               base=prepared.base_lr)
-    log.info(f"paddle_dist: {sampling.describe(plan, env.world_size, cfg.train.batch_size)}")
+    drawn = randomness.describe(parts.model)
+    log.info(f"paddle_dist: {sampling.describe(plan, env.world_size, cfg.train.batch_size)}"
+             + (f"; {drawn}" if drawn else ""))
     return cfg, dataclasses.replace(prepared, per_epoch=per_epoch, limit=limit, lr_policy=policy, lr_text=text)
 
 

@@ -39,7 +39,7 @@ def run(session: Session) -> None:
         for group in groups(loader, k):
             session.before_step()
             loss = step(model, parts.loss, group, session.optimizer, session.amp, session.scaler,
-                        session.sync.arm, parts.feed, session.sync.in_backward)
+                        session.sync.arm, parts.feed, session.sync.in_backward, session.seed_micro_batch)
             if session.after_step(loss, parts.feed.step_parts):
                 break
         session.end_epoch(epoch)
@@ -61,7 +61,8 @@ def groups(batches, k: int):
 
 def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
          arm: Callable[[bool], None] = lambda final: None, feed: Feed = None,
-         in_backward: Callable = contextlib.nullcontext) -> paddle.Tensor:
+         in_backward: Callable = contextlib.nullcontext,
+         seed: Callable[[int, int], None] = lambda index, share: None) -> paddle.Tensor:
     """One optimizer step over the micro-batches in `group`; returns their mean loss as a
     detached float64 tensor on the device (the means of its parts, if any, are left in
     `feed.step_parts`) (read it on the host only when it is needed:
@@ -71,12 +72,15 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
     is that of the mean loss over all the group's samples (equal micro-batch sizes).
     `precision` and `scaler`: mixed precision and its loss scaling (amp.py); `arm(final)`
     tells the gradient sync whether an optimizer step follows the coming backward().
-    `group` holds (inputs, labels) lists, split by `feed` (default: one input, the rest labels)."""
+    `group` holds (inputs, labels) lists, split by `feed` (default: one input, the rest labels).
+    `seed(index, share)` seeds the generators before micro-batch `index` of the `share`
+    (randomness.py: dropout that does not depend on the world size)."""
     feed = feed or Feed(model, inputs=1)
     total, named = None, {}
     for i, (inputs, labels) in enumerate(group):
         if len(group) > 1:
             arm(i == len(group) - 1)
+        seed(i, len(group))
         with autocast(precision):
             loss, _ = feed.loss_and_outputs(model, loss_fn, inputs, labels)
         part = loss / len(group) if len(group) > 1 else loss

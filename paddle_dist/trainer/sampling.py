@@ -175,7 +175,7 @@ class SeededSamples(paddle.io.Dataset):
     worker or attempt reads it, so a run continued mid-epoch, on any number of ranks and
     with any number of DataLoader workers, sees the samples it would have. In the process
     that made it (no workers) the generators are put back after each sample; a worker's
-    are its own. Randomness inside the model's forward (dropout) is not covered.
+    are its own. Randomness inside the model's forward (dropout): randomness.py.
 
     Example:
         seeded = SeededSamples(dataset, seed=2024)

@@ -27,6 +27,7 @@ from .callbacks import Events, ModelView, hapi_logs
 from .common import Parts, Position, Result
 from .ema import Ema, MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
+from .randomness import MicroBatchDraws
 from .sampling import DataPlan, PlannedBatchSampler
 from .selection import Best
 from ..security import private
@@ -99,6 +100,7 @@ class Session:
         self.checked_at = -1          # the step whose weights the ranks last compared
         # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
         self.plan = setup.plan
+        self.draws = MicroBatchDraws(cfg.train.seed, env.global_rank)
         self.sampler: Optional[PlannedBatchSampler] = None     # the trainer's, once it made it
         self.result = Result(run_dir=setup.run_dir, history=list(setup.history), resumed_from=setup.resumed_from)
 
@@ -118,6 +120,12 @@ class Session:
             self.optimizer.set_lr(self.lr_policy.at(self.pos.global_step))
         if self.events:
             self.events.batch_begin(self.pos.step_in_epoch)
+
+    def seed_micro_batch(self, index: int, share: int) -> None:
+        """Seed the generators before this rank's micro-batch `index` of `share` in the
+        coming optimizer step: dropout draws the same masks for it on any number of ranks
+        (randomness.py)."""
+        self.draws.seed(self.pos.global_step, index, share)
 
     def after_step(self, loss, parts: Optional[Dict[str, Any]] = None) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached.

@@ -2,7 +2,7 @@
 BatchNorm, a DataLoader with 2 workers and random augmentation, an eval set with a metric,
 and (as chosen) an EMA.
 
-    whole_state.py OUT [--callback-ema suite|per-rank] [--epochs 2]
+    whole_state.py OUT [--callback-ema suite|per-rank] [--epochs 2] [--dropout P]
     whole_state.py evaluate WEIGHTS              # one plain process: the eval set, printed as JSON
                                                  # (WEIGHTS: an .npz, or a run directory read
                                                  # by paddle_dist.checkpoint.load_weights)
@@ -12,6 +12,7 @@ ModelEMA: every floating entry of the state_dict (BatchNorm statistics included)
 its decay warm-up, swapped into the model at on_eval_begin and out at on_eval_end.
 --callback-ema per-rank: the same, but its decay follows the rank's own batch loss (an
 "adaptive" EMA): each rank's averages are then its own.
+--dropout P: a Dropout(P) before the head's Linear (as BiSeNetV2's head has one).
 paddle_dist's train.ema_decay / train.ema_warmup come through -o of the launcher.
 
 Rank r writes OUT/evaluated<r>.npz: the state it evaluated last (its callback's averages
@@ -56,15 +57,17 @@ class Boxes(paddle.io.Dataset):
 
 
 class Detector(paddle.nn.Layer):
-    def __init__(self):
+    def __init__(self, dropout=0.0):
         super().__init__()
         self.body = paddle.nn.Sequential(
             paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.BatchNorm2D(8), paddle.nn.ReLU(),
             paddle.nn.Conv2D(8, 8, 3, padding=1, stride=2), paddle.nn.BatchNorm2D(8), paddle.nn.ReLU())
         self.head = paddle.nn.Linear(8 * 4 * 4, 4)
+        self.drop = paddle.nn.Dropout(dropout) if dropout else None
 
     def forward(self, x):
-        return self.head(paddle.flatten(self.body(x), 1))
+        features = paddle.flatten(self.body(x), 1)
+        return self.head(self.drop(features) if self.drop is not None else features)
 
 
 class ModelEMA(paddle.callbacks.Callback):
@@ -105,19 +108,19 @@ class Evaluated(paddle.callbacks.Callback):
             self.state = {k: v.numpy().copy() for k, v in self.net.state_dict().items()}
 
 
-def build():
+def build(dropout=0.0):
     paddle.seed(7)
-    net = Detector()
+    net = Detector(dropout)
     train = paddle.io.DataLoader(Boxes(SAMPLES, 0, augment=True), batch_size=8, shuffle=True, num_workers=2)
     evaluation = paddle.io.DataLoader(Boxes(EVAL_SAMPLES, 1), batch_size=16)
     optimizer = paddle.optimizer.Momentum(0.02, parameters=net.parameters())
     return net, train, evaluation, optimizer
 
 
-def train(out: Path, callback_ema: str, epochs: int):
+def train(out: Path, callback_ema: str, epochs: int, dropout: float = 0.0):
     import paddle_dist
 
-    net, loader, evaluation, optimizer = build()
+    net, loader, evaluation, optimizer = build(dropout)
     callbacks = []
     if callback_ema:
         callbacks.append(ModelEMA(net, per_rank=callback_ema == "per-rank"))
@@ -155,4 +158,5 @@ if __name__ == "__main__":
         args = sys.argv[2:]
         ema = args[args.index("--callback-ema") + 1] if "--callback-ema" in args else ""
         epochs = int(args[args.index("--epochs") + 1]) if "--epochs" in args else 2
-        train(Path(sys.argv[1]), ema, epochs)
+        dropout = float(args[args.index("--dropout") + 1]) if "--dropout" in args else 0.0
+        train(Path(sys.argv[1]), ema, epochs, dropout)
