@@ -173,10 +173,25 @@ class Session:
         self.progress.resume()
 
     def _log_samples(self) -> None:
-        """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py)."""
+        """train.log_samples: rank 0 appends the step's digest of its samples (sampling.py),
+        after a line that marks each attempt: a continued run redoes the steps after its
+        checkpoint, and the rows after the mark are the ones its weights come from.
+
+        Example:
+            # attempt 2: from step 6 on 1 rank(s), continuing checkpoint ckpt_000000005
+            6\t2\t2\t9f2c41d07a3e5b18
+        """
         if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
             digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
-            with open(Run(self.run_dir).samples, "a", opener=private.nofollow) as out:
+            # Set here, not in __init__: only this method writes the file.
+            mark, self._samples_marked = not getattr(self, "_samples_marked", False), True
+            with open(Run(self.run_dir).samples, "a+", opener=private.nofollow) as out:
+                if mark:           # the earlier attempts' marks, read through the same refusal of links
+                    out.seek(0)
+                    attempts, resumed = out.read().count("# attempt "), self.result.resumed_from
+                    out.write(f"# attempt {attempts + 1}: from step {self.pos.global_step} on "
+                              f"{self.env.world_size} rank(s), "
+                              f"{f'continuing checkpoint {Path(resumed).name}' if resumed else 'a new run'}\n")
                 out.write(f"{self.pos.global_step}\t{self.pos.epoch + 1}\t{self.pos.step_in_epoch}\t{digest}\n")
 
     def _save_mid_epoch(self) -> None:

@@ -44,6 +44,8 @@ def _samples(run_dir: Path) -> dict:
     """global step -> the digests of its samples that the run's attempts logged."""
     found: dict = {}
     for line in (run_dir / "samples.tsv").read_text().splitlines():
+        if line.startswith("#"):      # an attempt's mark
+            continue
         step, _, _, digest = line.split("\t")
         found.setdefault(int(step), set()).add(digest)
     return found

@@ -116,6 +116,8 @@ def _last_samples(run_dir):
     after the requeue counts as it ran the second time)."""
     found = {}
     for line in (run_dir / "samples.tsv").read_text().splitlines():
+        if line.startswith("#"):      # an attempt's mark
+            continue
         step, _, _, digest = line.split("\t")
         found[int(step)] = digest
     return found

@@ -124,6 +124,8 @@ def _samples(out: Path) -> dict:
     """global step -> the digests of its samples that the run's attempts logged."""
     found: dict = {}
     for line in (out / "run" / "samples.tsv").read_text().splitlines():
+        if line.startswith("#"):      # an attempt's mark
+            continue
         step, _, _, digest = line.split("\t")
         found.setdefault(int(step), set()).add(digest)
     return found
