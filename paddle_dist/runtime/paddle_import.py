@@ -17,6 +17,10 @@ Two callers put the finder first on sys.meta_path before paddle is imported:
   `after`.
 Where paddle was imported before either, nothing changes.
 
+The import also leaves out Paddle's two-line warning that OMP_NUM_THREADS is above 1, when
+the count is the one paddle_dist's launcher chose for the rank (a share of the cores: one
+rank on 2 cores gets 2), marked in `OMP_CHOSEN`; a count of the user's own keeps it.
+
 Example:
     install()               # then, anywhere later: import paddle
 """
@@ -25,8 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 from typing import Callable, Optional
+
+# The OpenMP thread count the launcher chose for a rank (runtime/variables.py), read here
+# rather than in runtime/env.py: a plain script's sitecustomize loads this file alone.
+OMP_CHOSEN = "PADDLE_DIST_OMP_NUM_THREADS"
+# What `import paddle` prints when OMP_NUM_THREADS > 1 (paddle/base/__init__.py, 2.6 to 3.3).
+OMP_WARNING = ("WARNING: OMP_NUM_THREADS set to ", "PLEASE USE OMP_NUM_THREADS WISELY.")
 
 
 @contextlib.contextmanager
@@ -43,6 +54,52 @@ def collector_paused():
             gc.enable()
 
 
+class _Unwarned:
+    """sys.stderr without Paddle's OMP_NUM_THREADS lines, while paddle is imported: whole
+    lines are passed on as they end, the rest when the import is over (`close`)."""
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if not line.startswith(OMP_WARNING):
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def close(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending)
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def openmp_unwarned():
+    """Run the block (paddle's import) without Paddle's warning on OMP_NUM_THREADS, when the
+    count is the launcher's (`OMP_CHOSEN`).
+
+    Example:
+        with openmp_unwarned():
+            import paddle            # no 'WARNING: OMP_NUM_THREADS set to 2, not 1' for a rank
+    """
+    chosen = os.environ.get(OMP_CHOSEN)
+    if not chosen or chosen != os.environ.get("OMP_NUM_THREADS"):
+        yield
+        return
+    stream = sys.stderr
+    sys.stderr = quiet = _Unwarned(stream)
+    try:
+        yield
+    finally:
+        if sys.stderr is quiet:          # a module that replaced it meanwhile keeps its own
+            sys.stderr = stream
+        quiet.close()
+
+
 class _PausedLoader:
     """The loader of `paddle`, running the package with the collector paused, then `after`.
     Paddle itself only ever sees its own loader (put back before the package runs)."""
@@ -55,7 +112,7 @@ class _PausedLoader:
 
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self.loader
-        with collector_paused():
+        with collector_paused(), openmp_unwarned():
             self.loader.exec_module(module)
         if self.after is not None:
             self.after(module)

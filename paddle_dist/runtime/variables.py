@@ -19,6 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from .devices import DEVICE_FLAG, GpuInfo, probe_gpus
 from .engines import EXTERNAL_ENGINES
 from .env import USER_OMP_NUM_THREADS, DistEnv
+from .paddle_import import OMP_CHOSEN
 from ..errors import UserError
 from ..security import rankgate
 
@@ -54,13 +55,14 @@ def worker_variables(nccl, nprocs: int, cpu_count: Optional[int] = None,
                      environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Variables every worker of a job gets: NCCL settings, and one OpenMP thread share
     per rank on CPU unless the user chose OMP_NUM_THREADS (two ranks each grabbing every
-    core run slower than one)."""
+    core run slower than one). The share is marked as paddle_dist's (`OMP_CHOSEN`), so that
+    a rank's `import paddle` leaves out Paddle's warning about a count above 1."""
     user_set = (USER_OMP_NUM_THREADS is not None if environ is None
                 else "OMP_NUM_THREADS" in environ)
     out = nccl_variables(nccl)
     if not user_set:
         cores = cpu_count or os.cpu_count() or 1
-        out["OMP_NUM_THREADS"] = str(max(1, cores // max(nprocs, 1)))
+        out["OMP_NUM_THREADS"] = out[OMP_CHOSEN] = str(max(1, cores // max(nprocs, 1)))
     return out
 
 

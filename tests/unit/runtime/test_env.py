@@ -16,6 +16,7 @@ from paddle_dist.schema import NcclConfig
 from paddle_dist.runtime.engines import first_host, tasks_per_node
 from paddle_dist.runtime.devices import GpuInfo, check_gpus, parse_gpus
 from paddle_dist.runtime.env import DistEnv, check_started_outside, detect
+from paddle_dist.runtime.paddle_import import OMP_CHOSEN
 from paddle_dist.runtime.variables import paddle_variables
 from paddle_dist.errors import DeviceError, UserError
 
@@ -410,7 +411,7 @@ def test_nccl_variables_from_a_loaded_config():
                                                     (1, 1, "1"), (16, 1, "16")])
 def test_worker_variables_shares_cores_between_ranks(cores, nprocs, threads):
     out = varlib.worker_variables(load().dist.nccl, nprocs, cpu_count=cores, environ={})
-    assert out == {"OMP_NUM_THREADS": threads}
+    assert out == {"OMP_NUM_THREADS": threads, OMP_CHOSEN: threads}     # marked as the launcher's
 
 
 def test_worker_variables_keeps_the_users_omp_num_threads():
@@ -421,7 +422,7 @@ def test_worker_variables_keeps_the_users_omp_num_threads():
 def test_worker_variables_includes_nccl_settings():
     cfg = load(overrides=["dist.nccl.debug=INFO", "dist.nccl.extra={NCCL_ALGO: Tree}"])
     out = varlib.worker_variables(cfg.dist.nccl, 2, cpu_count=4, environ={})
-    assert out == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree", "OMP_NUM_THREADS": "2"}
+    assert out == {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree", "OMP_NUM_THREADS": "2", OMP_CHOSEN: "2"}
 
 
 def test_worker_variables_shares_cores_when_the_user_did_not_set_omp(environ_before_paddle):

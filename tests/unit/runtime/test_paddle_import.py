@@ -5,7 +5,9 @@ where the case is about failing)."""
 
 from pathlib import Path
 
-from paddle_dist.runtime import protocol
+import pytest
+
+from paddle_dist.runtime import paddle_import, protocol
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,3 +63,23 @@ def test_paddle_dist_imported_first_in_such_a_rank_adds_no_second_finder(fresh_p
                        "print(len(ours), gc.get_freeze_count() > 50_000, paddle.DataParallel.__init__._paddle_dist_hooked)\n",
                        protocol.SCRIPT_HOOKS, ROOT)[0].split()
     assert out == ["1", "True", "True"]
+
+
+@pytest.mark.parametrize("first, chosen, warned", [
+    ("sitecustomize", "4", False),           # a plain script's rank, the launcher's count
+    ("paddle_dist", "4", False),             # a rank of paddle_dist's own
+    ("paddle_dist", None, True),             # the user's own OMP_NUM_THREADS: Paddle's words stand
+])
+def test_paddles_warning_on_openmp_threads_is_left_out_for_the_launchers_count(
+        first, chosen, warned, fresh_python, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    if chosen:
+        monkeypatch.setenv(paddle_import.OMP_CHOSEN, chosen)
+    else:
+        monkeypatch.delenv(paddle_import.OMP_CHOSEN, raising=False)
+    out, err = fresh_python(f"import {first}, paddle, os, sys\nprint(os.environ['OMP_NUM_THREADS'])\n"
+                            "print('after', file=sys.stderr)\n", protocol.SCRIPT_HOOKS, ROOT)
+    assert out == "4\n"
+    assert ("WARNING: OMP_NUM_THREADS set to 4" in err) == warned, err
+    assert ("PLEASE USE OMP_NUM_THREADS WISELY." in err) == warned, err
+    assert err.endswith("after\n")             # stderr is the process's own again
