@@ -89,7 +89,9 @@ class TrainConfig:
                                    # accumulate_steps=k once per k micro-batches) or after every
                                    # epoch, as hapi's paddle.callbacks.LRScheduler(by_step/by_epoch)
     amp: str = "off"               # off | O1 (autocast per op) | O2 (16-bit weights, fp32 master copy)
-    amp_dtype: str = "auto"        # auto (float16 on GPU, bfloat16 on CPU) | float16 | bfloat16
+    amp_dtype: str = "auto"        # auto (float16) | float16 | bfloat16 (compute capability 8.0+): GPU/XPU
+                                   # only; on CPU Paddle's bfloat16 autocast leaves matmul and Linear in
+                                   # float32, so train.amp is refused there (trainer/amp.py)
     loss_scale: float = 32768.0    # float16: initial dynamic loss scale (bfloat16 needs none)
     weight_decay: float = 0.0
     clip_grad_norm: float = 0.0    # clip the gradients to this global norm (paddle.nn.ClipGradByGlobalNorm;
