@@ -29,7 +29,8 @@ ENVIRON_BEFORE_PADDLE: Dict[str, str] = dict(os.environ)
 import paddle_dist  # noqa: E402,F401
 import paddle  # noqa: E402,F401
 
-pytest_plugins = ["pytester"]
+# tests.stopping: a run stopped by SIGTERM or SIGINT cleans up what its tests started.
+pytest_plugins = ["pytester", "tests.stopping"]
 
 # pytest itself rewrites this one in every phase (setup, call, teardown).
 IGNORED = frozenset({"PYTEST_CURRENT_TEST"})

@@ -23,6 +23,7 @@ import pytest
 
 from tools.netns import IP_A, IP_B, PREFIX, TwoHosts, Unavailable, netns_names  # noqa: F401
 from tools import netns as _hosts
+from .. import stopping
 
 
 @contextlib.contextmanager
@@ -34,7 +35,7 @@ def make_two_hosts() -> Iterator[TwoHosts]:
             subprocess.run(hosts.cmd(hosts.a, ["ip", "addr"]))
     """
     try:
-        with _hosts.make_two_hosts() as hosts:
+        with _hosts.make_two_hosts() as hosts, stopping.held(netns=[hosts.a, hosts.b]):
             yield hosts
     except Unavailable as e:     # raised before the block runs: nothing was built
         pytest.skip(str(e))

@@ -20,6 +20,8 @@ import pytest
 
 from paddle_dist.procfs import process_table
 
+from .. import stopping
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
@@ -56,16 +58,21 @@ def run(args: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = N
     child_env.update(env or {})
     proc = subprocess.Popen(args, cwd=str(cwd or ROOT), env=child_env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    record = stopping.hold(session=proc.pid)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
+    except KeyboardInterrupt:       # the test run is stopping (tests/stopping.py): no grace
+        stopping.undo({"session": proc.pid})
+        raise
     finally:
         left = settled_session(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+        stopping.release(record)
     assert not left, f"processes left behind by {' '.join(args)}: {left}"
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
@@ -79,7 +86,10 @@ def start(args: List[str], limit: float = 180, stdout=subprocess.PIPE) -> tuple:
         args = [PY] + args
     proc = subprocess.Popen(args, cwd=str(ROOT), stdout=stdout, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_as_from_a_terminal)
-    killer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    record = stopping.hold(session=proc.pid)      # until finish(), or the test run's end
+    killer = threading.Timer(limit, lambda: stopping.undo({"session": proc.pid}))
+    killer.daemon = True        # a stopped test run that never calls finish() need not wait for it
+    killer.record = record
     killer.start()
     return proc, killer
 
@@ -100,6 +110,7 @@ def finish(proc: subprocess.Popen, killer: threading.Timer, timeout: float = 120
         left = settled_session(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+        stopping.release(killer.record)
     assert not left, f"processes left behind: {left}"
     return out, err
 

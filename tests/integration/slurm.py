@@ -44,6 +44,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
+from .. import stopping
 from .netns import make_two_hosts
 from .procs import ROOT
 
@@ -331,6 +332,7 @@ def running(nodes: Optional[Dict[str, str]] = None,
     root = Path(tempfile.mkdtemp(prefix="paddle_dist-slurm-"))
     root.chmod(0o755)   # munged checks every directory above its key and socket
     cluster, forced = None, []
+    record = stopping.hold(folder=str(root))    # the daemons' command lines all name root
     try:
         cluster = prepare(root, nodes, prefixes)
         start(cluster)
@@ -342,6 +344,7 @@ def running(nodes: Optional[Dict[str, str]] = None,
         finally:
             forced = stop(cluster) if cluster else []
             shutil.rmtree(root, ignore_errors=True)
+            stopping.release(record)
     assert not forced, f"Slurm daemons that ignored SIGTERM: {forced}"
 
 
