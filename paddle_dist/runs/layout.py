@@ -7,7 +7,7 @@ report) never needs paddle.
       config.yaml           the resolved config, as the run trained
       metrics.json          the finished run's result
       classes.json          an image folder's class names
-      samples.tsv           each step's sample digest (train.log_samples)
+      samples.tsv           each step's sample digest (train.log_samples), after a "# attempt N" line per attempt
       logs/rank<R>.log      each rank's log
       status/rank<R>.json   each rank's status records (runs/status.py)
       checkpoints/          ckpt_<step, 9 digits>/{model,optimizer,ema,rng}.npz, meta.json;
