@@ -6,7 +6,8 @@
 - variables: what children and Paddle get (NCCL, OpenMP, loopback, PADDLE_*); `host_facts()`;
 - protocol: paddle_dist's own PADDLE_DIST_* variables, from its launcher to the ranks;
 - netcheck: the route and interface to the master; gloocheck: why a process group did not form;
-- process: `setup()` (device, process group, seeds); monitor, watchdog, _deadline: status,
+- process: `setup()` (device, process group, seeds); seedorder: a model built before the seed;
+  monitor, watchdog, _deadline: status,
   stop requests, phases and the hang watchdog; inject: fault injection;
 - paddle_import: `import paddle` with the garbage collector paused (a third less CPU per rank);
 - scripthooks/: what a plain script's ranks get under `python -m paddle_dist.launch`

@@ -25,7 +25,7 @@ import paddle.distributed as dist
 from .. import compat
 from . import env as envlib, protocol, variables as varlib
 from ..security import attest, credentials
-from . import determinism, monitor, gloocheck, netcheck
+from . import determinism, monitor, gloocheck, netcheck, seedorder
 from ..runs import commands, rundir
 from ..runs.layout import Run
 from .. import procfs
@@ -145,7 +145,9 @@ def _status_file(env, cfg) -> Optional[Path]:
 
 def seed_everything(seed: int) -> None:
     """Same seed on every rank: identical initial weights (DataParallel also broadcasts
-    rank 0's), identical data order from the distributed sampler."""
+    rank 0's), identical data order from the distributed sampler. The first call keeps
+    what a model built before it is named by (seedorder)."""
+    seedorder.note_seed()
     random.seed(seed)
     np.random.seed(seed)
     paddle.seed(seed)

@@ -21,7 +21,7 @@ from paddle.optimizer.lr import LinearWarmup, LRScheduler
 from .. import errors
 from .. import config as configlib
 from ..runtime import protocol
-from ..runtime import process
+from ..runtime import process, seedorder
 from ..runtime.env import detect
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
@@ -89,6 +89,8 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
                           "evaluates, not on training batches")
     cfg = _monitor_for(cfg, metrics, eval_source is not None)
     env = process.setup(cfg)
+    if env.is_main:
+        seedorder.warn_once(model, cfg.train.seed, _say)
     loss = None if model_loss else (loss or default_loss(task))
     source = "script" if optimizer is not None else "config"
     if optimizer is not None and cfg.train.clip_grad_norm:
@@ -108,6 +110,10 @@ def fit(model: paddle.nn.Layer, train_data, eval_data=None, loss=None, optimizer
         raise errors.Interrupted() from None
     except PeerFailure as exc:
         raise errors.StoppedByPeer(str(exc)) from None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _config_of(config: Union[None, str, configlib.Config]) -> configlib.Config:
