@@ -5,8 +5,8 @@ message or the page gives it, evaluated, and run.
   and the one docs/own_model.md quotes, build and split a batch by name;
 - every `InputSpec(...)` in the docs' code builds;
 - every `paddle.X.Y` a message names exists;
-- every `-o section.key=value` a message suggests is a config key, and a concrete value
-  is one the config takes.
+- every `section.key=value` a message suggests (`-o train.eval_loss=false`) is a config
+  key, and a concrete value is one the config takes.
 """
 
 import ast
@@ -14,20 +14,20 @@ import re
 from pathlib import Path
 
 import paddle
-import pytest
 
 from paddle_dist import config as configlib
 from paddle_dist.config_keys import set_key
 from paddle_dist.trainer.feed import Feed
 
-from .test_docs import code_of
+from tests.unit.test_docs import code_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FIT_HINT = re.compile(r"fit\(\.\.\., (.*)\)")
 PADDLE_NAME = re.compile(r"(?<![\w.])paddle(?:\.[A-Za-z_]\w*)+")
-OVERRIDE = re.compile(r"-o ([a-z_]+\.[a-z_.]+)=([^\s\"'`;)]*)")
-PLACEHOLDER = re.compile(r"^$|\.\.\.|[A-Z]{2,}|<")          # PATH, HOST:PORT, ..., <key>
+SECTIONS = "|".join(configlib.Config().to_dict())
+SETTING = re.compile(rf"(?<![\w.])((?:{SECTIONS})\.[a-z_.]+)=([^\s\"'`;),]*)")   # -o train.api=hapi
+PLACEHOLDER = re.compile(r"^$|\.\.\.|[A-Z]{2,}|<|\|")       # PATH, HOST:PORT, ..., <key>, a|b
 
 
 class OneInput(paddle.nn.Layer):
@@ -94,21 +94,20 @@ def test_every_paddle_name_a_message_gives_exists():
     assert not missing, "messages name what this Paddle lacks:\n" + "\n".join(missing)
 
 
-def test_every_override_a_message_suggests_is_a_key_and_takes_its_value():
-    """A value is checked against its key's type (the setting it goes with, such as
-    train.lr_schedule=step for train.lr_milestones, is the message's context)."""
+def test_every_setting_a_message_suggests_is_a_key_and_takes_its_value():
+    """`section.key=value` in a message (`-o train.eval_loss=false`): the key exists, and a
+    concrete value has its type. (The settings it goes with, such as train.lr_schedule=step
+    for train.lr_milestones, are the message's context.)"""
     wrong = []
     for where, text in _messages():
-        for key, value in OVERRIDE.findall(text):
-            if key == "section.key":
-                continue                                        # -o section.key=value: the syntax
-            value = value.rstrip(".,:")
+        for key, value in SETTING.findall(text):
+            value = value.rstrip(".:")
             try:
                 configlib.get_key(configlib.Config(), key)
                 if not PLACEHOLDER.search(value):
                     set_key(configlib.Config(), key, value, from_text=True)
             except Exception as exc:  # noqa: BLE001  (any refusal is the finding)
-                wrong.append(f"{where}: -o {key}={value}: {exc}")
+                wrong.append(f"{where}: {key}={value}: {exc}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -153,6 +152,5 @@ def _resolves(dotted: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("text,expected", [("e.g. fit(..., inputs=['img'], labels=2)", {"inputs": ["img"], "labels": 2})])
-def test_fit_arguments_reads_a_hint(text, expected):
-    assert fit_arguments(text) == expected
+def test_fit_arguments_reads_a_hints_keywords():
+    assert fit_arguments("e.g. fit(..., inputs=['img'], labels=2)") == {"inputs": ["img"], "labels": 2}
