@@ -34,6 +34,7 @@ import paddle.distributed as dist
 from ..sync.collectives import collective
 from ..compat import numpy_view, state_tensors
 from ..errors import Diverged
+from ..runtime.env import DistEnv
 
 # How the line counts the different values of one tensor; beyond these, how many more.
 ORDINALS = ("one", "a second", "a third")
@@ -111,7 +112,7 @@ def rank_words(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(words)
 
 
-def check(model, env, step: int, phase=None, averages: Optional[Mapping[str, object]] = None) -> None:
+def check(model, env: DistEnv, step: int, phase=None, averages: Optional[Mapping[str, object]] = None) -> None:
     """Compare this rank's weights, buffers and `averages` (the moving averages, by name)
     with every other rank's (one all-gather: every rank must call it at the same point);
     raise errors.Diverged when they differ. Nothing to compare in a job of one process."""
@@ -122,7 +123,7 @@ def check(model, env, step: int, phase=None, averages: Optional[Mapping[str, obj
                        "data parallelism broke (docs/faults.md)")
 
 
-def check_evaluated(model, env, step: int, phase=None) -> None:
+def check_evaluated(model, env: DistEnv, step: int, phase=None) -> None:
     """Compare the weights and buffers the ranks are about to evaluate with (after the
     callbacks' on_eval_begin, which may swap weights in); raise errors.Diverged, naming the
     first tensor that differs and the likely cause, when they differ: each rank would
@@ -136,7 +137,7 @@ def check_evaluated(model, env, step: int, phase=None) -> None:
                        "averages are the same on every rank (docs/own_model.md)")
 
 
-def _compare(model, env, step: int, phase, extra) -> str:
+def _compare(model, env: DistEnv, step: int, phase, extra) -> str:
     if not env.is_distributed:
         return ""
     started = time.perf_counter()

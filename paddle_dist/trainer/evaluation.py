@@ -24,6 +24,7 @@ import paddle.distributed as dist
 from ..compat import state_tensors
 from ..sync.grad_sync import collective
 from .feed import Feed, batch_size_of, describe
+from ..runtime.env import DistEnv
 
 
 class ExactShardSampler(paddle.io.BatchSampler):
@@ -50,7 +51,7 @@ def exchange_rounds(num_samples: int, batch_size: int, world_size: int) -> int:
     return -(-len(range(0, num_samples, world_size)) // batch_size)
 
 
-def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
+def all_reduce_sum(values: List[float], env: DistEnv, phase=None) -> np.ndarray:
     """Sum a few numbers over all ranks (float64; every rank gets the same result)."""
     tensor = paddle.to_tensor(np.asarray(values, dtype="float64"))
     if not env.is_distributed:
@@ -58,7 +59,7 @@ def all_reduce_sum(values: List[float], env, phase=None) -> np.ndarray:
     return collective(dist.all_reduce, tensor, phase=phase, what="all-reduce of metrics", read=tensor.numpy)
 
 
-def gather(obj: Any, env, phase=None) -> List[Any]:
+def gather(obj: Any, env: DistEnv, phase=None) -> List[Any]:
     """Every rank's `obj` (picklable), in rank order, on every rank."""
     if not env.is_distributed:
         return [obj]
@@ -116,7 +117,7 @@ def _scores(outputs: Sequence, labels: Sequence) -> Optional[paddle.Tensor]:
 
 
 @paddle.no_grad()
-def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env, batch_size: int,
+def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env: DistEnv, batch_size: int,
              task: str = "classification", beat: Callable[[], None] = lambda: None, phase=None,
              batched: bool = True, workers: int = 0, amp=None, events=None,
              with_loss: bool = True) -> Dict[str, Any]:

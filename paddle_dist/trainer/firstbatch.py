@@ -32,13 +32,15 @@ from ..errors import DataError, UserError
 from .evaluation import accuracy_left_out, buffers, computed
 from .badsample import user_frame
 from .feed import describe, returns_loss
+from ..runtime.env import DistEnv
+from ..schema import Config
 
 EVAL_SAMPLES = 8          # the evaluation check's batch: a few samples are enough
 EVAL_LOSS_HINT = ("; a loss that cannot take evaluation's outputs or labels (heads of training only, "
                   "labels of another shape) is left out with -o train.eval_loss=false: the metrics alone")
 
 
-def check(parts, cfg, env, precision: AmpPlan, train: bool = True) -> None:
+def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = True) -> None:
     """Run the first training batch (when `train`) and the first evaluation batch of this rank."""
     world, rank = env.world_size, env.global_rank
     with _kept(parts.model):

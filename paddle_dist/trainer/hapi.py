@@ -24,6 +24,7 @@ from .common import to_float
 from .session import Session
 from .sampling import train_loader
 from .feed import Feed, widened
+from ..runtime.env import DistEnv
 
 
 class _Bridge(paddle.callbacks.Callback):
@@ -122,7 +123,7 @@ def run(session: Session) -> None:
         _fit(session)
 
 
-def prepared_model(net, optimizer, loss, env, sync, precision, scaler, inputs: int = 1) -> paddle.Model:
+def prepared_model(net, optimizer, loss, env: DistEnv, sync, precision, scaler, inputs: int = 1) -> paddle.Model:
     """`net` in a prepared paddle.Model as the hapi trainer runs it (the self-test's hapi
     rows run it too): paddle.Model's DataParallel with its reducer on only for
     sync.mode=dataparallel (then with find_unused_parameters), `optimizer` already

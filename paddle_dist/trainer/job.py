@@ -50,6 +50,7 @@ from .sampling import DataPlan, epochs_for, steps_per_epoch, total_steps
 from .evaluation import evaluate, gather, metric_names
 from .own import fit, fit_record
 from .selection import Best
+from ..runtime.env import DistEnv
 
 __all__ = ["Parts", "Result", "fit", "train"]
 
@@ -73,7 +74,7 @@ class Prepared:
     as_batch_norm: Tuple[str, ...] = ()   # SyncBatchNorm layers run as BatchNorm (one rank, CPU)
 
 
-def train(parts: Parts, cfg: configlib.Config, env) -> Result:
+def train(parts: Parts, cfg: configlib.Config, env: DistEnv) -> Result:
     """Run one job on this rank; rank 0 writes config.yaml and metrics.json to the run dir.
 
     Raises `PeerFailure` when another rank fails and `Preempted` after a requested stop
@@ -90,7 +91,7 @@ def train(parts: Parts, cfg: configlib.Config, env) -> Result:
         rundir.release(run_dir)   # a process that fits again may choose this run
 
 
-def _epochs_of_steps(cfg, per_epoch: int):
+def _epochs_of_steps(cfg: configlib.Config, per_epoch: int):
     """With train.max_steps (steps, as suites count them), train.epochs becomes the epochs
     those steps fill at `per_epoch` optimizer steps an epoch: the run's, which a
     continuation on another number of ranks replans (_replanned)."""
@@ -99,7 +100,7 @@ def _epochs_of_steps(cfg, per_epoch: int):
     return configlib.replace_key(cfg, "train.epochs", epochs_for(cfg, per_epoch))
 
 
-def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
+def _prepare(parts: Parts, cfg: configlib.Config, env: DistEnv, precision: amp.AmpPlan) -> Prepared:
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     _check_monitor(parts, cfg)
@@ -119,7 +120,7 @@ def _prepare(parts: Parts, cfg, env, precision: amp.AmpPlan) -> Prepared:
     return Prepared(optimizer, per_epoch, limit, policy, text, float(optimizer.get_lr()), record, replaced)
 
 
-def _check_monitor(parts: Parts, cfg) -> None:
+def _check_monitor(parts: Parts, cfg: configlib.Config) -> None:
     """Refuse a checkpoint.monitor that the job never logs (a typo would silently leave
     it with no best checkpoint and no early stop); the default may go unlogged."""
     monitor = cfg.checkpoint.monitor
@@ -133,8 +134,8 @@ def _check_monitor(parts: Parts, cfg) -> None:
                           f"{', '.join(sorted(logged))}")
 
 
-def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, prepared: Prepared,
-               started: float) -> Result:
+def _monitored(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, precision: amp.AmpPlan,
+               prepared: Prepared, started: float) -> Result:
     """train() in its run directory: status records, the run, config.yaml and metrics.json."""
     log = progress_log.setup(run_dir, env)
     if env.is_main:
@@ -178,7 +179,7 @@ def _monitored(parts: Parts, cfg, env, run_dir: Path, precision: amp.AmpPlan, pr
     return result
 
 
-def _as_ran(cfg, env):
+def _as_ran(cfg: configlib.Config, env: DistEnv):
     """The config as this job ran, so that `train.py -c <run>/config.yaml` repeats it: its
     ranks per machine, machines, master and launcher, whoever started it (a bare
     `paddle.distributed.launch` leaves dist.nprocs unset), and no run directory (a repeat
@@ -191,8 +192,8 @@ def _as_ran(cfg, env):
     return ran
 
 
-def _run(parts: Parts, cfg, env, run_dir: Path, monitor, log, amp_plan: amp.AmpPlan,
-         prepared: Prepared) -> Result:
+def _run(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, monitor, log,
+         amp_plan: amp.AmpPlan, prepared: Prepared) -> Result:
     optimizer = prepared.optimizer
     digest = configlib.config_hash(cfg.to_dict())
     found = resume(parts, cfg, env, run_dir, optimizer, digest, log)
@@ -276,7 +277,7 @@ def _check_reached(session: Session) -> None:
                            "paddle_dist's step count, please report it with the run's config.yaml")
 
 
-def _agree_on_metrics(parts: Parts, env, phase) -> None:
+def _agree_on_metrics(parts: Parts, env: DistEnv, phase) -> None:
     """Every rank must evaluate the same metrics (they exchange their results batch by
     batch); ranks given different ones are refused, all of them, in one line."""
     names = gather(metric_names(parts.metrics), env, phase)
@@ -286,8 +287,8 @@ def _agree_on_metrics(parts: Parts, env, phase) -> None:
                           "metrics on every rank")
 
 
-def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Position,
-                   checkpoint_path: str, precision: amp.AmpPlan) -> Result:
+def _evaluate_only(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, monitor, log,
+                   at: Position, checkpoint_path: str, precision: amp.AmpPlan) -> Result:
     """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
     log.info(f"paddle_dist: evaluating {checkpoint_path} on {len(parts.eval_data)} test samples "
              f"with {env.world_size} rank(s); nothing is trained")
@@ -298,7 +299,7 @@ def _evaluate_only(parts: Parts, cfg, env, run_dir: Path, monitor, log, at: Posi
     return Result(run_dir=run_dir, history=[metrics], steps=at.global_step, resumed_from=checkpoint_path)
 
 
-def _lr_policy(cfg, env, optimizer, per_epoch: int, limit: int,
+def _lr_policy(cfg: configlib.Config, env: DistEnv, optimizer, per_epoch: int, limit: int,
                callbacks=(), base: Optional[float] = None) -> Tuple[Optional[LrPolicy], str]:
     """The lr policy when it changes anything (else the optimizer keeps its own rate), and
     the rate in plain words. An optimizer with its own LRScheduler is refused only when the
@@ -340,7 +341,7 @@ def _own_scheduler(scheduler: LRScheduler, base: float, every: str) -> str:
             f"stepped {SCHEDULER_RULES[every]} (train.scheduler_every={every})")
 
 
-def _replanned(parts: Parts, cfg, env, prepared: Prepared, plan: DataPlan, log):
+def _replanned(parts: Parts, cfg: configlib.Config, env: DistEnv, prepared: Prepared, plan: DataPlan, log):
     """The config and steps of a run continued on this job's ranks with its data plan:
     each rank accumulates its share of every step's micro-batches, so the global batch,
     the steps per epoch and the lr policy (a function of the global batch) stay the run's."""
@@ -356,7 +357,7 @@ def _replanned(parts: Parts, cfg, env, prepared: Prepared, plan: DataPlan, log):
     return cfg, dataclasses.replace(prepared, per_epoch=per_epoch, limit=limit, lr_policy=policy, lr_text=text)
 
 
-def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
+def _write_metrics(run_dir: Path, result: Result, cfg: configlib.Config, env: DistEnv) -> None:
     last = result.metrics
     metrics = {
         "test_accuracy": last.get("eval_accuracy"),
@@ -384,7 +385,7 @@ def _write_metrics(run_dir: Path, result: Result, cfg, env) -> None:
     tmp.replace(path)
 
 
-def _summary(log, result: Result, run_dir: Path, cfg) -> None:
+def _summary(log, result: Result, run_dir: Path, cfg: configlib.Config) -> None:
     last = result.metrics
     if "eval_accuracy" in last:
         log.info(f"test accuracy {last['eval_accuracy']:.4f} on {int(last['eval_count'])} samples")

@@ -166,7 +166,7 @@ def _metric_list(metrics) -> list:
     return found
 
 
-def _monitor_for(cfg, metrics: list, evaluates: bool):
+def _monitor_for(cfg: configlib.Config, metrics: list, evaluates: bool):
     """The config with checkpoint.monitor resolved against the metrics: the default
     (eval_accuracy) becomes the first metric's when the metrics log no accuracy. (A
     monitor the job never logs is refused when it starts: trainer.job._check_monitor.)"""
@@ -178,7 +178,7 @@ def _monitor_for(cfg, metrics: list, evaluates: bool):
     return cfg
 
 
-def _loader_settings(cfg, train: Source, eval_: Optional[Source]):
+def _loader_settings(cfg: configlib.Config, train: Source, eval_: Optional[Source]):
     """The config with what the user's DataLoaders set (batch sizes, drop_last, shuffling,
     workers), so that config.yaml records what ran and the step counts follow it."""
     pairs = [("train.batch_size", train.batch_size), ("train.drop_last", train.drop_last),

@@ -26,6 +26,7 @@ import paddle
 
 from ..runs.layout import Run
 from ..security import private
+from ..runtime.env import DistEnv
 
 NAME = "paddle_dist"
 
@@ -38,7 +39,7 @@ class _RunLog(logging.FileHandler):
                     opener=private.nofollow)
 
 
-def setup(run_dir: Optional[Path], env) -> logging.Logger:
+def setup(run_dir: Optional[Path], env: DistEnv) -> logging.Logger:
     """Configure the `paddle_dist` logger for this rank (replacing earlier handlers)."""
     log = logging.getLogger(NAME)
     log.setLevel(logging.INFO)
@@ -61,13 +62,13 @@ def setup(run_dir: Optional[Path], env) -> logging.Logger:
     return log
 
 
-def prints(env) -> bool:
+def prints(env: DistEnv) -> bool:
     """Whether this rank prints to the console: global rank 0, and the first rank of each
     machine of a job on several machines."""
     return env.is_main or (env.nnodes > 1 and env.is_local_main)
 
 
-def console_label(env, host: str = "") -> str:
+def console_label(env: DistEnv, host: str = "") -> str:
     """What starts this rank's console lines: "" on one machine, else its machine.
 
     Example:
@@ -97,7 +98,7 @@ class Progress:
     for the queued work, so a read per step would stall the device every step.
     """
 
-    def __init__(self, env, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
+    def __init__(self, env: DistEnv, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
                  batch_size: int, log_every: int, total_steps: Optional[int] = None,
                  start_step: int = 0, by_steps: bool = False):
         self.env, self.log = env, get()

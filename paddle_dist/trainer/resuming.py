@@ -22,6 +22,7 @@ from ..runtime import process
 from . import sampling
 from .common import Parts, Position
 from .sampling import DataPlan, steps_per_epoch
+from ..runtime.env import DistEnv
 
 
 @dataclass
@@ -36,7 +37,8 @@ class Resumed:
     plan: DataPlan                 # the run's data plan (trainer/sampling.py)
 
 
-def resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log) -> Resumed:
+def resume(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, optimizer, digest: str,
+           log) -> Resumed:
     """The start from `checkpoint.resume`. Evaluating only takes the averages as the
     weights, when there are. A checkpoint of another number of ranks is continued with its
     data plan, or refused (one line, before anything is loaded) when this job's ranks
@@ -74,12 +76,12 @@ def resume(parts: Parts, cfg, env, run_dir: Path, optimizer, digest: str, log) -
     return Resumed(start, list(meta.get("history", [])), str(path), state.averaged, meta, plan)
 
 
-def batches_at(parts: Parts, cfg):
+def batches_at(parts: Parts, cfg: configlib.Config):
     """Per-rank batches of an epoch at a given world size."""
     return lambda world: steps_per_epoch(len(parts.train_data), cfg.train.batch_size, world, cfg.train.drop_last)
 
 
-def _changes(path: Path, cfg) -> str:
+def _changes(path: Path, cfg: configlib.Config) -> str:
     """How `cfg` differs from the config of the run that wrote checkpoint `path` (its
     <run>/config.yaml), in words; "" when that file is not there."""
     run = Run.of_checkpoint(path)

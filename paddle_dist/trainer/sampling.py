@@ -35,6 +35,8 @@ import numpy as np
 import paddle
 
 from ..errors import ConfigError
+from ..runtime.env import DistEnv
+from ..schema import Config
 
 
 @dataclass(frozen=True)
@@ -214,18 +216,18 @@ def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_las
     return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 
-def total_steps(cfg, per_epoch: int) -> int:
+def total_steps(cfg: Config, per_epoch: int) -> int:
     """The run's optimizer steps: train.max_steps when set (the suites' `iters`: as many
     epochs as it takes, epochs_for), else train.epochs of `per_epoch`."""
     return cfg.train.max_steps or per_epoch * cfg.train.epochs
 
 
-def epochs_for(cfg, per_epoch: int) -> int:
+def epochs_for(cfg: Config, per_epoch: int) -> int:
     """The epochs a run counts: train.epochs, or with train.max_steps those its steps fill."""
     return -(-cfg.train.max_steps // max(per_epoch, 1)) if cfg.train.max_steps else cfg.train.epochs
 
 
-def train_loader(parts, cfg, env, plan: Optional[DataPlan] = None):
+def train_loader(parts, cfg: Config, env: DistEnv, plan: Optional[DataPlan] = None):
     """The training batches of this rank, as (inputs, labels), and their sampler: the run's
     data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
     plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
