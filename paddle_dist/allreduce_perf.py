@@ -46,6 +46,7 @@ from typing import List, Optional, Sequence
 
 from .errors import UserError
 from .options import ArgParser, rank_exit_code, run as run_command
+from .runtime.env import DistEnv
 
 PROG = "allreduce_perf"
 UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
@@ -156,7 +157,7 @@ def bandwidths(size: int, time_us: float, world: int):
 class Bench:
     """The collectives of one process: a no-op reduce when it is alone."""
 
-    def __init__(self, env, args):
+    def __init__(self, env: DistEnv, args):
         import paddle
         import paddle.distributed as dist
 
@@ -261,7 +262,7 @@ def _time(us: float) -> str:
     return f"{us:.2f}" if us < 1e4 else f"{us:.1f}" if us < 1e6 else f"{us:.0f}"
 
 
-def header(args, env, devices: Sequence[str]) -> List[str]:
+def header(args, env: DistEnv, devices: Sequence[str]) -> List[str]:
     """The '#' lines before the table: parameters, world, one line per rank."""
     import paddle
 
@@ -310,7 +311,7 @@ def _devices(bench) -> List[str]:
     return gathered
 
 
-def sweep(args, env) -> int:
+def sweep(args, env: DistEnv) -> int:
     """Run every size, print the table on rank 0; returns the exit code."""
     bench = Bench(env, args)
     say = print if env.is_main else (lambda *a, **k: None)

@@ -16,7 +16,7 @@ from .security import private
 from .trainer.common import Parts, default_loss, optimizer_factory
 
 
-def build_parts(cfg) -> Parts:
+def build_parts(cfg: configlib.Config) -> Parts:
     data = registry.get(cfg.data.name)
     registry.check(cfg)
     train_data, eval_data, classes = data.build(cfg)
@@ -28,7 +28,7 @@ def build_parts(cfg) -> Parts:
                                                      cfg.train.clip_grad_norm))
 
 
-def main(cfg) -> trainer.Result:
+def main(cfg: configlib.Config) -> trainer.Result:
     """Run this rank's share of the job described by `cfg`."""
     env = process.setup(cfg)          # seeds before the model is built: same weights everywhere
     return trainer.train(build_parts(cfg), cfg, env)

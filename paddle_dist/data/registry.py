@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from ..schema import ANY_SIZE_MODELS, MODEL_INPUTS, MODEL_TASKS
+from ..schema import Config
 
 Built = Tuple[Any, Any, Optional[List[str]]]
 
@@ -63,7 +64,7 @@ def get(name: str) -> DataSet:
     return REGISTRY[name]
 
 
-def check(cfg) -> None:
+def check(cfg: Config) -> None:
     """data.name has an entry and model.name fits it: the same task, and the data's
     images the model's input (ConfigError, one line, naming the models that fit)."""
     data, model = get(cfg.data.name), cfg.model.name
@@ -87,7 +88,7 @@ def _dims(shape) -> str:
     return "x".join(str(n) for n in shape)
 
 
-def preprocessing(cfg, classes: Optional[List[str]] = None) -> Dict[str, Any]:
+def preprocessing(cfg: Config, classes: Optional[List[str]] = None) -> Dict[str, Any]:
     """How an image becomes the model's input for this config's data (deploy.json's
     "input_shape", "classes", "preprocess"); `classes`: an image folder's names."""
     data = get(cfg.data.name)
@@ -104,7 +105,7 @@ def preprocessing(cfg, classes: Optional[List[str]] = None) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the built-in data sets
-def _mnist(cfg) -> Built:
+def _mnist(cfg: Config) -> Built:
     from .datasets import mnist_dataset
 
     flatten = cfg.model.name == "mlp"
@@ -112,14 +113,14 @@ def _mnist(cfg) -> Built:
             mnist_dataset(cfg.data.root, "test", flatten=flatten), None)
 
 
-def _mnist_pre(cfg):
+def _mnist_pre(cfg: Config):
     from .mnist import MNIST_MEAN, MNIST_STD
 
     return ({"color": "L", "height": 28, "width": 28, "mean": [MNIST_MEAN], "std": [MNIST_STD]},
             [str(d) for d in range(10)])
 
 
-def _cifar10(cfg) -> Built:
+def _cifar10(cfg: Config) -> Built:
     from .datasets import cifar10_dataset
 
     d = cfg.data
@@ -127,20 +128,20 @@ def _cifar10(cfg) -> Built:
             cifar10_dataset(d.root, "test"), None)
 
 
-def _cifar10_pre(cfg):
+def _cifar10_pre(cfg: Config):
     from .. import cifar
 
     return ({"color": "RGB", "height": 32, "width": 32, "mean": list(cifar.MEAN), "std": list(cifar.STD)},
             list(cifar.LABEL_NAMES))
 
 
-def _imagefolder(cfg) -> Built:
+def _imagefolder(cfg: Config) -> Built:
     from .datasets import imagefolder_datasets
 
     return imagefolder_datasets(cfg.data, cfg.train.seed)
 
 
-def _imagefolder_pre(cfg):
+def _imagefolder_pre(cfg: Config):
     from .imagefolder import parse_floats
 
     size = cfg.data.image_size
@@ -148,7 +149,7 @@ def _imagefolder_pre(cfg):
              "std": list(parse_floats(cfg.data.std, "data.std"))}, None)
 
 
-def _synthetic(cfg) -> Built:
+def _synthetic(cfg: Config) -> Built:
     from .datasets import synthetic_classification
 
     d, shape = cfg.data, MODEL_INPUTS[cfg.model.name]
@@ -156,7 +157,7 @@ def _synthetic(cfg) -> Built:
             synthetic_classification(d.num_eval_samples, shape, seed=d.seed + 1), None)
 
 
-def _linear(cfg) -> Built:
+def _linear(cfg: Config) -> Built:
     from .datasets import linear_regression
 
     d = cfg.data

@@ -127,7 +127,7 @@ def lined_up(job: Job, after: str) -> bool:
     return int(count.numpy()[0]) == job.env.world_size
 
 
-def _set_up(cfg, recorder: Recorder) -> Optional[envlib.DistEnv]:
+def _set_up(cfg: configlib.Config, recorder: Recorder) -> Optional[envlib.DistEnv]:
     """process.setup, as every training rank does it, recorded as the first row."""
     from ..runtime import process
     from .checks import FAIL, PASS, Row

@@ -110,7 +110,7 @@ def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
                         "run without -o dist.isolate=true (docs/security.md)") from None
 
 
-def _check_data(cfg) -> None:
+def _check_data(cfg: configlib.Config) -> None:
     """Bad or missing data fails here, once, before any rank starts (and CIFAR-10 is
     downloaded here, once, when data.root is "" and Paddle's cache has none)."""
     if cfg.data.name == "imagefolder":
@@ -176,7 +176,7 @@ def _say_without(met: Meeting, cfg: configlib.Config, known: Dict[int, Node]) ->
           flush=True)
 
 
-def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
+def _meet_and_name_run(gate, cfg: configlib.Config, run_dir: Optional[Path]):
     """Meet the other machines of a multi-node launch: (0, what they learnt, this machine's
     run directory), or (exit code, None, None) when they did not all come. Node 0 tells
     them its run's name; every other machine writes under a directory of that name
@@ -196,7 +196,7 @@ def _meet_and_name_run(gate, cfg, run_dir: Optional[Path]):
     return 0, met, run_dir
 
 
-def tell_other_nodes(cfg, script: str, script_args: List[str], module: str = "") -> None:
+def tell_other_nodes(cfg: configlib.Config, script: str, script_args: List[str], module: str = "") -> None:
     """On node 0 of a multi-node launch, print the exact command for every other node:
     `python train.py ...` (the script relative to here), or `python -m module ...`."""
     if cfg.dist.nnodes == 1 or cfg.dist.node_rank != 0:

@@ -44,6 +44,7 @@ from ..runs.topology import Meeting
 from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
 from ..errors import DeviceError
 from ..procfs import pid_alive
+from ..schema import Config
 
 # Paddle's INFO noise stays out of the user's terminal; our own output is unaffected.
 QUIET_CHILD = {
@@ -133,7 +134,7 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
 
-def gate_of(cfg, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
+def gate_of(cfg: Config, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
     """Where the machines of a multi-node launch meet before Paddle's launcher starts."""
     d = cfg.dist
     if d.nnodes == 1:
@@ -167,7 +168,7 @@ def start_method(chosen: str, gpus: Sequence[str]) -> str:
     return "spawn" if gpus else "fork"
 
 
-def nodes_of(cfg) -> Tuple[str, ...]:
+def nodes_of(cfg: Config) -> Tuple[str, ...]:
     """paddle.distributed.launch's multi-node options for `dist.nnodes` > 1."""
     d = cfg.dist
     if d.nnodes == 1:

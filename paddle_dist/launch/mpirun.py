@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from typing import Dict, Sequence, Tuple
+from ..schema import Config
 
 
 def _hostfile_entries(path: str):
@@ -32,7 +33,7 @@ def hostfile_first_host(path: str) -> str:
     return next((words[0] for words in _hostfile_entries(path)), "127.0.0.1")
 
 
-def master_variables(cfg) -> Dict[str, str]:
+def master_variables(cfg: Config) -> Dict[str, str]:
     """MASTER_ADDR/MASTER_PORT for mpirun ranks: `dist.master` (resolve() fills in a free
     port on the hostfile's first host when it is not given: launch/job.py)."""
     host, _, port = cfg.dist.master.rpartition(":")

@@ -31,6 +31,7 @@ from ..runtime.engines import CLUSTER_ENVIRONMENTS
 from ..errors import UserError
 from ..procfs import port_holder
 from .proxies import bypasses_proxy, proxy_setting
+from ..schema import Config
 
 ERROR, WARNING = "error", "warning"
 SHM_PATH = "/dev/shm"
@@ -56,7 +57,7 @@ class Problem:
         return f"{self.severity}: {self.message}"
 
 
-def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
+def preflight(cfg: Config, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
               interfaces: Optional[Mapping[str, List[str]]] = None, statvfs: StatVfs = os.statvfs,
               shm_path: str = SHM_PATH, shm_min: int = SHM_MIN,
               route: Callable[[str, str], str] = netcheck.check) -> List[Problem]:
@@ -77,7 +78,7 @@ def preflight(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
     return sorted(problems, key=lambda p: p.severity != ERROR)
 
 
-def refusals(cfg, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
+def refusals(cfg: Config, environ: Mapping[str, str], gpu_info: devicelib.GpuInfo,
              route: Callable[[str, str], str] = netcheck.check,
              interfaces: Optional[Mapping[str, List[str]]] = None) -> List[Problem]:
     """What the layers below refuse in `cfg`, each refusal one error, before the run
@@ -129,7 +130,7 @@ def _refused(found: List[Problem]) -> Iterator[None]:
         found.append(Problem(ERROR, str(e)))
 
 
-def check(cfg, environ: Optional[Mapping[str, str]] = None,
+def check(cfg: Config, environ: Optional[Mapping[str, str]] = None,
           gpu_info: Optional[devicelib.GpuInfo] = None, warn: Callable[[str], None] = print) -> None:
     """Raise a PreflightError (a UserError) naming the first pre-flight error on this
     machine; pass each warning to `warn`. Launchers call it before starting ranks.
@@ -150,13 +151,13 @@ def check(cfg, environ: Optional[Mapping[str, str]] = None,
         raise PreflightError(errors[0].message + more)
 
 
-def _uses_gpus(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> bool:
+def _uses_gpus(cfg: Config, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str]) -> bool:
     d = cfg.dist
     return d.backend == "nccl" or bool(d.gpus) or (
         d.backend == "auto" and bool(devicelib.visible_gpus(gpu_info, environ)))
 
 
-def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
+def _one_rank(cfg: Config, environ: Mapping[str, str]) -> bool:
     """Whether the job has one rank in all, counted as launcher.plan counts them: one per
     dist.gpus id, else dist.nprocs (default 1), on each of dist.nnodes machines; and this
     process is not one of several an engine started (doctor --check in each srun task).
@@ -174,7 +175,7 @@ def _one_rank(cfg, environ: Mapping[str, str]) -> bool:
 
 
 # ------------------------------------------------ the master's port
-def port_problems(cfg, interfaces: Mapping[str, List[str]]) -> List[Problem]:
+def port_problems(cfg: Config, interfaces: Mapping[str, List[str]]) -> List[Problem]:
     """On node 0, a dist.master on this machine whose port something else holds: Paddle's
     launcher would retry starting its rendezvous server there forever."""
     d = cfg.dist
@@ -224,7 +225,7 @@ def bind_error(port: int) -> Optional[OSError]:
 
 
 # ------------------------------------------------ /dev/shm
-def shm_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
+def shm_problems(cfg: Config, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
                  statvfs: StatVfs = os.statvfs, path: str = SHM_PATH,
                  minimum: int = SHM_MIN) -> List[Problem]:
     """A /dev/shm missing or with less than `minimum` bytes free: an error for GPU jobs of
@@ -250,7 +251,7 @@ def shm_problems(cfg, gpu_info: devicelib.GpuInfo, environ: Mapping[str, str],
 
 
 # ------------------------------------------------ proxies
-def proxy_problems(cfg, environ: Mapping[str, str]) -> List[Problem]:
+def proxy_problems(cfg: Config, environ: Mapping[str, str]) -> List[Problem]:
     """A multi-node job whose rendezvous (HTTP, through httpx, which honours proxy
     variables) would go through a proxy. One machine does no HTTP rendezvous."""
     d = cfg.dist

@@ -41,6 +41,7 @@ from ..config import config_hash, evaluates_only
 from ..errors import UserError
 from . import status
 from .layout import RUN_FILE, Run
+from ..schema import Config
 
 NOT_IDENTITY = ("world_size",)     # recorded in run.json, not compared (_same_job)
 LOCK = ".lock"
@@ -53,7 +54,7 @@ class Choice:
     note: str = ""               # what to tell the user (a continued run, a finished one)
 
 
-def choose(cfg, world_size: int, command: Sequence[str] = (), extra: Optional[dict] = None) -> Choice:
+def choose(cfg: Config, world_size: int, command: Sequence[str] = (), extra: Optional[dict] = None) -> Choice:
     """The run directory for `cfg` (module docstring), created if new.
 
     The chooser locks the run and records run.json (identity and the command that
@@ -295,7 +296,7 @@ def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
         file.unlink(missing_ok=True)
 
 
-def chosen_by_launcher(cfg) -> Path:
+def chosen_by_launcher(cfg: Config) -> Path:
     """A rank's run directory when the job's launcher chose it (launch/job.py): created on a
     machine that has none yet (mpirun's other hosts), never chosen or checked again."""
     path = Path(cfg.output.run_dir)
@@ -304,7 +305,7 @@ def chosen_by_launcher(cfg) -> Path:
     return path.resolve()
 
 
-def node_run_dir(cfg, name: str) -> Path:
+def node_run_dir(cfg: Config, name: str) -> Path:
     """Where a machine other than node 0 of a multi-node launch writes its ranks' logs and
     status: `output.run_dir` when given, else `<output.root>/<name>`, `name` being node 0's
     run (rendezvous.Meeting.run), checked and created here (node 0's launcher holds the run).

@@ -51,6 +51,7 @@ from ..runs.layout import Run
 from ..security import credentials, private
 from . import watchdog
 from .inject import Injector
+from .env import DistEnv
 
 GLOO_TIMEOUT_S = 30.0    # gloo's fixed timeout of a collective: its TIMEOUT error then
 
@@ -111,7 +112,7 @@ class Heartbeat:
             os.unlink(self.path)
 
 
-def beat_folder(env, run_dir) -> Tuple[str, bool]:
+def beat_folder(env: DistEnv, run_dir) -> Tuple[str, bool]:
     """(the directory for this rank's heartbeat and stacks, whether its peers' are there
     too): the job's private directory (private.rank_dir, named by the job's token and run
     directory when no launcher made one), else one of this rank's own."""
@@ -130,7 +131,7 @@ def _own_folder() -> str:
 class Monitor:
     """This rank's status file, hang watchdog, stop requests and injected faults."""
 
-    def __init__(self, env, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
+    def __init__(self, env: DistEnv, run_dir: Optional[Path], hang_timeout: float = 0, fault: str = ""):
         self.env, self.hang_timeout = env, hang_timeout
         self.path = status.path_of(run_dir, env.global_rank) if run_dir else None
         self.log_path = str(Run(run_dir).rank_log(env.global_rank)) if run_dir else ""

@@ -31,11 +31,12 @@ from ..runs.layout import Run
 from .. import procfs
 from ..sync.collectives import PeerFailure, first_line
 from ..errors import UserError
+from ..schema import Config
 
 _ENV: Optional[envlib.DistEnv] = None
 
 
-def setup(cfg) -> envlib.DistEnv:
+def setup(cfg: Config) -> envlib.DistEnv:
     """Detect this process, select its device, start the process group once, seed."""
     global _ENV
     if _ENV is None:
@@ -90,7 +91,7 @@ def wait_for_store(host: str, port: int) -> None:
             time.sleep(0.01)
 
 
-def _name_outsiders(env) -> None:
+def _name_outsiders(env: envlib.DistEnv) -> None:
     """The process group failed to form: when something outside the job took part in
     gloo's connections here (gloocheck.py), end the rank for that (exit 6), in one line."""
     host, port = varlib.store_endpoint()
@@ -104,7 +105,7 @@ def _name_outsiders(env) -> None:
         raise attest.SecurityError(line)
 
 
-def _attest(env, cfg) -> None:
+def _attest(env: envlib.DistEnv, cfg: Config) -> None:
     """With a job token (the launcher's, or dist.token_file), check that Paddle's store
     holds this job's ranks alone (attest.py), within dist.hang_timeout: a store that
     stops answering ends the rank with a line that says so."""
@@ -116,7 +117,7 @@ def _attest(env, cfg) -> None:
                  env.world_size, cfg.dist.hang_timeout or cfg.dist.rendezvous_timeout or 300.0)
 
 
-def _check_network(env, cfg) -> None:
+def _check_network(env: envlib.DistEnv, cfg: Config) -> None:
     """For a master on another machine: fail now, clearly, if the configured interface is
     wrong or the master unreachable; and make gloo and NCCL use the interface that reaches
     it (dist.nccl.socket_ifname, exported already, wins for NCCL)."""
@@ -127,7 +128,7 @@ def _check_network(env, cfg) -> None:
     varlib.export({"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}, keep_existing=True)
 
 
-def _lost(env, cfg) -> str:
+def _lost(env: envlib.DistEnv, cfg: Config) -> str:
     return (f"rank {env.global_rank}: not all {env.world_size} ranks arrived within "
             f"{cfg.dist.rendezvous_timeout:g} s (master {env.master or '?'}); check that every rank "
             "was started with the same world size and master address, that the master is "
@@ -135,7 +136,7 @@ def _lost(env, cfg) -> str:
             "sets this limit)")
 
 
-def _status_file(env, cfg) -> Optional[Path]:
+def _status_file(env: envlib.DistEnv, cfg: Config) -> Optional[Path]:
     """Where this rank's status goes, when the run directory is already known (it is when
     paddle_dist's launcher started the job)."""
     if not cfg.output.run_dir:
@@ -178,7 +179,7 @@ def quiet_paddle():
         yield
 
 
-def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
+def make_run_dir(cfg: Config, env: envlib.DistEnv, identity: Optional[dict] = None) -> Path:
     """The run directory: the one paddle_dist's launcher chose for this machine's ranks;
     otherwise the one rank 0 chooses (rundir.choose: given, continued or new), agreed on by
     every rank. Rank 0 then holds the run until rundir.release() or its exit. `identity`:
@@ -204,7 +205,7 @@ def make_run_dir(cfg, env, identity: Optional[dict] = None) -> Path:
     return path
 
 
-def from_rank0(cfg, env, decide: Callable[[], Any]) -> Any:
+def from_rank0(cfg: Config, env: envlib.DistEnv, decide: Callable[[], Any]) -> Any:
     """`decide()`, run by rank 0 alone; its result is sent to every rank (the others wait,
     within dist.rendezvous_timeout). If it raises, every rank raises too: a UserError as
     it is (bad input is the same for all), anything else as itself on rank 0 and as a

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List
+from ..schema import Config
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ WIRE = "gloo/NCCL"
 WIRE_GUARD = "unauthenticated, unencrypted"
 
 
-def listeners(cfg, gate: str = "") -> List[Listener]:
+def listeners(cfg: Config, gate: str = "") -> List[Listener]:
     """What the job of `cfg` listens on, in the order the job opens them. `gate`: the
     one-machine gate's address, once it is known. With dist.isolate, all of it is inside
     the job's own network namespace (isolate.py)."""
@@ -43,7 +44,7 @@ def listeners(cfg, gate: str = "") -> List[Listener]:
     return found
 
 
-def _listeners(cfg, gate: str) -> List[Listener]:
+def _listeners(cfg: Config, gate: str) -> List[Listener]:
     d = cfg.dist
     token = f"token of {d.token_file}" if d.token_file else ""
     tls = f"mutual TLS 1.3 with certificates of {d.tls_ca}" if d.tls_ca else ""
@@ -65,7 +66,7 @@ def _listeners(cfg, gate: str) -> List[Listener]:
     return [store, Listener(WIRE, "on the interface that reaches the master", WIRE_GUARD)]
 
 
-def start_line(cfg, gate: str = "") -> str:
+def start_line(cfg: Config, gate: str = "") -> str:
     """The line a job prints at its start: every listener, where, and its guard.
 
     Example:
@@ -76,6 +77,6 @@ def start_line(cfg, gate: str = "") -> str:
     return f"paddle_dist: exposure: {parts}; docs/security.md"
 
 
-def rows(cfg) -> List[tuple]:
+def rows(cfg: Config) -> List[tuple]:
     """(what, where; guard) rows for doctor's report."""
     return [(p.what, f"{p.where}; {p.guard}") for p in listeners(cfg)]

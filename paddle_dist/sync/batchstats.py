@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 import paddle
@@ -40,6 +40,9 @@ import paddle.distributed as dist
 from ..compat import BatchNormState, numpy_view
 from ..errors import UserError
 from .collectives import collective
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 
 class _Layer:
@@ -185,7 +188,7 @@ class BatchStats:
     sums and statistics in Paddle's ops even for float32 CPU buffers, as for a GPU's (the
     tests run the GPU path so on a CPU); None: numpy for those."""
 
-    def __init__(self, net: paddle.nn.Layer, env, phase=None, host: Optional[bool] = None):
+    def __init__(self, net: paddle.nn.Layer, env: DistEnv, phase=None, host: Optional[bool] = None):
         self.env, self.phase = env, phase
         self.sync = None          # a GradSync whose exchange carries the sums (ride_with)
         self.layers: List[_Layer] = []

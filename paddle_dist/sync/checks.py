@@ -13,13 +13,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, List
 
 import paddle
 import paddle.distributed as dist
 
 from .collectives import collective
 from ..errors import ConfigError
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 # sync.mode=dataparallel: the stop flag needs an all-reduce of its own, so the ranks
 # exchange it about once every STOP_CHECK_S seconds (and at most STOP_CHECK_MAX steps
@@ -66,7 +69,7 @@ def trainable(optimizer) -> list:
     return out
 
 
-def agree_on_layout(optimizer, net, env) -> None:
+def agree_on_layout(optimizer, net, env: DistEnv) -> None:
     """Before anything starts (collective, one all-gather): the exchange's layout (the
     optimizer's trainable parameters: names, shapes and dtypes, in order) and `net`'s whole
     state (what buffer averaging and the weights check exchange) must be the same on every

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
@@ -70,6 +70,10 @@ from ..config import check_compress
 from ..errors import ConfigError
 from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad, sixteen_bit_mean_first)
 from .wiring import install, uninstall
+from ..schema import SyncConfig
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 __all__ = ["GradSync"]
 DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
@@ -88,7 +92,7 @@ class GradSync:
     (`stop_check_interval`).
     """
 
-    def __init__(self, env, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
+    def __init__(self, env: DistEnv, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
                  accumulate_steps: int = 1, find_unused: bool = True):
@@ -121,7 +125,7 @@ class GradSync:
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
     @classmethod
-    def from_config(cls, env, sync_cfg, phase=None, want_stop=lambda: False,
+    def from_config(cls, env: DistEnv, sync_cfg: SyncConfig, phase=None, want_stop=lambda: False,
                     accumulate_steps: int = 1) -> "GradSync":
         return cls(env, phase, want_stop, sync_cfg.mode, sync_cfg.bucket_mb, sync_cfg.compress,
                    sync_cfg.transport, accumulate_steps, sync_cfg.find_unused_parameters)

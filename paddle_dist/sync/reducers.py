@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -33,6 +33,9 @@ from .. import compat
 from . import shm, transports
 from .collectives import collective
 from ..errors import ConfigError
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 
 class BackendReducer:
@@ -109,7 +112,7 @@ class HierReducer:
         return rounds
 
 
-def open_reducer(env, transport: str, count: int, phase=None):
+def open_reducer(env: DistEnv, transport: str, count: int, phase=None):
     """The reducer of float32 CPU gradients for `transport` (auto | shm | hierarchical |
     backend); `count` floats per exchange at most (it sizes the segments). Collective.
 
@@ -122,7 +125,7 @@ def open_reducer(env, transport: str, count: int, phase=None):
     return _by_hosts(env, count, phase, transport)
 
 
-def _by_hosts(env, count: int, phase, transport: str):
+def _by_hosts(env: DistEnv, count: int, phase, transport: str):
     """Shared memory when every rank is on this machine, hierarchical when some machine
     has several ranks, else the backend; `transport` (auto | hierarchical) says what a
     failed shared-memory set-up across hosts does (_open_hier)."""
@@ -138,11 +141,11 @@ def _by_hosts(env, count: int, phase, transport: str):
     return _open_hier(env, hosts, keys, chunk, phase, transport)
 
 
-def open_backend(env, count: int, phase=None) -> BackendReducer:
+def open_backend(env: DistEnv, count: int, phase=None) -> BackendReducer:
     return BackendReducer()
 
 
-def open_shm_only(env, count: int, phase=None):
+def open_shm_only(env: DistEnv, count: int, phase=None):
     """sync.transport=shm: shared memory, or a ConfigError on every rank where the ranks
     are not all on this machine."""
     keys = _gather(env, _key(env), phase)
@@ -153,7 +156,7 @@ def open_shm_only(env, count: int, phase=None):
     return reducer
 
 
-def open_hierarchical(env, count: int, phase=None):
+def open_hierarchical(env: DistEnv, count: int, phase=None):
     """sync.transport=hierarchical: shared memory within hosts, the backend between them
     (shared memory alone when every rank is on one machine)."""
     return _by_hosts(env, count, phase, "hierarchical")
@@ -171,7 +174,7 @@ def host_groups(keys: List[str]) -> List[List[int]]:
     return list(groups.values())
 
 
-def _open_hier(env, hosts: List[List[int]], keys: List[str], chunk: int, phase, transport: str):
+def _open_hier(env: DistEnv, hosts: List[List[int]], keys: List[str], chunk: int, phase, transport: str):
     leaders = [ranks[0] for ranks in hosts]
     group = dist.new_group(leaders)            # every rank takes part in making it
     local, ready = _open_local(env, keys, chunk, phase)
@@ -183,7 +186,7 @@ def _open_hier(env, hosts: List[List[int]], keys: List[str], chunk: int, phase, 
     return HierReducer(local, BackendReducer(group) if env.global_rank in leaders else None)
 
 
-def open_shm(env, chunk: int, phase=None, keys: Optional[List[str]] = None):
+def open_shm(env: DistEnv, chunk: int, phase=None, keys: Optional[List[str]] = None):
     """A shared-memory reducer among the ranks that share this rank's host, or None on
     every rank when some host's ranks cannot share a segment. Collective: every rank
     calls it at the same point.
@@ -197,7 +200,7 @@ def open_shm(env, chunk: int, phase=None, keys: Optional[List[str]] = None):
     return reducer if ready else None
 
 
-def _open_local(env, keys: List[str], chunk: int, phase):
+def _open_local(env: DistEnv, keys: List[str], chunk: int, phase):
     """(this host's ShmReducer or None when the rank is alone, whether every host's ranks
     got theirs). Each host's lowest rank creates its segment, the others map it, and it is
     unlinked once everyone has: nothing is left in /dev/shm, even after kill -9."""
@@ -230,11 +233,11 @@ def _open_local(env, keys: List[str], chunk: int, phase):
     return reducer, ready
 
 
-def _key(env) -> str:
+def _key(env: DistEnv) -> str:
     return shm.host_key() if shm.supported() else f"unsupported-{env.global_rank}"
 
 
-def _gather(env, value, phase) -> list:
+def _gather(env: DistEnv, value, phase) -> list:
     found: list = []
     collective(dist.all_gather_object, found, value, phase=phase, what="shared-memory set-up")
     return found

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Tuple, Union
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 AUTO = "auto"
 
@@ -44,7 +47,7 @@ class Transport:
     opener: Union[str, Callable]   # "module:function" of sync/, or the function
     about: str = ""
 
-    def open(self, env, count: int, phase=None):
+    def open(self, env: DistEnv, count: int, phase=None):
         opener = self.opener
         if isinstance(opener, str):
             module, _, function = opener.partition(":")

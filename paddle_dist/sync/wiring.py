@@ -17,6 +17,10 @@ import functools
 import paddle
 
 from .checks import trainable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
+    from ..runtime.env import DistEnv
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +63,7 @@ def uninstall(optimizer, sync) -> None:
         del optimizer._paddle_dist_sync
 
 
-def wrap(net, env, sync):
+def wrap(net, env: DistEnv, sync):
     """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
     reducer switched off unless sync.mode=dataparallel, where it also averages the
     gradients of parameters some rank's batch did not reach (sync.find_unused_parameters);

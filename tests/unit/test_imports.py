@@ -2,7 +2,8 @@
 source with `ast`, every import counted, at module level or inside a function.
 
 A submodule's implicit import of its own package does not count (Python loads the parent
-first, whatever the code says); a package's __init__ importing its submodules does.
+first, whatever the code says); a package's __init__ importing its submodules does. Nor does
+an import under `if TYPE_CHECKING:`: it names a type for annotations and never runs.
 """
 
 import ast
@@ -32,7 +33,11 @@ def import_graph(root: Path) -> Dict[str, Set[str]]:
     graph: Dict[str, Set[str]] = {name: set() for name in files}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = typing_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -52,6 +57,15 @@ def import_graph(root: Path) -> Dict[str, Set[str]]:
                 if target and target != name and not name.startswith(f"{target}."):
                     graph[name].add(target)
     return graph
+
+
+def typing_only(tree: ast.AST) -> Set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    found: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return found
 
 
 def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -93,6 +107,17 @@ def test_a_cycle_is_found_and_named(tmp_path):
     (package / "b.py").write_text("from pkg import a\n\ndef g():\n    pass\n")
     (package / "c.py").write_text("import pkg.b\n")
     assert cycles(import_graph(package)) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_an_import_for_annotations_only_is_no_edge(tmp_path):
+    """b imports a; a names b's type under `if TYPE_CHECKING:` only, which never runs."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+                                  "def f(b: 'B'):\n    pass\n")
+    (package / "b.py").write_text("from . import a\nclass B:\n    pass\n")
+    assert import_graph(package) == {"pkg": set(), "pkg.a": set(), "pkg.b": {"pkg.a"}}
 
 
 def test_command_lines_are_imported_by_no_library_module():

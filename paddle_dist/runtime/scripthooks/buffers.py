@@ -29,6 +29,7 @@ import paddle.distributed as dist
 
 from .. import protocol
 from ...sync.batchstats import BatchStats, batch_norm_layers
+from ..env import DistEnv
 
 OWN = __name__.rpartition(".")[0]      # paddle_dist.runtime.scripthooks: these modules' frames
 WARNING = ("paddle_dist: each rank keeps its own BatchNorm statistics ({layers}; paddle.DataParallel "
@@ -61,7 +62,7 @@ def attach(data_parallel) -> Optional[BatchStats]:
     return sync(data_parallel, types.SimpleNamespace(is_distributed=True))
 
 
-def sync(data_parallel, env) -> BatchStats:
+def sync(data_parallel, env: DistEnv) -> BatchStats:
     """Step `data_parallel`'s BatchNorm statistics after each of its training forwards.
 
     Example:
