@@ -12,13 +12,16 @@ An entry:
   classes.json (an image folder's);
 - `build(cfg)` -> (train, eval, class names or None), imported when used;
 - `preprocess(cfg)` -> deploy.json's "preprocess" and the class names: what the training
-  pipeline does to an image, written down (None for data that are no images).
+  pipeline does to an image, written down (None for data that are no images);
+- `verify(cfg)`: reads the data once in the launcher, with numpy at most, so that bad or
+  missing data fails before any rank starts (None: nothing to read, e.g. generated data).
 
 Adding a data set is an entry here (`register`) and its reader in data/
 (tests/integration/test_extensions.py adds a toy one from a script).
 
 Example:
     check(cfg)                      # ConfigError when data.name and model.name do not fit
+    verify(cfg)                     # DataError when its files are missing or broken
     train, test, classes = get(cfg.data.name).build(cfg)
 """
 
@@ -43,6 +46,7 @@ class DataSet:
     preprocess: Optional[Callable[[Any], Tuple[Dict[str, Any], Optional[List[str]]]]] = None
     any_size: bool = False                        # images of data.image_size
     classes_in_run: bool = False                  # its class names: the run's classes.json
+    verify: Optional[Callable[[Any], None]] = None   # the launcher's read (no paddle)
 
     @property
     def images(self) -> bool:
@@ -88,6 +92,19 @@ def _dims(shape) -> str:
     return "x".join(str(n) for n in shape)
 
 
+def verify(cfg: Config) -> None:
+    """Read the config's data once, through its entry's `verify`, so that bad or missing data
+    fails here, before any rank starts (the launcher calls it; CIFAR-10 is downloaded here,
+    once, when data.root is "" and Paddle's cache has none).
+
+    Example:
+        verify(load_config(None, ["data.name=mnist", "data.root=/nowhere"]))   # DataError
+    """
+    data = get(cfg.data.name)
+    if data.verify is not None:
+        data.verify(cfg)
+
+
 def preprocessing(cfg: Config, classes: Optional[List[str]] = None) -> Dict[str, Any]:
     """How an image becomes the model's input for this config's data (deploy.json's
     "input_shape", "classes", "preprocess"); `classes`: an image folder's names."""
@@ -120,6 +137,13 @@ def _mnist_pre(cfg: Config):
             [str(d) for d in range(10)])
 
 
+def _mnist_verify(cfg: Config) -> None:
+    from .mnist import load_mnist
+
+    for split in ("train", "test"):
+        load_mnist(cfg.data.root, split)
+
+
 def _cifar10(cfg: Config) -> Built:
     from .datasets import cifar10_dataset
 
@@ -135,6 +159,13 @@ def _cifar10_pre(cfg: Config):
             list(cifar.LABEL_NAMES))
 
 
+def _cifar10_verify(cfg: Config) -> None:
+    from ..cifar import load_cifar10
+
+    for split in ("train", "test"):
+        load_cifar10(cfg.data.root, split)
+
+
 def _imagefolder(cfg: Config) -> Built:
     from .datasets import imagefolder_datasets
 
@@ -147,6 +178,14 @@ def _imagefolder_pre(cfg: Config):
     size = cfg.data.image_size
     return ({"color": "RGB", "height": size, "width": size, "mean": list(parse_floats(cfg.data.mean, "data.mean")),
              "std": list(parse_floats(cfg.data.std, "data.std"))}, None)
+
+
+def _imagefolder_verify(cfg: Config) -> None:
+    from .imagefolder import load_imagefolder, parse_floats
+
+    parse_floats(cfg.data.mean, "data.mean")
+    parse_floats(cfg.data.std, "data.std")
+    load_imagefolder(cfg.data.root, cfg.data.image_size)
 
 
 def _synthetic(cfg: Config) -> Built:
@@ -164,9 +203,9 @@ def _linear(cfg: Config) -> Built:
     return linear_regression(d.num_samples, seed=d.seed), linear_regression(d.num_eval_samples, seed=d.seed + 1), None
 
 
-register(DataSet("mnist", "classification", (1, 28, 28), _mnist, _mnist_pre))
-register(DataSet("cifar10", "classification", (3, 32, 32), _cifar10, _cifar10_pre))
+register(DataSet("mnist", "classification", (1, 28, 28), _mnist, _mnist_pre, verify=_mnist_verify))
+register(DataSet("cifar10", "classification", (3, 32, 32), _cifar10, _cifar10_pre, verify=_cifar10_verify))
 register(DataSet("imagefolder", "classification", None, _imagefolder, _imagefolder_pre, any_size=True,
-                 classes_in_run=True))
+                 classes_in_run=True, verify=_imagefolder_verify))
 register(DataSet("synthetic", "classification", None, _synthetic))
 register(DataSet("linear", "regression", None, _linear))

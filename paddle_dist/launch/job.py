@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import cifar, compat, errors
+from .. import compat, errors
 from .. import config as configlib
-from ..data import mnist, registry
+from ..data import registry
 from ..errors import UserError
 from ..runs import commands, layout, rundir, status
 from ..runs.topology import Meeting, Node
@@ -61,7 +61,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     backend = devicelib.select_backend(cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs)
     configlib.check_compress(cfg.sync.compress, backend)
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=warn)
-    _check_data(cfg)
+    registry.verify(cfg)               # bad or missing data fails once, here
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
     run_dir = None        # another machine of a multi-node launch: node 0 names it (_meet_and_name_run)
     if p.gate is None or cfg.dist.node_rank == 0:
@@ -108,22 +108,6 @@ def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
     except isolate.Unavailable as e:
         raise UserError(f"dist.isolate=true: this machine refuses a private network namespace: {e}; "
                         "run without -o dist.isolate=true (docs/security.md)") from None
-
-
-def _check_data(cfg: configlib.Config) -> None:
-    """Bad or missing data fails here, once, before any rank starts (and CIFAR-10 is
-    downloaded here, once, when data.root is "" and Paddle's cache has none)."""
-    if cfg.data.name == "imagefolder":
-        from ..data import imagefolder
-
-        imagefolder.parse_floats(cfg.data.mean, "data.mean")
-        imagefolder.parse_floats(cfg.data.std, "data.std")
-        imagefolder.load_imagefolder(cfg.data.root, cfg.data.image_size)
-    for split in ("train", "test"):
-        if cfg.data.name == "mnist":
-            mnist.load_mnist(cfg.data.root, split)
-        elif cfg.data.name == "cifar10":
-            cifar.load_cifar10(cfg.data.root, split)
 
 
 def _start(spec: JobSpec, attempt: int, known: Dict[int, Node]) -> int:
@@ -222,4 +206,3 @@ def warn(text: str) -> None:
 def warn_unsupported() -> None:
     """Once, in the launcher: this Paddle is not one paddle_dist supports (compat.py)."""
     compat.warn_unsupported(warn)
-
