@@ -9,8 +9,8 @@ Usage (every rank runs it; rank 0 prints):
 Flags: -b/--minbytes (8) -e/--maxbytes (32M) -f/--stepfactor (2) -n/--iters (20)
 -w/--warmup_iters (5) -c/--check (1) -d/--datatype (float32|float16|int32|int64; float,
 half) --min-busbw GBPS (exit 1 below it) --inject-error (rank 1 corrupts its result: the
-check must count it) --transport backend|shm (the process group's all_reduce, or the
-shared-memory reducer paddle_dist's gradient sync uses on one machine; float32 only)
+check must count it) --transport NAME (sync/transports.py: backend, the process group's
+all_reduce; shm or another entry, the gradient sync's reducer through it; float32 only)
 --json PATH (rank 0 also writes the rows as JSON). Sizes take K/M/G suffixes (powers of 1024).
 
 What the columns mean:
@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .errors import UserError
+from .errors import ConfigError, UserError
 from .options import ArgParser, rank_exit_code, run as run_command
+from .sync import transports
 from .runtime.env import DistEnv
 
 PROG = "allreduce_perf"
@@ -108,15 +109,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="exit 1 when the average bus bandwidth is below this (GB/s)")
     p.add_argument("--inject-error", action="store_true",
                    help="testing: rank 1 adds 1 to its result before the check")
-    p.add_argument("--transport", choices=("backend", "shm"), default="backend",
-                   help="backend: the process group's all_reduce (gloo, NCCL); shm: through "
-                        "/dev/shm, for ranks on one machine")
+    p.add_argument("--transport", choices=tuple(transports.REGISTRY), default=transports.BACKEND.name,
+                   help="backend: the process group's all_reduce (gloo, NCCL); another: that "
+                        "transport's reducer (sync/transports.py; shm: through /dev/shm, for "
+                        "ranks on one machine), float32 only")
     p.add_argument("--json", metavar="PATH", help="rank 0 also writes the results here")
     args = p.parse_args(argv)
     if args.stepfactor < 2 or args.iters < 1 or args.minbytes > args.maxbytes:
         p.error("need -f >= 2, -n >= 1 and -b <= -e")
-    if args.transport == "shm" and args.datatype != "float32":
-        p.error("--transport shm reduces float32 only; use -d float32")
+    if args.transport != transports.BACKEND.name and args.datatype != "float32":
+        p.error(f"--transport {args.transport} reduces float32 only; use -d float32")
     return args
 
 
@@ -154,6 +156,23 @@ def bandwidths(size: int, time_us: float, world: int):
     return algbw, algbw * 2 * (world - 1) / world
 
 
+def open_reducer(env: DistEnv, name: str, count: int):
+    """The reducer of transport `name` (an entry of sync/transports.py) for `count` float32
+    values; None for the backend, measured as the process group's own all_reduce of the
+    tensor (any dtype, GPUs too), and for a rank alone. Collective.
+
+    Example:
+        open_reducer(env, "shm", 1 << 20)      # a shm.ShmReducer on 2 ranks of one machine
+    """
+    if name == transports.BACKEND.name or not env.is_distributed:
+        return None
+    try:
+        return transports.REGISTRY[name].open(env, count)
+    except ConfigError as e:            # its advice names sync.transport; here it is a flag
+        reason = str(e).split("; use ")[0]
+        raise UserError(f"--transport {name}: {reason}; use --transport backend") from None
+
+
 class Bench:
     """The collectives of one process: a no-op reduce when it is alone."""
 
@@ -163,14 +182,7 @@ class Bench:
 
         self.paddle, self.dist, self.env, self.args = paddle, dist, env, args
         self.dtype = DTYPES[args.datatype][0]
-        self.shm = None
-        if args.transport == "shm" and env.is_distributed:
-            from .sync.reducers import open_shm
-
-            self.shm = open_shm(env, max(args.maxbytes // 4, 1))
-            if self.shm is None:
-                raise UserError("--transport shm needs every rank on this machine (x86-64, "
-                                "/dev/shm); use --transport backend")
+        self.reducer = open_reducer(env, args.transport, max(args.maxbytes // 4, 1))
 
     def reduce(self, tensor, op=None):
         if self.env.is_distributed:
@@ -178,11 +190,11 @@ class Bench:
 
     def reduce_data(self, tensor):
         """The measured all-reduce: through the chosen transport."""
-        if self.shm is None:
+        if self.reducer is None:
             return self.reduce(tensor)
         from . import compat
 
-        self.shm.all_reduce([compat.numpy_view(tensor)])
+        self.reducer.all_reduce([compat.numpy_view(tensor)])
 
     def sync(self):
         if self.env.device.startswith("gpu"):

@@ -90,7 +90,7 @@ def all_reduce(dtype: str, job: Job, reduce: Callable = dist.all_reduce) -> Row:
         return Row(name, PASS, detail=f"{COUNT} values summed exactly over {env.world_size} ranks")
     at = int(np.flatnonzero(got != want)[0])
     wrong = f"value {at}: got {got[at]:g}, expected {want[at]:g}"
-    if half and dtype == "float16":       # config.check_compress refuses fp16 on gloo for this
+    if half and dtype == "float16":       # transports.check refuses fp16 on gloo for this
         return Row(name, SKIP, detail=f"Paddle's gloo sums float16 wrongly ({wrong}); "
                                       "paddle_dist sends no float16 over gloo")
     return Row(name, FAIL, detail=wrong)

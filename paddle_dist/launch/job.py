@@ -31,6 +31,7 @@ from ..runs import commands, layout, rundir, status
 from ..runs.topology import Meeting, Node
 from ..runtime import devices as devicelib, variables as varlib
 from ..security import exposure
+from ..sync import transports
 from ..trainer import amp
 from . import isolate, jobspec, launcher, preflight
 from .jobspec import JobSpec, attempt_config
@@ -59,7 +60,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
              fp16_supported=lambda: True)
     backend = devicelib.select_backend(cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs)
-    configlib.check_compress(cfg.sync.compress, backend)
+    transports.check(cfg.sync.transport, cfg.sync.compress, backend)
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=warn)
     registry.verify(cfg)               # bad or missing data fails once, here
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)
@@ -206,3 +207,4 @@ def warn(text: str) -> None:
 def warn_unsupported() -> None:
     """Once, in the launcher: this Paddle is not one paddle_dist supports (compat.py)."""
     compat.warn_unsupported(warn)
+

@@ -66,7 +66,6 @@ import paddle.distributed as dist
 from . import reducers, transports
 from .checks import resolve_mode, stop_check_interval, trainable
 from .collectives import PeerFailure, collective, first_line
-from ..config import check_compress
 from ..errors import ConfigError
 from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad, sixteen_bit_mean_first)
 from .wiring import install, uninstall
@@ -96,13 +95,12 @@ class GradSync:
                  want_stop: Callable[[], bool] = lambda: False, mode: str = "auto",
                  bucket_mb: float = 0.0, compress: str = "none", transport: str = "auto",
                  accumulate_steps: int = 1, find_unused: bool = True):
-        check_compress(compress, env.backend)
-        transports.check(transport, compress)
+        transports.check(transport, compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
         self.requested = mode
         mode = resolve_mode(mode, env.device, compress, bucket_mb, transport)
         self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
-        self.transport = transport if mode != "dataparallel" else "backend"
+        self.transport = transport if mode != "dataparallel" else transports.BACKEND.name
         self.accumulate_steps = accumulate_steps
         self.find_unused = find_unused   # mode dataparallel: Paddle's find_unused_parameters
         self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
@@ -150,12 +148,12 @@ class GradSync:
     def _setup(self, params) -> None:
         cpu = self.env.device == "cpu"
         float32 = all(p.dtype == paddle.float32 for p in params)
-        if cpu and float32 and self.compress == "bf16":
-            self.reducer = reducers.BackendReducer(compress="bf16")  # compressed: the backend
-        elif cpu and float32 and self.compress == "none":
+        # A CPU job's compress is bf16 or none (transports.check refuses fp16 on gloo);
+        # the registry says which transport sends it (transports.carrier).
+        if cpu and float32:
             # + the stop flag, one presence number per parameter and the rider's values
             count = sum(int(p.size) for p in params) + 1 + len(params) + self.rider_size
-            self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase)
+            self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase, self.compress)
         self.mode = self._resolve_mode()
         if self.mode == "fused" and self.reducer is not None and not self.reducer.transport.fused:
             self.reducer = None           # the step's Paddle buffers: bucket_mb, compress

@@ -112,16 +112,17 @@ class HierReducer:
         return rounds
 
 
-def open_reducer(env: DistEnv, transport: str, count: int, phase=None):
-    """The reducer of float32 CPU gradients for `transport` (auto | shm | hierarchical |
-    backend); `count` floats per exchange at most (it sizes the segments). Collective.
+def open_reducer(env: DistEnv, transport: str, count: int, phase=None, compress: str = "none"):
+    """The reducer of float32 CPU gradients for `transport` (auto, or an entry of
+    transports.py) sending sync.compress's `compress`; `count` floats per exchange at most
+    (it sizes the segments). Collective.
 
+    A named transport, or auto with compress: the entry's opener (transports.carrier).
     auto: shared memory when every rank is on this machine, hierarchical when some
-    machine has several ranks, else the backend. A named transport: its entry's opener
-    (transports.py)."""
-    if transport != transports.AUTO:
-        transports.check(transport)
-        return transports.REGISTRY[transport].open(env, count, phase)
+    machine has several ranks, else the backend."""
+    entry = transports.carrier(transport, compress)
+    if entry is not None:
+        return entry.open(env, count, phase, compress)
     return _by_hosts(env, count, phase, transport)
 
 
@@ -141,8 +142,8 @@ def _by_hosts(env: DistEnv, count: int, phase, transport: str):
     return _open_hier(env, hosts, keys, chunk, phase, transport)
 
 
-def open_backend(env: DistEnv, count: int, phase=None) -> BackendReducer:
-    return BackendReducer()
+def open_backend(env: DistEnv, count: int, phase=None, compress: str = "none") -> BackendReducer:
+    return BackendReducer(compress=compress)
 
 
 def open_shm_only(env: DistEnv, count: int, phase=None):

@@ -52,7 +52,7 @@ def test_a_wrong_all_reduce_result_fails(tmp_path):
 
 
 def test_gloo_float16_is_a_skip_with_the_reason_not_a_failure(tmp_path):
-    """Paddle's gloo sums float16 into inf (config.check_compress): a known limit that
+    """Paddle's gloo sums float16 into inf (sync/transports.py: check): a known limit that
     paddle_dist avoids, reported as such; any other wrong dtype fails."""
     def paddles_gloo(t):
         t.set_value(paddle.full(t.shape, float("inf"), dtype=t.dtype))
