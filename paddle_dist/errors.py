@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Dict
+from typing import Dict, Union
 
 # Exit codes (documented in docs/faults.md).
 EXIT_FAILED = 1          # a rank raised
@@ -125,8 +125,18 @@ def outcome_of(exc: BaseException) -> str:
     return "failed"
 
 
-def exit_code_of(exc: BaseException) -> int:
-    """The process exit code for an exception that ends a rank."""
+def exit_code_of(ending: Union[BaseException, int]) -> int:
+    """The exit code a shell sees for a process that `ending` ended: an exception that ends
+    a rank, or a process's return code (negative: killed by that signal, so 128 + its
+    number, as a shell reports it).
+
+    Example:
+        exit_code_of(Preempted("stopped"))    # 75
+        exit_code_of(-9)                      # 137: SIGKILL
+    """
+    if isinstance(ending, int):
+        return 128 - ending if ending < 0 else ending
+    exc = ending
     if isinstance(exc, JobEnding):       # each says its own (Preempted, Diverged, attest's, ...)
         return exc.CODE
     for kind, code in ((Preempted, EXIT_PREEMPTED), (PeerFailure, EXIT_PEER), (StoppedByPeer, EXIT_PEER),

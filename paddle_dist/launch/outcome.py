@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import errors
 from ..runs.logs import tail_lines
-from ..runs.report import Exit, Report, exit_code_of, first_failure, how_it_ended, root_cause, with_resume
+from ..runs.report import Exit, Report, first_failure, how_it_ended, root_cause, with_resume
 from ..runs.status import read_all as read_status
 from ..runs.topology import ONE_MACHINE, Machines, Meeting
 
@@ -108,7 +108,7 @@ def unstarted(request: Optional[str], start_timeout: float, err_path: Path,
     if request == "interrupt":
         code, line = errors.EXIT_INTERRUPTED, "paddle_dist: interrupted; no rank had started"
     elif request:
-        code = exit_code_of(-signal.SIGTERM)
+        code = errors.exit_code_of(-signal.SIGTERM)
         line = (f"paddle_dist: stopped on request before any rank started (exit {code}); "
                 "run the same command again to start the job")
     else:
@@ -163,6 +163,6 @@ def stopped_unsaved(exits: List[Exit]) -> Report:
     """Stopped on request (the launcher got SIGTERM or SIGUSR1 and passed SIGUSR1 on), but
     the ranks did not end with 75: a script that does not handle it dies of the signal."""
     ended = ", ".join(f"rank {e.rank} {how_it_ended(e.code)}" for e in exits)
-    code = exit_code_of(-signal.SIGTERM)
+    code = errors.exit_code_of(-signal.SIGTERM)
     return Report(code, [f"paddle_dist: the job was stopped on request (exit {code}); its ranks did "
                          f"not save and exit {errors.EXIT_PREEMPTED}: {ended}"])

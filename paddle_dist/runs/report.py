@@ -82,11 +82,6 @@ def first_failure(exits: Sequence[Exit], simultaneous_s: float = SIMULTANEOUS_S)
     return first
 
 
-def exit_code_of(code: int) -> int:
-    """A return code as a shell reports it: -9 (SIGKILL) is 137."""
-    return 128 - code if code < 0 else code
-
-
 def how_it_ended(code: Optional[int]) -> str:
     if code is None:
         return "died without reporting an error (killed by a signal?)"
@@ -174,7 +169,7 @@ def root_cause(status: Records, exit_codes: Optional[Dict[int, int]] = None,
             return refusal
         # Its own code unseen, the launcher's may be a consequence's (5): not the cause's.
         unseen = errors.EXIT_FAILED if launcher_code == errors.EXIT_PEER else launcher_code
-        exit_code = exit_code_of(code) if code is not None else unseen
+        exit_code = errors.exit_code_of(code) if code is not None else unseen
         headline = f"{machines.name(rank, record)} {how_it_ended(code)}"
         if code == SIGABRT_CODE and machines.several:
             headline += ("; gloo ends a rank so when a peer fails: a rank on another machine may "
@@ -220,7 +215,7 @@ def _breach(status: Dict[int, RankStatus], exit_codes: Dict[int, int], exits: Op
     """A rank that ended with the security code (attest.SecurityError, exit 6) is the root
     cause, ahead of whatever failed after it (the gloo errors of ranks that went on): the
     first such rank the launcher saw end, with the line it printed."""
-    ranks = {r for r, code in exit_codes.items() if exit_code_of(code) == errors.EXIT_SECURITY}
+    ranks = {r for r, code in exit_codes.items() if errors.exit_code_of(code) == errors.EXIT_SECURITY}
     ranks |= {r for r, record in status.items() if record.exit_code == errors.EXIT_SECURITY}
     if not ranks:
         return None

@@ -29,8 +29,8 @@ from . import determinism, monitor, gloocheck, netcheck, seedorder
 from ..runs import commands, rundir
 from ..runs.layout import Run
 from .. import procfs
-from ..sync.collectives import PeerFailure, first_line
-from ..errors import UserError
+from ..sync.collectives import first_line
+from ..errors import PeerFailure, UserError
 from ..schema import Config
 
 _ENV: Optional[envlib.DistEnv] = None

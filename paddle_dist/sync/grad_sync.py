@@ -65,8 +65,8 @@ import paddle.distributed as dist
 
 from . import reducers, transports
 from .checks import resolve_mode, stop_check_interval, trainable
-from .collectives import PeerFailure, collective, first_line
-from ..errors import ConfigError
+from .collectives import collective, first_line
+from ..errors import ConfigError, PeerFailure
 from .overlap import (AsyncExchange, LateFlag, Overlap, ThreadExchange, give_missing, grad_views, set_grad, sixteen_bit_mean_first)
 from .wiring import install, uninstall
 from ..schema import SyncConfig

@@ -125,3 +125,32 @@ def test_the_console_leaves_a_scripts_refusal_to_the_report(capfd):
     console.write(f"epoch 1\n{REFUSAL_LINE}{TYPO}\nlast\n".encode())
     console.close()
     assert capfd.readouterr().out == "epoch 1\nlast\n"
+
+
+def test_exit_code_of_is_one_function_for_an_exception_and_a_return_code():
+    """errors.exit_code_of answers for an exception that ends a rank and for a process's
+    return code alike, and no other module defines one."""
+    from pathlib import Path
+
+    assert errors.exit_code_of(errors.Preempted("stopped")) == errors.EXIT_PREEMPTED
+    assert errors.exit_code_of(RuntimeError("boom")) == errors.EXIT_FAILED
+    assert (errors.exit_code_of(-9), errors.exit_code_of(3), errors.exit_code_of(0)) == (137, 3, 0)
+    package = Path(errors.__file__).parent
+    assert [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
+            if "def exit_code_of(" in path.read_text()] == ["errors.py"]
+
+
+def test_peer_failure_is_imported_from_errors_alone():
+    """errors.py defines PeerFailure and is its one road (docs/faults.md names it): a module
+    that needs it imports it from there, not through a module that imported it. trainer/
+    is left out while its modules are being cut apart; its imports move with them."""
+    import ast
+    from pathlib import Path
+
+    package = Path(errors.__file__).parent
+    roads = [f"{path.relative_to(package)}:{node.lineno} from {node.module}"
+             for path in sorted(package.rglob("*.py")) if path.parent.name != "trainer"
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and any(a.name == "PeerFailure" for a in node.names)
+             and node.module not in ("errors", "paddle_dist.errors")]
+    assert roads == []
