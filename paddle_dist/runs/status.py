@@ -29,7 +29,6 @@ STOPPED = "stopped"        # stopped because a peer failed
 HUNG = "hung"              # the hang watchdog stopped it
 PREEMPTED = "preempted"    # stopped on request (SIGTERM/SIGUSR1) after saving
 DIVERGED = "diverged"      # the ranks' weights differed: the run is never continued
-STATES = (RUNNING, DONE, FAILED, REFUSED, STOPPED, HUNG, PREEMPTED, DIVERGED)
 # A rank that ended by itself, a candidate root cause: an exception, a user error, a hang.
 ENDED_BADLY = (FAILED, REFUSED, HUNG)
 FOLDER = "status"          # in a run directory
