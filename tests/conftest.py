@@ -1,7 +1,10 @@
-"""Shared test setup: the repo root on sys.path, and a guard against leaked environment variables.
+"""Shared test setup: the repo root on sys.path, Paddle imported once, a guard against leaked
+environment variables, the suite's markers, and how `make test` groups and orders the tests
+for pytest-xdist (tests/stopping.py, a plugin, cleans up after a stopped run).
 
-paddle_dist.runtime.env is the only module allowed to touch `os.environ`, and a test that leaves a
-variable behind silently changes every test after it (device selection, ranks, OMP threads).
+paddle_dist reads and writes `os.environ` in a few modules, nearly all in runtime/ (runtime/env.py
+names them), and a test that leaves a variable behind silently changes every test after it
+(device selection, ranks, OMP threads).
 The autouse `no_environ_leak` fixture fails any test that adds, changes or removes a variable
 without undoing it; `monkeypatch.setenv` / `delenv` are fine, because they are undone first.
 """

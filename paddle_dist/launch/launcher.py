@@ -61,13 +61,13 @@ SCRIPT_CHILD = {"GLOG_minloglevel": "1"}
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    mode: str                           # none | launch | spawn
+    mode: str                           # none | launch | spawn | mpirun
     nprocs: int = 1
     gpus: Tuple[str, ...] = ()
     backend: str = "auto"
-    argv: Tuple[str, ...] = ()          # launch mode: the command to run (once per rank if direct)
+    argv: Tuple[str, ...] = ()          # launch, mpirun: the command to run (once per rank if direct)
     env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
-    log_dir: str = ""                   # launch mode: the ranks' workerlog.N files
+    log_dir: str = ""                   # launch, mpirun: the ranks' workerlog.N files
     direct: bool = False                # launch mode: paddle_dist starts the ranks itself
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
     stop_timeout: float = 60.0          # after SIGTERM: time to save and stop before SIGKILL

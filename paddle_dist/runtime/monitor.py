@@ -18,8 +18,9 @@
   report EXIT_RENDEZVOUS).
 - SIGTERM / SIGUSR1 request a stop (preemption): rank 0 saves a checkpoint at the next
   step and every rank exits with EXIT_PREEMPTED, so a scheduler can requeue the job.
-- Fault injection (`faults.inject: KIND:RANK:STEP`) for testing all of the above
-  (inject.py): step(), save_delay() and perturb() act on it.
+- Fault injection (`faults.inject: KIND:RANK:STEP`, inject.py) for testing how failures
+  end a job: the above, and a machine lost (lose) or ranks whose weights differ (perturb).
+  The Monitor's step(), save_delay() and perturb() are where the trainer reaches it.
 
 Example:
     monitor = Monitor(env, run_dir, cfg)
