@@ -220,3 +220,14 @@ def test_bench_loader_refuses_bad_input_with_one_line():
         result = run(["tools/bench_loader.py", *args], timeout=60)
         assert result.returncode == 2, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "bench_loader: error" in result.stderr
+
+
+def test_bench_batchstats_times_a_job_with_and_one_without_batchnorms_sync(tmp_path):
+    """Each job of the pair runs; the one without BatchNorm's sync exits non-zero unless its
+    patch reached the BatchStats fit() builds (tools/bench_batchstats.py: without_batchstats)."""
+    out = tmp_path / "batchstats.json"
+    result = check(run(["tools/bench_batchstats.py", "--pairs", "1", "--samples", "128", "--json", str(out)],
+                       timeout=300))
+    found = json.loads(out.read_text())
+    assert (found["nprocs"], len(found["pairs"])) == (2, 1) and found["median_ratio"] > 0
+    assert "2 ranks: median ratio" in result.stdout
