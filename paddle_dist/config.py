@@ -6,9 +6,13 @@ the key (and, for a typo, the closest valid key); values are parsed with `yaml.s
 never `eval`. `validate` then checks what types alone cannot express (ranges, choices, keys
 that go together).
 
+A Config is frozen (assigning a field raises dataclasses.FrozenInstanceError): what is
+resolved once stays resolved. A changed config is a new one, made by `derived`.
+
 Example:
     cfg = load("configs/mnist_lenet.yaml", ["train.api=hapi", "train.epochs=3"])
     cfg.train.epochs  # -> 3
+    derived(cfg, {"train.epochs": 5}).train.epochs   # -> 5; cfg.train.epochs is still 3
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from .config_keys import merge, parse_override, set_key
+from .config_keys import merged, parse_override, with_key
 from .errors import ConfigError
 from .security import private
 from .schema import (CHOICES, CONFIG_DIR, DEFAULT_CONFIG,
@@ -60,10 +64,9 @@ def load(path: Optional[str] = None, overrides: List[str] = (), fit_record: bool
     if record is not None and not fit_record:
         raise ConfigError(refuse_fit_run(source, record, "train.py builds only its built-in models: "
                                                          "run that script again to repeat or continue the run"))
-    merge(cfg, data)
-    _override(cfg, overrides)
+    cfg = _override(merged(cfg, data), overrides)
     if not cfg.output.name:
-        cfg.output.name = source.stem
+        cfg = with_key(cfg, "output.name", source.stem)
     validate(cfg)
     return cfg
 
@@ -82,16 +85,16 @@ def fit_record(path: Path) -> Optional[Dict[str, Any]]:
 
 def with_overrides(overrides: List[str] = ()) -> Config:
     """The typed defaults (no YAML file) with `overrides`, checked."""
-    cfg = Config()
-    _override(cfg, overrides)
+    cfg = _override(Config(), overrides)
     validate(cfg)
     return cfg
 
 
-def _override(cfg: Config, overrides: List[str]) -> None:
+def _override(cfg: Config, overrides: List[str]) -> Config:
     for item in overrides:
         key, text = parse_override(item)
-        set_key(cfg, key, text, from_text=True)
+        cfg = with_key(cfg, key, text, from_text=True)
+    return cfg
 
 
 def read_yaml(path: Path) -> Dict[str, Any]:
@@ -174,6 +177,13 @@ def _validate_nodes(d: DistConfig) -> None:
                           "with lines like 'node1 slots=8'")
 
 
+def check_compress(compress: str, backend: str) -> None:
+    """sync.compress against the process group's backend, once that is known."""
+    if compress == "fp16" and backend == "gloo":
+        raise ConfigError("sync.compress=fp16 does not work with gloo (Paddle's gloo all-reduce "
+                          "of float16 returns inf); use sync.compress=bf16")
+
+
 def _validate_sync(cfg: Config) -> None:
     s = cfg.sync
     if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb or s.transport != "auto"):
@@ -219,28 +229,27 @@ def get_key(cfg: Config, dotted: str) -> Any:
 
 def from_dict(data: Dict[str, Any]) -> Config:
     """Rebuild a Config from `to_dict()` output (what a spawned child receives)."""
-    cfg = Config()
-    merge(cfg, data)
+    cfg = merged(Config(), data)
     validate(cfg)
     return cfg
 
 
 def replace_key(cfg: Config, dotted: str, value: Any) -> Config:
-    """A copy of `cfg` with one key changed (checked like an override)."""
+    """`derived` with one key: `cfg` with `dotted` set to `value`."""
     return derived(cfg, {dotted: value})
 
 
 def derived(cfg: Config, changes: Dict[str, Any]) -> Config:
-    """A copy of `cfg` with `changes` (dotted key -> value) made in their order, each checked
-    like an override, so each step must leave a valid config.
+    """The one way to change a config: a new Config, `cfg` with `changes` (dotted key ->
+    value) made in their order, each checked like an override (the key exists, the value
+    has its type). `cfg` itself is frozen and stays as it was.
 
     Example:
         derived(cfg, {"checkpoint.resume": "auto", "faults.inject": ""})
     """
-    copy = from_dict(cfg.to_dict())
     for dotted, value in changes.items():
-        set_key(copy, dotted, value)
-    return copy
+        cfg = with_key(cfg, dotted, value)
+    return cfg
 
 
 def dump(cfg: Config, path: Path, fit: Optional[Dict[str, Any]] = None) -> None:

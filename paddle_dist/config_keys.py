@@ -4,11 +4,11 @@ YAML mappings alike.
 An unknown key is a `ConfigError` naming the closest valid key; a value of the wrong type
 is one saying what the key takes. Command-line text is read against the key's type
 (`yaml.safe_load` for numbers and booleans, never `eval`; a str key keeps what was typed).
+A Config is frozen: each function returns a new one, sharing the sections it left alone.
 
 Example:
-    cfg = Config()
-    set_key(cfg, *parse_override("train.epochs=3"), from_text=True)   # cfg.train.epochs == 3
-    merge(cfg, {"train": {"lr": 0.1}})
+    cfg = with_key(Config(), *parse_override("train.epochs=3"), from_text=True)   # cfg.train.epochs == 3
+    cfg = merged(cfg, {"train": {"lr": 0.1}})
 """
 
 from __future__ import annotations
@@ -42,35 +42,45 @@ def _from_text(text: str, type_name: str) -> Any:
         return text
 
 
-def merge(cfg: Any, data: Dict[str, Any], prefix: str = "") -> None:
+def merged(cfg: Config, data: Dict[str, Any], prefix: str = "") -> Config:
+    """`cfg` with every key of the nested mapping `data` (a YAML file's) set, in its order."""
     for key, value in data.items():
-        set_key(cfg, f"{prefix}{key}", value)
+        cfg = with_key(cfg, f"{prefix}{key}", value)
+    return cfg
 
 
-def set_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> None:
-    """Set a dotted key, checking that it exists and that the value has its type.
-    `from_text`: the value is command-line text, read according to the key's type."""
+def with_key(cfg: Config, dotted: str, value: Any, from_text: bool = False) -> Config:
+    """`cfg` with one dotted key set, checking that it exists and that the value has its
+    type. `from_text`: the value is command-line text, read according to the key's type."""
     *parents, leaf = dotted.split(".")
-    node = cfg
+    path = [cfg]          # the sections from the root down to the key's
     for i, part in enumerate(parents):
-        if isinstance(node, dict):
+        if isinstance(path[-1], dict):
             raise ConfigError(f"{dotted} is too deep; {'.'.join(parents[:i])} holds NAME: value pairs")
-        node = getattr(node, _field(node, part, ".".join(parents[: i + 1])))
+        path.append(getattr(path[-1], _field(path[-1], part, ".".join(parents[: i + 1]))))
+    node = path[-1]
     if isinstance(node, dict):   # a free-form mapping such as dist.nccl.extra
-        node[leaf] = str(value)
-        return
-    name = _field(node, leaf, dotted)
+        return _rebuilt(path, parents, {**node, leaf: str(value)})
+    name, changes = _field(node, leaf, dotted), {}
     if dotted == "dist.nnodes" and isinstance(value, str) and ":" in value:
-        node.min_nnodes, value, from_text = _nodes_range(value), value.partition(":")[2].strip(), True
+        changes["min_nnodes"], value, from_text = _nodes_range(value), value.partition(":")[2].strip(), True
     current, type_name = getattr(node, name), _field_type(node, name)
     if from_text:
         value = _from_text(value, type_name)
     if dataclasses.is_dataclass(current):
         if not isinstance(value, dict):
             raise ConfigError(f"{dotted} is a section; set its keys, e.g. {dotted}.<key>=...")
-        merge(cfg, value, f"{dotted}.")
-        return
-    setattr(node, name, _coerce(dotted, value, type_name))
+        return merged(cfg, value, f"{dotted}.")
+    changes[name] = _coerce(dotted, value, type_name)
+    return _rebuilt(path, parents, dataclasses.replace(node, **changes))
+
+
+def _rebuilt(path: List[Any], names: List[str], node: Any) -> Any:
+    """The root `path[0]` with the section at the end of `path` (reached through the fields
+    `names`) replaced by `node`: each section above it a new one."""
+    for parent, name in zip(reversed(path[:-1]), reversed(names)):
+        node = dataclasses.replace(parent, **{name: node})
+    return node
 
 
 def _nodes_range(text: str) -> int:

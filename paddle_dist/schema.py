@@ -38,7 +38,7 @@ CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = "mnist_lenet"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     name: str = "mnist"            # mnist | cifar10 | imagefolder | synthetic | linear
     root: str = ""                 # mnist: IDX directory; "" = the bundled 4,000/1,000 subset.
@@ -60,14 +60,14 @@ class DataConfig:
                                    # sample (a DataLoader given to fit() keeps its own)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     name: str = "lenet"            # lenet | mlp | linear | resnet18 (CIFAR form: 3x3 stem, no
                                    # max-pool) | resnet50 (paddle.vision's)
     num_classes: int = 0           # 0 = the data's: 10, or imagefolder's class folders
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     api: str = "loop"              # loop (manual DataParallel) | hapi (paddle.Model.fit)
     epochs: int = 5                # 0: evaluate only (see eval_only)
@@ -121,7 +121,7 @@ class TrainConfig:
     log_every: int = 20            # steps between progress lines
 
 
-@dataclass
+@dataclass(frozen=True)
 class NcclConfig:
     socket_ifname: str = ""        # NCCL_SOCKET_IFNAME, e.g. "eth0" or "^lo,docker"
     ib_hca: str = ""               # NCCL_IB_HCA, e.g. "mlx5_0,mlx5_1"
@@ -132,7 +132,7 @@ class NcclConfig:
     extra: Dict[str, str] = field(default_factory=dict)  # any other NCCL_* variable
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistConfig:
     nprocs: Optional[int] = None   # processes on this machine (default: one per dist.gpus id, else 1);
                                    # > 1 makes train.py launch them
@@ -171,7 +171,7 @@ class DistConfig:
     nccl: NcclConfig = field(default_factory=NcclConfig)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SyncConfig:
     mode: str = "auto"             # overlap: buckets all-reduced during backward() as they fill |
                                    # fused: one exchange at the optimizer step | auto: on CPUs fused
@@ -192,7 +192,7 @@ class SyncConfig:
                                    # one that does not. The other modes always do it, at no cost
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_epochs: int = 1          # 0 = never
     every_steps: int = 0           # also every N optimizer steps (mid-epoch); 0 = never
@@ -206,7 +206,7 @@ class CheckpointConfig:
     save_best: bool = True         # keep the best epoch's checkpoint in <run>/best
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputConfig:
     root: str = "runs"             # runs go to <root>/<name>-<timestamp>
     name: str = ""                 # "" = the config file's stem
@@ -215,12 +215,12 @@ class OutputConfig:
                                    # job's files made under umask 077) | group (0750, umask 027)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FaultsConfig:
     inject: str = ""               # testing: KIND:RANK:STEP, KIND one of FAULT_KINDS
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

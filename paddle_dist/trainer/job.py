@@ -179,17 +179,15 @@ def _monitored(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path,
     return result
 
 
-def _as_ran(cfg: configlib.Config, env: DistEnv):
+def _as_ran(cfg: configlib.Config, env: DistEnv) -> configlib.Config:
     """The config as this job ran, so that `train.py -c <run>/config.yaml` repeats it: its
     ranks per machine, machines, master and launcher, whoever started it (a bare
     `paddle.distributed.launch` leaves dist.nprocs unset), and no run directory (a repeat
     is a new run)."""
-    ran = configlib.replace_key(cfg, "output.run_dir", "")
-    ran.dist.nprocs, ran.dist.nnodes = env.local_world_size, env.nnodes
-    ran.dist.node_rank = 0
-    ran.dist.master = ran.dist.master or (env.master if env.nnodes > 1 else "")
-    ran.dist.launcher = LAUNCHERS.get(env.launcher, ran.dist.launcher)
-    return ran
+    return configlib.derived(cfg, {
+        "output.run_dir": "", "dist.nprocs": env.local_world_size, "dist.nnodes": env.nnodes,
+        "dist.node_rank": 0, "dist.master": cfg.dist.master or (env.master if env.nnodes > 1 else ""),
+        "dist.launcher": LAUNCHERS.get(env.launcher, cfg.dist.launcher)})
 
 
 def _run(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, monitor, log,

@@ -1,5 +1,6 @@
 """Unit tests for paddle_dist.config: defaults -> YAML file -> -o overrides, typed and validated."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,24 @@ def test_output_name_defaults_to_the_config_file_stem(tmp_path):
 
 def test_empty_yaml_file_means_all_defaults(tmp_path):
     cfg = load(write(tmp_path, "# nothing here\n"))
-    expected = Config()
-    expected.output.name = "job"
-    assert cfg == expected
+    assert cfg == config.derived(Config(), {"output.name": "job"})
+
+
+def test_a_config_is_frozen_and_derived_is_a_changed_copy():
+    cfg = load(overrides=["train.epochs=3"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.epochs = 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.dist = Config().dist
+    changed = config.derived(cfg, {"train.epochs": 4, "dist.nnodes": "1:2",
+                                   "dist.nccl.extra.NCCL_ALGO": "Ring"})
+    assert (changed.train.epochs, changed.dist.min_nnodes, changed.dist.nnodes) == (4, 1, 2)
+    assert changed.dist.nccl.extra == {"NCCL_ALGO": "Ring"}
+    assert (cfg.train.epochs, cfg.dist.nnodes, cfg.dist.nccl.extra) == (3, 1, {})   # as it was
+    assert changed.data is cfg.data        # a section left alone is shared: nothing can change it
+    assert config.replace_key(cfg, "train.epochs", 4).train.epochs == 4
+    with pytest.raises(ConfigError, match="train.epochs must be an integer"):
+        config.derived(cfg, {"train.epochs": "four"})
 
 
 @pytest.mark.parametrize("path", BUNDLED, ids=[p.stem for p in BUNDLED])

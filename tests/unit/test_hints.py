@@ -16,7 +16,7 @@ from pathlib import Path
 import paddle
 
 from paddle_dist import config as configlib
-from paddle_dist.config_keys import set_key
+from paddle_dist.config_keys import with_key
 from paddle_dist.trainer.feed import Feed
 
 from tests.unit.test_docs import code_of
@@ -105,7 +105,7 @@ def test_every_setting_a_message_suggests_is_a_key_and_takes_its_value():
             try:
                 configlib.get_key(configlib.Config(), key)
                 if not PLACEHOLDER.search(value):
-                    set_key(configlib.Config(), key, value, from_text=True)
+                    with_key(configlib.Config(), key, value, from_text=True)
             except Exception as exc:  # noqa: BLE001  (any refusal is the finding)
                 wrong.append(f"{where}: {key}={value}: {exc}")
     assert not wrong, "\n".join(wrong)

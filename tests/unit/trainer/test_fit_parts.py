@@ -5,7 +5,7 @@ import paddle
 import pytest
 from paddle.static import InputSpec
 
-from paddle_dist.config import Config, validate
+from paddle_dist.config import Config, derived, validate
 from paddle_dist.errors import ConfigError, DataError
 from paddle_dist.trainer.ema import Ema, MeasuredClip, warmed_decay
 from paddle_dist.trainer.evaluation import ExactShardSampler, accuracy_left_out, builtin_accuracy, zip_values
@@ -193,16 +193,11 @@ def test_which_way_is_better():
 
 
 def test_monitor_and_ema_decay_are_checked():
-    cfg = Config()
-    cfg.checkpoint.monitor = "eval_miou"
-    validate(cfg)
-    cfg.checkpoint.monitor = "miou"
+    validate(derived(Config(), {"checkpoint.monitor": "eval_miou"}))
     with pytest.raises(ConfigError, match="eval_<metric>"):
-        validate(cfg)
-    cfg = Config()
-    cfg.train.ema_decay = 1.0
+        validate(derived(Config(), {"checkpoint.monitor": "miou"}))
     with pytest.raises(ConfigError, match=r"\[0, 1\)"):
-        validate(cfg)
+        validate(derived(Config(), {"train.ema_decay": 1.0}))
 
 
 def test_moving_averages_follow_the_weights_and_are_applied_only_inside():
