@@ -17,6 +17,13 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
 # A warning or error a logger printed: Paddle's "[2026-11-26 22:02:39,446] [ WARNING] ..."
 # and the logging module's default "WARNING:root:...".
 LOGGED_PROBLEM = re.compile(r"^\[[^]]*\] \[\s*(WARNING|ERROR|CRITICAL)\]|^(WARNING|ERROR|CRITICAL):")
+# gloo failing to connect a pair of ranks (Paddle's gloo, tcp/pair.cc): its connect timeout
+# ("TIMEOUT self_rank = 0 pair_rank = 0 ...") or a peer's listener gone ("connect ...:
+# Connection refused"). A collective's timeout comes from unbound_buffer.cc instead.
+GLOO_PAIR_FAILED = re.compile(r"gloo/transport/tcp/pair\.cc:\d+\].*(TIMEOUT|Connection refused)")
+GLOO_START_HINT = ("gloo could not connect the ranks while the process group started (init_parallel_env); "
+                   "seen now and then on a busy machine, it is not caused by the job or its data: "
+                   "run the same command again")
 
 
 def is_noise(line: str) -> bool:
@@ -53,6 +60,24 @@ def tail_lines(path: str, count: int, reach: int = 40) -> List[str]:
     firsts = {next((i for i, line in enumerate(earlier) if pattern.match(line)), None)
               for pattern in (EXCEPTION_LINE, LOGGED_PROBLEM)} - {None}
     return [earlier[i] for i in sorted(firsts) if earlier[i] not in tail] + tail
+
+
+def gloo_start_failed(text: str) -> bool:
+    """Whether `text` (a traceback, or a rank's log) shows gloo failing to connect two ranks
+    as the process group started: the message of tcp/pair.cc inside init_parallel_env.
+
+    Example:
+        gloo_start_failed("... in init_parallel_env ... [gloo/transport/tcp/pair.cc:584] TIMEOUT ...")  # True
+    """
+    return "init_parallel_env" in text and GLOO_PAIR_FAILED.search(text) is not None
+
+
+def text_of(path: str, limit: int = 65536) -> str:
+    """The last `limit` characters of a text file ("" when it cannot be read)."""
+    try:
+        return Path(path).read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
 
 
 def innermost(text: str, count: int) -> Tuple[str, List[str]]:

@@ -29,7 +29,7 @@ from ..errors import REFUSAL_LINE
 from ..procfs import pid_alive
 from ..security import attest
 from .commands import resume_command
-from .logs import innermost, tail_lines
+from .logs import GLOO_START_HINT, gloo_start_failed, innermost, tail_lines, text_of
 from .status import (DIVERGED, ENDED_BADLY, HUNG, PREEMPTED, REFUSED, RUNNING, STOPPED, RankStatus,
                      read_all)
 from .topology import ONE_MACHINE, Machines
@@ -302,6 +302,9 @@ def _report(cause: RankStatus, code: int, headline: str, status: Dict[int, RankS
             exit_codes: Dict[int, int], logs: Dict[int, str], machines: Machines = ONE_MACHINE) -> Report:
     rank = cause.rank
     lines = [f"paddle_dist: job failed (exit {code}). Root cause: {headline}"]
+    said = "\n".join([cause.traceback or "", cause.error or ""]
+                     + [text_of(log) for log in (cause.log, logs.get(rank)) if log])
+    lines += [f"  {GLOO_START_HINT}"] if gloo_start_failed(said) else []
     where = [f"last heartbeat at step {cause.step}" if cause.step is not None else "",
              f"pid {cause.pid}" if cause.pid else "",
              f"host {cause.host}" if cause.host else ""]

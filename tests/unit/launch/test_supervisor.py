@@ -91,6 +91,37 @@ def test_a_breach_is_the_root_cause_ahead_of_the_gloo_failure_that_follows_it(tm
     assert root_cause(status, exits=exits[:1]).code == 1      # without the breach: the gloo failure
 
 
+GLOO_START = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+              "    dist.init_parallel_env()\n"
+              "  File \"paddle/distributed/parallel.py\", line 1172, in init_parallel_env\n"
+              "    pg = _new_process_group_impl(\n")
+
+
+@pytest.mark.parametrize("message", [
+    "RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 0 "
+    "peer_str = [127.0.0.1]:40123",
+    "RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:779] connect [127.0.0.1]:40123: "
+    "Connection refused",
+])
+def test_gloo_failing_to_connect_the_ranks_at_start_is_named_in_one_line(tmp_path, message):
+    """A script's rank (its log) and a paddle_dist rank (its record): the line that says
+    what it is and what to do follows the root cause."""
+    log = tmp_path / "workerlog.0"
+    log.write_text(GLOO_START + message + "\n")
+    exits = [Exit(0, 1, 10.0), Exit(1, TERM, 10.2, signalled_at=10.1)]
+    hint = ("  gloo could not connect the ranks while the process group started (init_parallel_env); seen now and "
+            "then on a busy machine, it is not caused by the job or its data: run the same command again")
+    assert root_cause({}, exits=exits, logs={0: str(log)}).lines[1] == hint
+    record = {"rank": 0, "state": "failed", "time": 5.0, "error_type": "RuntimeError",
+              "error": message.split(": ", 1)[1], "traceback": GLOO_START + message, "exit_code": 1}
+    assert root_cause({0: record}, exits=exits).lines[1] == hint
+    # The same gloo words in a collective during training, or no gloo at all: no such line.
+    later = dict(record, traceback=record["traceback"].replace("init_parallel_env", "broadcast"))
+    assert hint not in root_cause({0: later}, exits=exits).lines
+    assert hint not in root_cause({0: dict(record, error="bad", traceback=GLOO_START + "ValueError: bad")},
+                                  exits=exits).lines
+
+
 def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
     exits = [Exit(0, errors.EXIT_PREEMPTED, 1.0), Exit(1, errors.EXIT_PREEMPTED, 1.1)]
     report = root_cause({}, exits=exits)
