@@ -131,8 +131,8 @@ def export_run(target: Path, out: Optional[Path] = None, config: Optional[str] =
     info = registry.preprocessing(cfg, classes)
     spec = InputSpec([None, *info.pop("input_shape")], "float32", INPUT_NAME)
     info = {"model": cfg.model.name, "task": models.task_of(cfg.model.name), **info,
-            "checkpoint": str(checkpoint_dir.resolve()), "global_step": state.meta.get("global_step"),
-            "eval_accuracy": (state.meta.get("history") or [{}])[-1].get("eval_accuracy")}
+            "checkpoint": str(checkpoint_dir.resolve()), "global_step": state.record.global_step,
+            "eval_accuracy": (state.record.history or ({},))[-1].get("eval_accuracy")}
     out = Path(out) if out else (Run(run_dir).export if run_dir else checkpoint_dir / EXPORT)
     return export(net, [spec], out, info)
 

@@ -13,7 +13,8 @@ from .data import registry
 from . import models, trainer
 from .runtime import process
 from .security import private
-from .trainer.common import Parts, default_loss, optimizer_factory
+from .trainer.optim import default_loss, optimizer_factory
+from .trainer.parts import Parts
 
 
 def build_parts(cfg: configlib.Config) -> Parts:

@@ -1,6 +1,7 @@
 """One checkpoint format for both trainers: the full training state, written by global rank 0.
 
-- format: what a checkpoint holds (layout, State, Snapshot, meta, RNG state) and its checks;
+- format: what a checkpoint holds (layout, State, Snapshot, Meta: meta.json as a record,
+  RNG state) and its checks;
 - io: snapshot, atomic write, the background AsyncSaver, latest, load, export to .pdparams;
 - resume: which checkpoint `checkpoint.resume` means, compatibility, restore;
 - weights: load_weights, weights into a model exactly or a one-line refusal (also restore's);
@@ -23,12 +24,12 @@ Example:
 """
 
 from ..runs.layout import LATEST
-from .format import (FIX, FORMAT, CheckpointError, Snapshot, State, apply_rng, capture_rng,
+from .format import (FIX, FORMAT, CheckpointError, Meta, Snapshot, State, apply_rng, capture_rng,
                      weights_digest)
 from .io import AsyncSaver, export_pdparams, latest, load, save, snapshot, write
 from .resume import check_compatible, resolve_resume, restore
 from .weights import load_weights
 
-__all__ = ["FIX", "FORMAT", "LATEST", "AsyncSaver", "CheckpointError", "Snapshot", "State", "apply_rng",
+__all__ = ["FIX", "FORMAT", "LATEST", "AsyncSaver", "CheckpointError", "Meta", "Snapshot", "State", "apply_rng",
            "capture_rng", "check_compatible", "export_pdparams", "latest", "load", "load_weights",
            "resolve_resume", "restore", "save", "snapshot", "weights_digest", "write"]

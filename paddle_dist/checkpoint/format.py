@@ -47,6 +47,59 @@ class CheckpointError(UserError):
     """
 
 
+@dataclass(frozen=True)
+class Meta:
+    """A checkpoint's meta.json as a record: where the run stood and the state of the pieces
+    that survive a resume (each piece's own `state()`). The only reader of its keys: every
+    other module takes the fields. Checkpoints from before a field existed load with its
+    default (`of`): a run without `plan_world` was planned for its `world_size`.
+
+    Example:
+        meta = Meta(global_step=120, epoch=1, step_in_epoch=20, world_size=2, model="mlp")
+        Meta.of(meta.to_dict()).planned_world      # 2
+    """
+
+    global_step: int
+    epoch: int                         # 0-based: the epoch in progress
+    step_in_epoch: int
+    world_size: int
+    model: str
+    api: str = ""
+    config_hash: Optional[str] = None
+    history: Tuple[Dict[str, Any], ...] = ()
+    plan_world: int = 0                # the run's data plan (trainer/sampling.py); 0: world_size
+    plan_accumulate: int = 0           # 0: the config's train.accumulate_steps (older checkpoints)
+    epoch_loss: Tuple[Any, ...] = ()   # (sum, count, {part: sum}) of the epoch so far, mid-epoch
+    ema_updates: Optional[int] = None
+    loss_scaler: Optional[Dict[str, Any]] = None
+    extra: Dict[str, Any] = field(default_factory=dict)    # keys of a writer of its own
+
+    @classmethod
+    def of(cls, raw: Dict[str, Any]) -> "Meta":
+        """The record of a meta.json's dict (REQUIRED_META checked by the caller)."""
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        values = {k: v for k, v in raw.items() if k in known and v is not None}
+        values["history"] = tuple(values.get("history") or ())
+        values["epoch_loss"] = tuple(values.get("epoch_loss") or ())
+        return cls(**values, extra={k: v for k, v in raw.items() if k not in known and k not in RESERVED_META})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """meta.json's keys: the fields that are set, then `extra`."""
+        out = {"global_step": self.global_step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+               "world_size": self.world_size, "model": self.model, "api": self.api,
+               "config_hash": self.config_hash, "history": list(self.history),
+               "plan_world": self.plan_world or self.world_size, "plan_accumulate": self.plan_accumulate,
+               "epoch_loss": list(self.epoch_loss), "ema_updates": self.ema_updates,
+               "loss_scaler": self.loss_scaler}
+        kept = {k: v for k, v in out.items() if v is not None and not (k == "epoch_loss" and not v)}
+        return {**kept, **self.extra}
+
+    @property
+    def planned_world(self) -> int:
+        """The world size the run's steps were planned for."""
+        return int(self.plan_world or self.world_size)
+
+
 @dataclass
 class State:
     """A loaded checkpoint: numpy arrays and JSON data only, never unpickled objects."""
@@ -57,6 +110,11 @@ class State:
     rng_info: Dict[str, Any] = field(default_factory=dict)
     path: Optional[Path] = None
     averaged: Dict[str, np.ndarray] = field(default_factory=dict)   # train.ema_decay's weights
+
+    @property
+    def record(self) -> Meta:
+        """meta.json as a typed record (Meta)."""
+        return Meta.of(self.meta)
 
 
 @dataclass

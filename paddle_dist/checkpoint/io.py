@@ -23,7 +23,7 @@ import threading
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
 import paddle
@@ -31,24 +31,25 @@ import paddle
 from .. import compat
 from ..runs.layout import CHECKPOINT, CHECKPOINTS, LATEST, META, checkpoint_dirs, latest  # noqa: F401 - latest: the face
 from ..security import private
-from .format import (AVERAGED, FIX, FORMAT, LEFTOVER, ZIP_TIME, CheckpointError, Snapshot, State,
+from .format import (AVERAGED, FIX, FORMAT, LEFTOVER, ZIP_TIME, CheckpointError, Meta, Snapshot, State,
                      _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
 
 
-def snapshot(model, optimizer, meta: Dict[str, Any],
+def snapshot(model, optimizer, meta: Union[Meta, Dict[str, Any]],
              averaged: Optional[Dict[str, np.ndarray]] = None) -> Snapshot:
     """Copy model, optimizer, RNG states and meta out of Paddle now, on the training thread.
 
     `meta` needs global_step, epoch (0-based, the epoch in progress), step_in_epoch
-    (optimizer steps done in it), world_size and model; more JSON keys may follow.
+    (optimizer steps done in it), world_size and model; more JSON keys may follow. A
+    `Meta` record gives its dict (Meta.to_dict).
     `averaged`: the model's state with the weights' moving averages (ema.npz), if any.
 
     Example:
         snap = snapshot(net, opt, {"global_step": 120, "epoch": 1, "step_in_epoch": 20,
                                    "world_size": 2, "model": "mlp"})
     """
-    meta = _checked_meta(meta)
+    meta = _checked_meta(meta.to_dict() if isinstance(meta, Meta) else meta)
     opt_arrays, opt_scalars = _flatten(compat.optimizer_state(optimizer))
     rng_arrays, rng_info = capture_rng(meta["global_step"])
     return Snapshot(model=_to_numpy(model.state_dict()), optimizer=opt_arrays,
@@ -80,7 +81,7 @@ def write(root: Path, snap: Snapshot, keep_last: int = 3) -> Path:
     return final
 
 
-def save(root: Path, model, optimizer, meta: Dict[str, Any], keep_last: int = 3) -> Path:
+def save(root: Path, model, optimizer, meta: Union[Meta, Dict[str, Any]], keep_last: int = 3) -> Path:
     """snapshot() and write() in one go, on the calling thread.
 
     Example:

@@ -9,7 +9,7 @@ a self-test rank runs, so that loading doctor/ (the report, the parent of the se
 imports no paddle.
 
 They use paddle_dist's own code paths: `GradSync` built from the config as the trainer
-builds it, `trainer.loop.step` (the trainer's optimizer step), `checkpoint.save()` /
+builds it, `trainer.engine.Engine` (the trainer's distributed step), `checkpoint.save()` /
 `load()` / `restore()`, `amp.plan` / `amp.scaler`, `export` and `predict.Predictor`.
 
 Example:
@@ -38,9 +38,10 @@ from ..errors import DeviceError
 from ..export import export as export_model
 from ..predict import Predictor
 from ..compat import state_tensors
-from ..sync import GradSync, wrap
+from ..sync import GradSync
 from ..sync.batchstats import BatchStats
-from ..trainer import loop
+from ..trainer.engine import Engine, step as plain_step
+from ..trainer.feed import Feed
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 COUNT = 1024              # values per all-reduce
@@ -119,7 +120,7 @@ def _global_batch(step: int, world: int, seed: int):
 
 
 def _tensors(x, y):
-    """One batch as loop.step takes it: ([input], [label])."""
+    """One batch as engine.step takes it: ([input], [label])."""
     return [paddle.to_tensor(x)], [paddle.to_tensor(y)]
 
 
@@ -138,7 +139,7 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str 
                          bn: bool = False):
     """STEPS optimizer steps of a small MLP (`bn`: with a BatchNorm, whose statistics move
     once per step from every rank's batch, sync/batchstats.py), data-parallel through
-    GradSync(`mode`) and the trainer's own step at `api` level (loop: `trainer.loop.step`;
+    GradSync(`mode`) and the trainer's own step at `api` level (loop: `trainer.engine.Engine.step`;
     hapi: the prepared paddle.Model's train_batch, as `trainer.hapi` builds it), beside one
     process taking the same steps on the whole batch in float32, each rank's share a
     micro-batch. Returns (net, replay, the sync's description, its exchange's class name,
@@ -149,22 +150,20 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str 
     ref_opt = paddle.optimizer.SGD(LR, parameters=ref.parameters())
     net, opt = amp.decorate(net, opt, precision)       # O2: 16-bit weights, float32 master copy
     sync = GradSync.from_config(env, dataclasses.replace(job.cfg.sync, mode=mode, compress="none"))
-    stats = BatchStats(net, env)
-    sync.attach(opt, net, stats.ride_with(sync))
-    scaler = amp.scaler(precision, sync)
+    engine = Engine(net, opt, env, sync, precision)
     loss = paddle.nn.CrossEntropyLoss()
     if api == "hapi":
         from ..trainer.hapi import prepared_model
 
-        model = prepared_model(net, opt, loss, env, sync, precision, scaler)
+        model = prepared_model(engine, loss, inputs=1)
 
         def step(x, y):
             model.train_batch([paddle.to_tensor(x)], [paddle.to_tensor(y)])
     else:
-        wrapped = wrap(net, env, sync)
+        wrapped = engine.wrapped()
 
         def step(x, y):
-            loop.step(wrapped, loss, [_tensors(x, y)], opt, precision, scaler, sync.arm)
+            engine.step(wrapped, [_tensors(x, y)], Feed(net, inputs=1), loss)
     # The replay takes each rank's share as a micro-batch of one step: BatchNorm normalizes
     # each share by its own statistics, as on the ranks, and its running statistics move
     # once per step from all of them (a BatchStats of one process).
@@ -174,15 +173,14 @@ def train_against_replay(job: Job, mode: str, precision=amp.AmpPlan(), api: str 
         for n in range(STEPS):
             x, y = _global_batch(n, env.world_size, seed)
             step(x[shares[env.global_rank]], y[shares[env.global_rank]])
-            stats.step()
-            loop.step(ref, loss, [_tensors(x[share], y[share]) for share in shares], ref_opt)
+            engine.after_update()
+            plain_step(ref, loss, [_tensors(x[share], y[share]) for share in shares], ref_opt)
             ref_stats.step()
         exchange = type(sync.overlap.exchange).__name__ if sync.overlap is not None else "step"
         return net, ref, sync.describe(), exchange, opt
     finally:
-        stats.close()
+        engine.close()
         ref_stats.close()
-        sync.close()
 
 
 def grad_sync(mode: str, job: Job) -> Row:
@@ -215,15 +213,13 @@ def checkpoint_round_trip(job: Job) -> Row:
     opt = paddle.optimizer.Adam(1e-3, parameters=net.parameters())
     x, y = _tensors(*_global_batch(0, 1, job.cfg.train.seed))
     loss = paddle.nn.CrossEntropyLoss()
-    loop.step(net, loss, [(x, y)], opt)
-    meta = {"global_step": 1, "epoch": 0, "step_in_epoch": 1, "world_size": job.env.world_size,
-            "model": "selftest"}
+    plain_step(net, loss, [(x, y)], opt)
     scaler = _moved_scaler(job)
-    if scaler is not None:
-        meta["loss_scaler"] = amp.scaler_state(scaler)
+    meta = checkpoint.Meta(global_step=1, epoch=0, step_in_epoch=1, world_size=job.env.world_size,
+                           model="selftest", loss_scaler=amp.scaler_state(scaler) if scaler is not None else None)
     path = checkpoint.save(job.scratch / "checkpoints", net, opt, meta, keep_last=1)
     weights, moments, drawn = _arrays(net.state_dict()), _arrays(opt.state_dict()), _draws()
-    loop.step(net, loss, [(x, y)], opt)        # everything moves on
+    plain_step(net, loss, [(x, y)], opt)        # everything moves on
     state = checkpoint.load(path)
     checkpoint.restore(state, net, opt, rng=True)
     devices = [scalars[0] for scalars in state.rng_info["paddle"]]
@@ -232,7 +228,7 @@ def checkpoint_round_trip(job: Job) -> Row:
                                                      f"{devices}, not {job.env.device}'s own")
     if scaler is not None:
         resumed = _moved_scaler(job, moved=False)
-        amp.load_scaler_state(resumed, state.meta.get("loss_scaler") or {})
+        amp.load_scaler_state(resumed, state.record.loss_scaler or {})
         if amp.scaler_state(resumed) != amp.scaler_state(scaler) or not amp.scaler_state(scaler):
             return Row("checkpoint + RNG", FAIL, detail=f"loss scaler {amp.scaler_state(scaler)} came back "
                                                          f"as {amp.scaler_state(resumed)}")

@@ -72,8 +72,8 @@ def o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):
     want = evaluate(ref, Source.of(data, "eval_data"), Feed(ref), loss, [], job.env, BATCH)
     if not abs(got["loss"] - want["loss"]) <= AMP_TOLERANCE * 10 * max(1.0, abs(want["loss"])):
         return f"O2 evaluation: loss {got['loss']:.4f}, float32 replay {want['loss']:.4f}", ""
-    meta = {"global_step": STEPS, "epoch": 0, "step_in_epoch": STEPS, "world_size": job.env.world_size,
-            "model": "selftest"}
+    meta = checkpoint.Meta(global_step=STEPS, epoch=0, step_in_epoch=STEPS, world_size=job.env.world_size,
+                           model="selftest")
     state = checkpoint.load(checkpoint.save(job.scratch / "o2", net, opt, meta, keep_last=1))
     wide = sorted({str(v.dtype) for v in state.model.values()})
     if wide != ["float32"]:

@@ -40,6 +40,7 @@ import paddle.distributed as dist
 from ..compat import BatchNormState, numpy_view
 from ..errors import UserError
 from .collectives import collective
+from .grad_sync import Rider
 
 if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
     from ..runtime.env import DistEnv
@@ -190,7 +191,7 @@ class BatchStats:
 
     def __init__(self, net: paddle.nn.Layer, env: DistEnv, phase=None, host: Optional[bool] = None):
         self.env, self.phase = env, phase
-        self.sync = None          # a GradSync whose exchange carries the sums (ride_with)
+        self.received: Optional[np.ndarray] = None   # the sums' mean the gradients' exchange carried
         self.layers: List[_Layer] = []
         self.handles = []
         for layer in net.sublayers(include_self=True):
@@ -203,18 +204,21 @@ class BatchStats:
     def __bool__(self) -> bool:
         return bool(self.layers)
 
-    def ride_with(self, sync):
-        """Let the gradients' exchange of `sync` (a GradSync) carry the sums, where its
-        transport can: no exchange of their own. Returns the rider for `sync.attach`
-        (None without BatchNorm layers).
+    def rider(self) -> Optional[Rider]:
+        """The sums as a GradSync's rider (`attach`): its exchange carries them, where its
+        transport can, and hands their mean to this step's update (None without
+        BatchNorm layers).
 
         Example:
-            grad_sync.attach(optimizer, net, stats.ride_with(grad_sync))
+            grad_sync.attach(optimizer, net, stats.rider())
         """
         if not self.layers:
             return None
-        self.sync = sync
-        return self.size, self._local_sums
+        return Rider(self.size, self._local_sums, self._take)
+
+    def _take(self, mean: np.ndarray) -> None:
+        """The exchange's mean of every rank's sums, for this step's update."""
+        self.received = mean
 
     @property
     def size(self) -> int:
@@ -233,10 +237,9 @@ class BatchStats:
         """Each layer's sums over every rank: the mean the gradients' exchange carried
         (float32), one all-reduce of their own, or this rank's alone in a job of one (the
         statistics need only the sums' ratios)."""
-        ridden = self.sync.ridden if self.sync is not None else None
-        if ridden is not None and len(ridden) == self.size:
-            self.sync.ridden = None
-            flat = ridden.astype(np.float64)
+        received, self.received = self.received, None
+        if received is not None and len(received) == self.size:
+            flat = received.astype(np.float64)
         elif self.env.is_distributed:
             flat = paddle.concat([_on_device(layer.sums()) for layer in self.layers])
             collective(dist.all_reduce, flat, phase=self.phase, what="all-reduce of BatchNorm statistics")

@@ -3,14 +3,12 @@
 `paddle.DataParallel` all-reduces gradients from hooks inside `backward()`. When a peer
 dies there, gloo's exception is thrown through C++ and the surviving rank is killed by
 SIGABRT: it can neither log nor save. Here every collective is issued from Python (the
-main thread, or paddle_dist's communication thread) and the optimizer's own `step()` and
-`minimize()` average first: `attach` gives the optimizer object a subclass of its own
-class whose `step`/`minimize` average every gradient of every parameter group in one
-exchange, then run the original. Whatever the optimizer does next (its parameter groups,
-their own rates and decay, any clipping on the optimizer or per group, master weights)
-sees the averaged gradients, and the loop and hapi (`Model.fit` calls `minimize`) are
-served without touching either. A peer failure surfaces as a `PeerFailure` exception,
-and gradient accumulation communicates once per optimizer step.
+main thread, or paddle_dist's communication thread), before the optimizer's update: the
+loop's step calls `average_now()` (trainer/engine.py), and `attach` gives the optimizer
+object a subclass of its own class whose `step`/`minimize` average first (how a step
+that paddle.Model runs, `Model.fit` calling `minimize`, is reached). Whatever the
+optimizer does next (parameter groups, clipping, master weights) sees the averaged
+gradients. A peer failure is a `PeerFailure`; accumulation communicates once per step.
 
 What every exchange carries, in a layout the ranks agree on before anything starts
 (`agree_on_layout`: the trainable parameters' names, shapes and dtypes, compared across
@@ -23,9 +21,9 @@ ranks; a difference is an error naming the parameter, never a sum of misaligned 
   has stays without, so no optimizer touches it, as in one process;
 - the count of ranks asking to stop (preemption), so every rank learns of a stop
   request at the same step at no extra cost;
-- on the CPU reducers, a rider's float32 values (`rider`: BatchNorm's per-channel sums,
-  sync/batchstats.py), averaged like the gradients and left in `ridden` for the step's
-  end, so that they cost no exchange of their own.
+- on the CPU reducers, a rider's float32 values (`Rider`: BatchNorm's per-channel sums,
+  sync/batchstats.py), averaged like the gradients and handed to the rider's `take`, so
+  that they cost no exchange of their own.
 
 Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
@@ -57,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import numpy as np
@@ -79,6 +78,16 @@ DEFAULT_BUCKET_MB = 25.0      # overlap: DDP's cap on one bucket
 HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 
 
+@dataclass(frozen=True)
+class Rider:
+    """`size` float32 values that travel with the gradients (module docstring): `give()`
+    before the exchange, `take(mean)` after it (sync.attach(optimizer, net, rider))."""
+
+    size: int
+    give: Callable[[], np.ndarray]
+    take: Callable[[np.ndarray], None]
+
+
 class GradSync:
     """Averages the gradients of an optimizer's parameters over all ranks, at the start of
     its every step (module docstring).
@@ -97,28 +106,25 @@ class GradSync:
                  accumulate_steps: int = 1, find_unused: bool = True):
         transports.check(transport, compress, env.backend)
         self.env, self.phase, self.want_stop = env, phase, want_stop
-        self.requested = mode
-        mode = resolve_mode(mode, env.device, compress, bucket_mb, transport)
-        self.mode, self.bucket_bytes, self.compress = mode, int(bucket_mb * 2 ** 20), compress
-        self.transport = transport if mode != "dataparallel" else transports.BACKEND.name
+        self.requested, self.mode = mode, resolve_mode(mode, env.device, compress, bucket_mb, transport)
+        self.bucket_bytes, self.compress = int(bucket_mb * 2 ** 20), compress
+        self.transport = transport if self.mode != "dataparallel" else transports.BACKEND.name
         self.accumulate_steps = accumulate_steps
         self.find_unused = find_unused   # mode dataparallel: Paddle's find_unused_parameters
         self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
         self.overlap: Optional[Overlap] = None
-        self.optimizer = None
+        self.optimizer, self.names = None, {}
         self.params: list = []    # the exchange's layout: the trainable parameters at attach
-        self.names: Dict[int, str] = {}
         self.stop_requested = False
         self.steps = 0          # optimizer steps seen
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time the step waited for the exchanges
         self.averaged_early = False
         # Values that travel with the gradients on the CPU reducers (module docstring):
-        # `rider()` gives them before the exchange, `ridden` holds their mean after it
-        # (None when this step's exchange could not carry them).
-        self.rider: Optional[Callable[[], np.ndarray]] = None
+        # `rider.give()` gives them before the exchange, `rider.take(mean)` gets their mean
+        # after it (not called when this step's exchange could not carry them).
+        self.rider: Optional[Rider] = None
         self.rider_size = 0
-        self.ridden: Optional[np.ndarray] = None
         self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
@@ -132,10 +138,10 @@ class GradSync:
         """Make `optimizer`'s step()/minimize() average first and set up the transport
         (`net` names the parameters in errors). Collective: every rank calls it at the
         same point, after `agree_on_layout` (and `check_optimizer`, before anything starts).
-        `rider`: (size, fn), `size` float32 values that `fn()` gives before every exchange
-        and that travel with the gradients where the transport allows (`ridden`)."""
+        `rider`: a Rider, whose `size` float32 values travel with the gradients where the
+        transport allows (its `take` gets their mean)."""
         if rider is not None:
-            self.rider_size, self.rider = rider
+            self.rider_size, self.rider = rider.size, rider
         self.optimizer, self.params = optimizer, trainable(optimizer)
         self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
         install(optimizer, self)
@@ -240,11 +246,10 @@ class GradSync:
     def average(self) -> None:
         """Average every trainable parameter's gradient over the ranks, in place."""
         self.steps += 1
-        self.ridden = None
         if not self.env.is_distributed:
             self.stop_requested = bool(self._stop_value())
             if self.rider is not None:          # the mean of one rank: its own values
-                self.ridden = np.asarray(self.rider(), dtype=np.float32)
+                self.rider.take(np.asarray(self.rider.give(), dtype=np.float32))
             return
         if self.mode == "dataparallel":
             if self.steps >= self._next_check:
@@ -374,7 +379,7 @@ class GradSync:
         (compat.numpy_view), no copies but the transport's. Returns the stop flag's sum,
         scaled like the gradients."""
         views = grad_views(params)
-        extra = np.asarray(self.rider(), dtype=np.float32) if self.rider is not None else np.zeros(0, np.float32)
+        extra = np.asarray(self.rider.give(), dtype=np.float32) if self.rider is not None else np.zeros(0, np.float32)
         head = np.concatenate([np.array([stop] + [0.0 if p.grad is None else 1.0 for p in params],
                                         dtype=np.float32), extra])
         size = sum(v.nbytes for v in views)
@@ -387,7 +392,7 @@ class GradSync:
         given = len(params) + 1
         give_missing(params, views, head[1:given])
         if self.rider is not None:
-            self.ridden = head[given:].copy()
+            self.rider.take(head[given:].copy())
         return float(head[0])
 
     def _all_reduce(self, tensor, what: str, read=None):

@@ -1,6 +1,6 @@
 """The trainer: `fit()` for users' own parts, `train()` for the built-in jobs.
 
-Both API levels (`train.api: loop | hapi`) run behind one Session (common.py): the same
+Both API levels (`train.api: loop | hapi`) run behind one Session (session.py): the same
 progress, exact evaluation, checkpoints and metrics, so a script behaves the same
 standalone, under `paddle.distributed.launch` and under `spawn`.
 

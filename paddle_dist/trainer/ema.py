@@ -1,6 +1,5 @@
 """An exponential moving average of the model's whole state (train.ema_decay), as the
-detection and classification suites keep it, and gradient clipping that reports the
-norm it clipped (train.clip_grad_norm).
+detection and classification suites keep it.
 
 After every optimizer step each floating entry of the model's state (the parameters and
 the buffers: BatchNorm's running statistics, which sync/batchstats.py keeps equal on
@@ -102,19 +101,3 @@ class Ema:
         found = {key: value.numpy() for key, value in state_tensors(self.model).items()}
         found.update(self.state())
         return found
-
-
-class MeasuredClip(paddle.nn.ClipGradByGlobalNorm):
-    """paddle.nn.ClipGradByGlobalNorm that keeps the global norm it saw (a device tensor,
-    read only when the progress line is printed)."""
-
-    def __init__(self, clip_norm: float):
-        super().__init__(clip_norm)
-        self.last: Optional[paddle.Tensor] = None
-
-    def _dygraph_clip(self, params_grads):
-        squares = [paddle.sum(paddle.square(g.astype("float32"))) for p, g in params_grads
-                   if g is not None and getattr(p, "need_clip", True)]
-        if squares:
-            self.last = paddle.sqrt(paddle.add_n(squares)).detach()
-        return super()._dygraph_clip(params_grads)

@@ -18,7 +18,7 @@ as under paddle.Model.
 Example:
     feed = Feed(net, inputs=[InputSpec([None, 32], "int64", "ids"), InputSpec([None], "int64", "length")])
     inputs, labels = feed.split([ids, length, label])      # [ids, length], [label]
-    loss, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
+    loss, parts, outputs = feed.loss_and_outputs(net, loss_fn, inputs, labels)
 """
 
 from __future__ import annotations
@@ -45,11 +45,6 @@ class Feed:
         self.label_names = _names(labels)
         self.input_count = _count(inputs, "inputs") or max(len(arguments), 1)
         self.label_count = _count(labels, "labels")
-        # (inputs, labels) of a training batch: set by the check before epoch 1 (firstbatch)
-        self.counts: Optional[Tuple[int, int]] = None
-        self.loss_parts: Dict[str, Any] = {}      # the last loss's parts (loss_parts)
-        self.step_parts: Dict[str, Any] = {}      # their means over the last optimizer step's micro-batches
-        self.eval_loss = True                     # False once a model_loss model returned none evaluating
 
     def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
         """(inputs, labels) of one collated batch."""
@@ -105,10 +100,11 @@ class Feed:
         return widened(_as_list(model(*given)))
 
     def loss_and_outputs(self, model, loss_fn, inputs, labels):
-        """(the mean loss, the outputs the metrics get): `loss_fn(*outputs, *labels)`, or the
-        model's own loss."""
+        """(the mean loss, its parts, the outputs the metrics get): `loss_fn(*outputs,
+        *labels)`, or the model's own loss."""
         outputs = self.outputs(model, inputs, labels)
-        return self.loss_of(loss_fn, outputs, labels), (self._rest(outputs) if self.model_loss else outputs)
+        loss, parts = self.loss_of(loss_fn, outputs, labels)
+        return loss, parts, (self._rest(outputs) if self.model_loss else outputs)
 
     def evaluated(self, model, loss_fn, inputs, labels, with_loss: bool = True):
         """(the mean loss or None, the outputs the metrics get) of an evaluation batch: no
@@ -118,36 +114,32 @@ class Feed:
         go to the metrics."""
         outputs = self.outputs(model, inputs, labels)
         if self.model_loss and not returns_loss(outputs):
-            self.eval_loss = False
             return None, (list(outputs[0].values()) if isinstance(outputs[0], dict) else outputs)
-        if self.model_loss:
-            return (self.loss_of(loss_fn, outputs, labels) if with_loss else None), self._rest(outputs)
-        return (self.loss_of(loss_fn, outputs, labels) if with_loss else None), outputs
+        loss = self.loss_of(loss_fn, outputs, labels)[0] if with_loss else None
+        return loss, (self._rest(outputs) if self.model_loss else outputs)
 
-    def eval_rule(self, with_loss: bool) -> str:
-        """The start line's words for what evaluation computes."""
-        if self.model_loss and not self.eval_loss:
+    def eval_rule(self, with_loss: bool, returns: bool = True) -> str:
+        """The start line's words for what evaluation computes (`returns`: whether the
+        model's evaluation returned a loss, as the check before epoch 1 found)."""
+        if self.model_loss and not returns:
             return ("the metrics on all the model's outputs: it returns no loss in evaluation "
                     "(loss='model'), so there is no eval loss")
         if not with_loss:
             return "the metrics alone, no loss on evaluation batches (train.eval_loss=false)"
         return "the loss and the metrics" + (" (the model's own loss)" if self.model_loss else "")
 
-    def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence):
-        """The mean loss: `loss_fn(*outputs, *labels)`, or the model's own. Its parts, when
-        it has some, are left in `self.loss_parts` (loss_parts)."""
+    def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence) -> Tuple[Any, Dict[str, Any]]:
+        """(the mean loss, its parts by name, {} without): `loss_fn(*outputs, *labels)`, or
+        the model's own (loss_parts)."""
         if not self.model_loss:
-            loss, self.loss_parts = loss_parts(loss_fn(*outputs, *labels))
-            return loss
+            return loss_parts(loss_fn(*outputs, *labels))
         first = outputs[0]
         if not isinstance(first, dict):
-            self.loss_parts = {}
-            return _scalar(first)
+            return _scalar(first), {}
         if "loss" not in first:
             raise DataError(f"loss='model': the model returned a dict with keys {sorted(first)} "
                             "but no 'loss'; return the loss, a tuple (loss, ...) or a dict with 'loss'")
-        loss, self.loss_parts = loss_parts({k: v for k, v in first.items() if k == "loss" or k.startswith("loss_")})
-        return loss
+        return loss_parts({k: v for k, v in first.items() if k == "loss" or k.startswith("loss_")})
 
     @staticmethod
     def _rest(outputs: Sequence) -> List[Any]:
@@ -156,10 +148,11 @@ class Feed:
             return [v for k, v in first.items() if k != "loss"]
         return list(outputs[1:])
 
-    def hapi_inputs(self) -> int:
+    def hapi_inputs(self, fields: Optional[Tuple[int, int]] = None) -> int:
         """How many of a batch's fields paddle.Model gives the network (its `inputs`): the
-        inputs, and the labels too when the model computes its loss (counts, once known)."""
-        inputs, labels = self.counts or (self.input_count, 0)
+        inputs, and the labels too when the model computes its loss. `fields`: a training
+        batch's (inputs, labels), as the check before epoch 1 found them."""
+        inputs, labels = fields or (self.input_count, 0)
         return inputs + labels if self.model_loss else inputs
 
 
@@ -174,6 +167,14 @@ def spec_text(name: str, value) -> str:
     shape = [None, *(int(d) for d in list(value.shape)[1:])]
     dtype = str(value.dtype).replace("paddle.", "")
     return f"paddle.static.InputSpec({shape}, {dtype!r}, {name!r})"
+
+
+def to_float(value: Any) -> float:
+    """A loss or metric value as a Python float: a tensor's value, a bfloat16 one's too
+    (its .numpy() gives the bits, as uint16)."""
+    if isinstance(value, paddle.Tensor):
+        value = value.astype("float32").numpy()
+    return float(np.asarray(value).reshape(-1)[0])
 
 
 def batch_size_of(inputs: Sequence) -> int:

@@ -13,8 +13,12 @@ been. A sample
 in the wrong layout, a metric that cannot read the outputs, or a crash at evaluation
 shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
 
+What it found is returned (`FirstBatch`): a training batch's count of inputs and labels
+(how paddle.Model splits a batch, hapi.py) and whether evaluation returns a loss.
+
 Example:
-    firstbatch.check(parts, cfg, env, plan)     # raises DataError naming the batch and the step
+    first = firstbatch.check(parts, cfg, env, plan)   # raises DataError naming the batch and the step
+    first.fields                                      # (1, 1): one input, one label
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 import logging
 import random
 import re
-from typing import Callable, List
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -40,52 +45,68 @@ EVAL_LOSS_HINT = ("; a loss that cannot take evaluation's outputs or labels (hea
                   "labels of another shape) is left out with -o train.eval_loss=false: the metrics alone")
 
 
-def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = True) -> None:
+@dataclass(frozen=True)
+class FirstBatch:
+    """What the check found: a training batch's (inputs, labels) counts (None when it ran
+    no training batch), and whether evaluation returns a loss (a model with its own loss
+    may return detections alone)."""
+
+    fields: Optional[Tuple[int, int]] = None
+    eval_returns_loss: bool = True
+
+
+def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = True) -> FirstBatch:
     """Run the first training batch (when `train`) and the first evaluation batch of this rank."""
     world, rank = env.world_size, env.global_rank
+    fields, returns = None, True
     with _kept(parts.model):
         if train:
             size = min(cfg.train.batch_size, len(parts.train_data))
             indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
-            _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
+            fields = _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
         if parts.eval_data is not None and len(parts.eval_data):
             size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
             indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
-            _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, False,
-                 cfg.train.eval_loss)
+            returns = _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, False,
+                           cfg.train.eval_loss)
     for metric in parts.metrics:
         metric.reset()
+    return FirstBatch(fields, returns)
 
 
 def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batched: bool,
-         training: bool, with_loss: bool = True) -> None:
+         training: bool, with_loss: bool = True):
+    """Training: the batch's (inputs, labels) counts; evaluation: whether it gave a loss
+    (always True when the model is not the loss's own)."""
     feed = parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices, batched))
     hint = feed.dict_hint(batch)
     inputs, labels = _step(f"splitting the first {what} batch ({describe(batch)})", lambda: feed.split(batch), hint)
-    if training:         # what paddle.Model is told of a training batch's fields (hapi.py)
-        feed.counts = (len(inputs), len(labels))
-        try:             # quietly first: a user's hook that counts training forwards sees none
-            _forward(parts, inputs, labels, what, "evaluation", precision, hint)
-        except DataError:   # outputs of training only (auxiliary heads): as training runs it
-            _forward(parts, inputs, labels, what, "training", precision, hint)
-    else:
-        _forward(parts, inputs, labels, what, "evaluation", precision, hint, with_loss)
+    if not training:
+        return _forward(parts, inputs, labels, what, "evaluation", precision, hint, with_loss)
+    try:                 # quietly first: a user's hook that counts training forwards sees none
+        _forward(parts, inputs, labels, what, "evaluation", precision, hint)
+    except DataError:    # outputs of training only (auxiliary heads): as training runs it
+        _forward(parts, inputs, labels, what, "training", precision, hint)
+    return len(inputs), len(labels)     # what paddle.Model is told of a training batch's fields
 
 
 def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hint: str,
-             with_loss: bool = True) -> None:
-    """The forward, the loss and (evaluating) the metrics on one batch, in `mode`."""
+             with_loss: bool = True) -> bool:
+    """The forward, the loss and (evaluating) the metrics on one batch, in `mode`; whether
+    a model with its own loss returned one."""
     net, feed = parts.model, parts.feed
     held = (f"the first {what} batch (inputs {describe(inputs)}; labels {describe(labels) or 'none'}; "
             f"in {mode} mode)")
     net.train() if mode == "training" else net.eval()
     with paddle.no_grad(), autocast(precision):
+        returned = True
         if what == "evaluation":      # as evaluation computes it: the loss, if any, and the outputs
-            _, given = _step(f"the model's forward and the loss on {held}",
-                             lambda: feed.evaluated(net, parts.loss, inputs, labels, with_loss),
-                             hint or (EVAL_LOSS_HINT if with_loss else ""))
+            loss, given = _step(f"the model's forward and the loss on {held}",
+                                lambda: feed.evaluated(net, parts.loss, inputs, labels, with_loss),
+                                hint or (EVAL_LOSS_HINT if with_loss else ""))
+            returned = loss is not None or not with_loss
         else:
             outputs = _step(f"the model's forward on {held}", lambda: feed.outputs(net, inputs, labels), hint)
             _step(f"the loss on {held} and the model's outputs ({describe(outputs)})",
@@ -98,6 +119,7 @@ def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hi
             _step(f"metric {name}'s compute/update on the outputs ({describe(given)}) and labels "
                   f"({describe(labels)}) of {held}",
                   lambda: metric.update(*computed(metric, given, labels)), hint)
+    return returned
 
 
 def _say_accuracy(outputs, labels) -> None:

@@ -20,10 +20,9 @@ from paddle.static import InputSpec
 from .amp import install_autocast
 from ..runtime.process import quiet_paddle
 from ..sync import disable_reducer
-from .common import to_float
+from .engine import Engine
 from .session import Session
-from .sampling import train_loader
-from .feed import Feed, widened
+from .feed import Feed, to_float, widened
 from ..runtime.env import DistEnv
 
 
@@ -49,7 +48,7 @@ class _Bridge(paddle.callbacks.Callback):
     def on_train_batch_begin(self, step, logs=None):
         # Mode dataparallel: Paddle's all-reduces run inside hapi's train_batch, unseen; it
         # is marked as this rank's wait in one (GradSync.in_backward), until the batch ends.
-        self.marked = self.session.sync.in_backward()
+        self.marked = self.session.engine.sync.in_backward()
         self.marked.__enter__()
         if step % self.k == 0:
             self.session.before_step()
@@ -58,14 +57,14 @@ class _Bridge(paddle.callbacks.Callback):
             self.loss.divisor = min(self.k, len(self.sampler) - step)
         self.session.seed_micro_batch(step % self.k, self.loss.divisor)
         if self.k > 1:       # only the group's last backward() sends gradients (overlap)
-            self.session.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
+            self.session.engine.sync.arm((step + 1) % self.k == 0 or step + 1 == len(self.sampler))
 
     def on_train_batch_end(self, step, logs=None):
         self.marked.__exit__(None, None, None)
         # hapi has read the loss on the host already: a number here. Its logs hold numpy,
         # whose bfloat16 arrays are the bits (uint16): the loss is read from the tensor.
         self.group_losses.append(to_float(self.loss.last))
-        self.group_parts.append({k: to_float(v) for k, v in self.loss.feed.loss_parts.items()})
+        self.group_parts.append({k: to_float(v) for k, v in self.loss.last_parts.items()})
         if (step + 1) % self.k and step + 1 != len(self.sampler):
             return                          # hapi accumulates: no optimizer step yet
         loss, count = sum(self.group_losses) / len(self.group_losses), len(self.group_losses)
@@ -85,16 +84,18 @@ class _Bridge(paddle.callbacks.Callback):
 class _GroupMean:
     """The loss divided by the number of micro-batches in the current group. paddle.Model
     calls it with the outputs and the labels; `feed` makes it the loss fit() was given
-    (or the model's own)."""
+    (or the model's own). `labels`: a training batch's count of labels (firstbatch).
+    The last loss and its parts are kept for the bridge, which owns this object."""
 
-    def __init__(self, loss, feed: Feed):
+    def __init__(self, loss, feed: Feed, labels: int):
         self.inner, self.feed, self.divisor = loss, feed, 1
+        self.labels = labels if not feed.model_loss else 0
+        self.last, self.last_parts = None, {}
 
     def __call__(self, *args):
-        labels = self.feed.counts[1] if not self.feed.model_loss else 0
-        outputs, labels = list(args[:len(args) - labels]), list(args[len(args) - labels:])
-        loss = self.feed.loss_of(self.inner, outputs, labels)
-        self.last = loss.detach()        # read as a number by the bridge (never hapi's bf16 bits)
+        cut = len(args) - self.labels
+        loss, parts = self.feed.loss_of(self.inner, list(args[:cut]), list(args[cut:]))
+        self.last, self.last_parts = loss.detach(), parts    # read as numbers by the bridge (never bf16 bits)
         return loss / self.divisor if self.divisor > 1 else loss
 
 
@@ -123,13 +124,15 @@ def run(session: Session) -> None:
         _fit(session)
 
 
-def prepared_model(net, optimizer, loss, env: DistEnv, sync, precision, scaler, inputs: int = 1) -> paddle.Model:
-    """`net` in a prepared paddle.Model as the hapi trainer runs it (the self-test's hapi
-    rows run it too): paddle.Model's DataParallel with its reducer on only for
-    sync.mode=dataparallel (then with find_unused_parameters), `optimizer` already
-    averaging (GradSync attached), the plan's autocast in `net`'s forward hooks, and
-    `scaler` (amp.SyncedScaler) as hapi's loss scaler. `inputs`: the count of the
-    network's inputs, by which paddle.Model splits a batch."""
+def prepared_model(engine: Engine, loss, inputs: int = 1) -> paddle.Model:
+    """The engine's network in a prepared paddle.Model as the hapi trainer runs it (the
+    self-test's hapi rows run it too): paddle.Model's DataParallel with its reducer on only
+    for sync.mode=dataparallel (then with find_unused_parameters), the optimizer already
+    averaging (GradSync attached), the plan's autocast in the network's forward hooks, and
+    the engine's scaler (amp.SyncedScaler) as hapi's loss scaler. `inputs`: the count of
+    the network's inputs, by which paddle.Model splits a batch."""
+    net, optimizer, env, sync = engine.net, engine.optimizer, engine.env, engine.sync
+    precision, scaler = engine.precision, engine.scaler
     reducer_on = env.is_distributed and sync.mode == "dataparallel"
     specs = [InputSpec([None], name=f"input{i}") for i in range(inputs)]
     with finding_unused_parameters(sync.find_unused) if reducer_on else contextlib.nullcontext():
@@ -149,15 +152,13 @@ def prepared_model(net, optimizer, loss, env: DistEnv, sync, precision, scaler, 
 
 
 def _fit(session: Session) -> None:
-    cfg, env = session.cfg, session.env
+    cfg, fields = session.cfg, session.first.fields
     feed = session.parts.feed
-    loss = _GroupMean(session.parts.loss, feed)
+    loss = _GroupMean(session.parts.loss, feed, fields[1] if fields else 0)
     # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
     # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
-    model = prepared_model(session.parts.model, session.optimizer, loss, env, session.sync, session.amp,
-                           session.scaler, feed.hapi_inputs())
-    loader, sampler = train_loader(session.parts, cfg, env, session.plan)
-    session.sampler = sampler
+    model = prepared_model(session.engine, loss, feed.hapi_inputs(fields))
+    loader, sampler = session.loader, session.sampler
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,
     # stepping neither by step nor by epoch, keeps it out (Paddle 2.6 to 3.3).

@@ -26,8 +26,9 @@ from ..runtime.env import detect
 from ..errors import ConfigError
 from ..sync.grad_sync import PeerFailure
 from . import callbacks as callbacklib
-from .common import Parts, Result, default_loss, optimizer_factory
-from .sampling import steps_per_epoch, total_steps
+from .optim import default_loss, optimizer_factory
+from .parts import Parts, Result
+from .sampling import DataPlan, optimizer_steps, total_steps
 from .evaluation import metric_names
 from .feed import MODEL_LOSS, Feed
 from .loading import Source
@@ -152,8 +153,8 @@ def steps(train_data, config: Union[None, str, configlib.Config] = None, epochs:
     source = Source.of(train_data, "train_data")
     cfg = _loader_settings(cfg, source, None)
     world = detect().world_size
-    micro = steps_per_epoch(len(source), cfg.train.batch_size, world, cfg.train.drop_last)
-    per_epoch = -(-micro // cfg.train.accumulate_steps)
+    per_epoch = optimizer_steps(len(source), cfg.train.batch_size, DataPlan(world, cfg.train.accumulate_steps),
+                                cfg.train.drop_last)
     return Steps(per_epoch, total_steps(cfg, per_epoch), world, cfg.train.accumulate_steps)
 
 

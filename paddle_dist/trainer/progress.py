@@ -91,27 +91,24 @@ def format_eta(seconds: float) -> str:
 class Progress:
     """Step and epoch reporting shared by both trainers.
 
-    `step(loss, lr)` is called after every optimizer step with this rank's loss: a device
-    tensor (the loop trainer) or a number (hapi). A line goes out every `log_every` steps
-    and at each epoch's end with the mean loss, global samples/s and an ETA. The losses
-    are read on the host only then, all at once (`read_values`): on a GPU each read waits
-    for the queued work, so a read per step would stall the device every step.
+    `step(lr)` is called after every optimizer step, once the Session recorded the step's
+    loss in its `ledger` (ledger.py: a device tensor from the loop trainer, a number from
+    hapi). A line goes out every `log_every` steps and at each epoch's end with the mean
+    loss of the steps since the last line, global samples/s and an ETA; the ledger reads
+    the losses on the host only then, all at once.
     """
 
     def __init__(self, env: DistEnv, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
                  batch_size: int, log_every: int, total_steps: Optional[int] = None,
-                 start_step: int = 0, by_steps: bool = False):
-        self.env, self.log = env, get()
+                 start_step: int = 0, by_steps: bool = False, ledger=None):
+        self.env, self.log, self.ledger = env, get(), ledger
         self.steps_per_epoch, self.epochs, self.log_every = steps_per_epoch, epochs, log_every
         self.global_batch = batch_size * env.world_size
         self.total_steps = total_steps or steps_per_epoch * epochs
         self.start_step = start_step          # steps done before this run (resume)
         self.by_steps = by_steps              # train.max_steps: lines count the run's steps first
         self.step_count = 0                   # steps of this run
-        self._read: List[float] = []          # losses of this run's steps, read so far
-        self._pending: list = []              # losses of the steps after those, not read yet
-        self._parts: List[Dict[str, object]] = []   # each step's loss parts (unread tensors or numbers)
-        self._reported = self._epoch_from = 0  # steps of this run before the last report / epoch
+        self._reported = 0                    # steps of this run before the last report
         self.train_time, self._t_last = 0.0, None
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
@@ -120,45 +117,19 @@ class Progress:
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
         self.epoch, self.epoch_step, self._t_last = epoch, done, time.perf_counter()
-        self._epoch_from = self.step_count
 
-    def step(self, loss, lr: float, comm_s: Optional[float] = None, parts: Optional[Dict[str, object]] = None) -> None:
-        """`loss`: a tensor (kept unread until the next report) or a number; `parts`: its
-        parts by name, likewise. `comm_s`: seconds spent communicating so far, when
-        measurable (it splits the time per step into compute and communication in VisualDL)."""
+    def step(self, lr: float, comm_s: Optional[float] = None) -> None:
+        """After an optimizer step whose loss the ledger holds. `comm_s`: seconds spent
+        communicating so far, when measurable (it splits the time per step into compute
+        and communication in VisualDL)."""
         now = time.perf_counter()
         self.train_time += now - self._t_last
         self._t_last = now
         self.step_count += 1
         self.epoch_step += 1
-        self._pending.append(loss)
-        self._parts.append(parts or {})
         if self.epoch_step % self.log_every == 0 or self.epoch_step == self.steps_per_epoch:
             self._report(lr)
             self._report_times(comm_s)
-
-    @property
-    def losses(self) -> List[float]:
-        """This run's loss per step so far, as floats (reading it reads the losses not read
-        yet from the device: one host read for all of them)."""
-        if self._pending:
-            self._read += read_values(self._pending)
-            self._pending = []
-        return self._read
-
-    def epoch_losses(self) -> List[float]:
-        """The losses of this run's steps in the epoch in progress, as floats."""
-        return self.losses[self._epoch_from:]
-
-    def epoch_parts(self) -> Dict[str, List[float]]:
-        """The loss parts of this run's steps in the epoch in progress, by name, as floats."""
-        return self._parts_of(self._epoch_from)
-
-    def _parts_of(self, start: int) -> Dict[str, List[float]]:
-        steps = self._parts[start:]
-        names = sorted({name for step in steps for name in step})
-        values = read_values([step.get(name, 0.0) for step in steps for name in names])
-        return {name: values[i::len(names)] for i, name in enumerate(names)}
 
     def _report_times(self, comm_s: Optional[float]) -> None:
         steps = self.step_count - self._mark[0]
@@ -183,8 +154,8 @@ class Progress:
         return self.step_count * self.global_batch / self.train_time if self.train_time else 0.0
 
     def _report(self, lr: float) -> None:
-        window = self.losses[self._reported:]       # the steps since the last report
-        self._reported = self.step_count
+        start, self._reported = self._reported, self.step_count
+        window = self.ledger.losses_from(start)      # the steps since the last report
         mean = sum(window) / len(window)
         speed = self.samples_per_s
         remaining = self.total_steps - self.start_step - self.step_count
@@ -194,7 +165,7 @@ class Progress:
             value = read_values([self.grad_norm.last])[0]        # the last step's, after averaging
             norm = f" grad norm {value:.3g}"
             self.scalar("train/grad_norm", value)
-        parts = {k: sum(v) / len(v) for k, v in self._parts_of(len(self._read) - len(window)).items()}
+        parts = {k: sum(v) / len(v) for k, v in self.ledger.parts_from(start).items()}
         steps = f"; step {self.start_step + self.step_count}/{self.total_steps}" if self.by_steps else ""
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
                       f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}{steps}")

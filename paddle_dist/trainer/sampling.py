@@ -34,6 +34,7 @@ from typing import Callable, Iterator, List, Optional
 import numpy as np
 import paddle
 
+from ..checkpoint.format import Meta
 from ..errors import ConfigError
 from ..runtime.env import DistEnv
 from ..schema import Config
@@ -56,16 +57,15 @@ class DataPlan:
         return all(self.world * k % world == 0 for k in (self.accumulate, last))
 
 
-def plan_for(meta: Optional[dict], world: int, accumulate: int, batches: Callable[[int], int]) -> DataPlan:
+def plan_for(meta: Optional[Meta], world: int, accumulate: int, batches: Callable[[int], int]) -> DataPlan:
     """The plan of a job on `world` ranks with `accumulate` micro-batches per step: the
-    checkpoint's (`meta`: its plan_world / plan_accumulate, or its world_size and
-    `accumulate` for a checkpoint from before plans were recorded), or a new one.
-    `batches(world)`: the per-rank batches an epoch has at that world size. Raises
-    ConfigError when `world` ranks cannot share the checkpoint's steps evenly."""
-    if not meta:
+    checkpoint's (`meta`: its record; a checkpoint from before plans were recorded was
+    planned for its world size and `accumulate`), or a new one. `batches(world)`: the
+    per-rank batches an epoch has at that world size. Raises ConfigError when `world`
+    ranks cannot share the checkpoint's steps evenly."""
+    if meta is None:
         return DataPlan(world, accumulate)
-    plan = DataPlan(int(meta.get("plan_world") or meta["world_size"]),
-                    int(meta.get("plan_accumulate") or accumulate))
+    plan = DataPlan(meta.planned_world, int(meta.plan_accumulate or accumulate))
     if plan.world == world:
         return plan
     last = _last_step(batches(plan.world), plan.accumulate)
@@ -214,6 +214,18 @@ def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, drop_las
     """Steps of Paddle's DistributedBatchSampler per epoch (each rank gets ceil(N/W) samples)."""
     per_rank = -(-num_samples // world_size)
     return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+def optimizer_steps(num_samples: int, batch_size: int, plan: DataPlan, drop_last: bool) -> int:
+    """Optimizer steps per epoch under `plan`: the plan's ranks' batches (steps_per_epoch),
+    `plan.accumulate` to a step, the epoch's last step perhaps shorter. The one count of
+    steps per epoch (prepare.py, own.steps).
+
+    Example:
+        optimizer_steps(4000, 64, DataPlan(world=2, accumulate=2), drop_last=False)   # 16
+    """
+    micro = steps_per_epoch(num_samples, batch_size, plan.world, drop_last)
+    return -(-micro // plan.accumulate)
 
 
 def total_steps(cfg: Config, per_epoch: int) -> int:

@@ -1,4 +1,6 @@
-"""Best-checkpoint selection and early stopping, decided the same way on every rank.
+"""Best-checkpoint selection and early stopping, decided the same way on every rank, and
+the checks that make them possible: a monitored value the job logs (`check_monitor`), and
+the same metrics on every rank (`agree_on_metrics`).
 
 The monitored value (`checkpoint.monitor`) comes from the exact evaluation, whose sums
 are all-reduced; the session also takes rank 0's value over the others' (one tiny
@@ -16,6 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional
+
+from .. import config as configlib
+from ..config import Config
+from ..errors import ConfigError
+from ..runtime.env import DistEnv
+from .evaluation import gather, metric_names
 
 
 LOWER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "perplexity", "ppl")
@@ -60,3 +68,27 @@ class Best:
 
     def describe(self) -> str:
         return f"best {self.monitor} {self.value:.4f} at " + (f"step {self.step}" if self.step else f"epoch {self.epoch}")
+
+
+def check_monitor(parts, cfg: Config) -> None:
+    """Refuse a checkpoint.monitor that the job never logs (a typo would silently leave
+    it with no best checkpoint and no early stop); the default may go unlogged."""
+    monitor = cfg.checkpoint.monitor
+    logged = {"train_loss"}
+    if parts.eval_data is not None:
+        names = metric_names(parts.metrics) or (["accuracy"] if parts.task == "classification" else [])
+        logged |= {"eval_loss", *(f"eval_{name}" for name in names)} if cfg.train.eval_loss else \
+            {f"eval_{name}" for name in names}
+    if monitor != configlib.Config().checkpoint.monitor and monitor not in logged:
+        raise ConfigError(f"checkpoint.monitor={monitor} is not logged by this job; it logs "
+                          f"{', '.join(sorted(logged))}")
+
+
+def agree_on_metrics(parts, env: DistEnv, phase) -> None:
+    """Every rank must evaluate the same metrics (they exchange their results batch by
+    batch); ranks given different ones are refused, all of them, in one line."""
+    names = gather(metric_names(parts.metrics), env, phase)
+    if any(found != names[0] for found in names):
+        given = "; ".join(f"rank {rank}: {found or 'none'}" for rank, found in enumerate(names))
+        raise ConfigError(f"the ranks were given different metrics ({given}); give fit() the same "
+                          "metrics on every rank")

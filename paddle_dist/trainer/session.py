@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,44 +20,50 @@ from paddle.optimizer.lr import LRScheduler
 
 from ..runs.layout import Run
 from .. import checkpoint
-from .amp import AmpPlan
+from ..checkpoint import Meta
+from ..config import Config
 from .amp import scaler_state as amp_scaler_state
 from ..errors import Preempted
+from ..runtime.env import DistEnv
 from . import agreement, untrained
 from .callbacks import Events, ModelView, hapi_logs
-from .common import Parts, Position, Result
-from .ema import Ema, MeasuredClip
+from .engine import Engine
+from .firstbatch import FirstBatch
+from .ledger import LossLedger
+from .parts import Parts, Position, Result
+from .ema import Ema
+from .optim import MeasuredClip
 from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
+from .progress import Progress
 from .randomness import MicroBatchDraws
-from .sampling import DataPlan, PlannedBatchSampler
+from .sampling import PlannedBatchSampler
 from .selection import Best
+from .state import Resumed
 from ..security import private
-from ..sync.batchstats import BatchStats
 
 
 @dataclass(frozen=True)
 class SessionSetup:
     """Everything a Session is built from, resolved before it starts (the trainer's job.py
-    makes it): the parts, where the run is, how the ranks talk, where it starts and ends."""
+    makes it): the parts, where the run is, how the ranks make a step, where it starts
+    (`resumed`: the one record a resume returns) and ends, and the training data."""
 
     parts: Parts
-    cfg: Any
-    env: Any
+    cfg: Config
+    env: DistEnv
     run_dir: Optional[Path]
-    progress: Any                       # progress.Progress
+    progress: Progress
+    ledger: LossLedger                  # the steps' losses (progress reads them too)
     monitor: Any                        # runtime.monitor.Monitor
-    sync: Any                           # sync.GradSync
+    engine: Engine                      # the distributed step: sync, BatchNorm, scaler, autocast
     optimizer: Any
-    start: Position
+    resumed: Resumed                    # where it starts: position, plan, history, EMA
     limit: int                          # the run's last optimizer step
     config_hash: str
-    plan: DataPlan                      # which samples each step trains on
+    loader: Any                         # this rank's training batches (sampling.train_loader)
+    sampler: PlannedBatchSampler        # ... and their sampler
+    first: FirstBatch = FirstBatch()    # what the check before epoch 1 found
     lr_policy: Any = None
-    batch_stats: Optional[BatchStats] = None
-    amp: AmpPlan = AmpPlan()
-    scaler: Any = None                  # amp.SyncedScaler, its state already loaded
-    history: tuple = ()                 # a continued run's epochs so far
-    resumed_from: Optional[str] = None  # the checkpoint it continues from
 
 
 # ------------------------------------------------------------------ the session
@@ -66,16 +73,18 @@ class Session:
     Both trainers call `after_step(loss)` after every optimizer step and
     `end_epoch(epoch)` after every epoch; everything else is shared here, the stepping of
     the optimizer's own LRScheduler included (`step_scheduler`). The losses are
-    kept by `progress`, which reads them on the host at its reports only.
+    kept in the ledger, read on the host at the progress line's reports and epoch ends only.
     """
 
     def __init__(self, setup: SessionSetup):
         parts, cfg, env, optimizer, progress = setup.parts, setup.cfg, setup.env, setup.optimizer, setup.progress
+        resumed = setup.resumed
         self.parts, self.cfg, self.env, self.run_dir = parts, cfg, env, setup.run_dir
-        self.progress, self.monitor, self.sync, self.optimizer = progress, setup.monitor, setup.sync, optimizer
-        self.pos, self.limit, self.config_hash = setup.start, setup.limit, setup.config_hash
+        self.progress, self.monitor, self.engine, self.optimizer = progress, setup.monitor, setup.engine, optimizer
+        self.ledger, self.loader, self.sampler, self.first = setup.ledger, setup.loader, setup.sampler, setup.first
+        self.pos, self.limit, self.config_hash = dataclasses.replace(resumed.start), setup.limit, setup.config_hash
         # The resumed epoch's losses from before the resume (Position.epoch_loss).
-        self.resumed_epoch, self.pos_loss = setup.start.epoch, setup.start.epoch_loss
+        self.resumed_epoch, self.pos_loss = resumed.start.epoch, resumed.start.epoch_loss
         self.lr_policy = lr_policy = setup.lr_policy
         # The optimizer's own LRScheduler, stepped here (train.scheduler_every) at both API
         # levels; paddle_dist's lr policy and such a scheduler exclude each other (_lr_policy).
@@ -87,22 +96,17 @@ class Session:
         # Paddle's LRScheduler callback, if given, steps the scheduler by its own rule.
         steps_own = isinstance(own, LRScheduler) and lr_policy is None and not self.events.steps_scheduler()
         self.scheduler = own if steps_own else None
-        self.amp, self.scaler = setup.amp, setup.scaler      # mixed precision
-        # BatchNorm's statistics: one update per optimizer step from all its samples, so
-        # every rank holds the same ones at every step (sync/batchstats.py).
-        self.batch_stats = setup.batch_stats if setup.batch_stats is not None else \
-            BatchStats(parts.model, env, setup.monitor.phase)
-        self.ema = Ema(parts.model, cfg.train.ema_decay, cfg.train.ema_warmup) if cfg.train.ema_decay else None
+        self.ema = _ema(parts.model, cfg, resumed, progress.log)
         clip = getattr(optimizer, "_grad_clip", None)
         progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None
-        self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience)
+        self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience).replay(resumed.history)
         self.saver = checkpoint.AsyncSaver()
         self.checked_at = -1          # the step whose weights the ranks last compared
         # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
-        self.plan = setup.plan
+        self.plan = resumed.plan
         self.draws = MicroBatchDraws(cfg.train.seed, env.global_rank)
-        self.sampler: Optional[PlannedBatchSampler] = None     # the trainer's, once it made it
-        self.result = Result(run_dir=setup.run_dir, history=list(setup.history), resumed_from=setup.resumed_from)
+        self.samples_marked = False     # samples.tsv has this attempt's line (_log_samples)
+        self.result = Result(run_dir=setup.run_dir, history=resumed.history, resumed_from=resumed.path)
 
     @property
     def done(self) -> bool:
@@ -112,6 +116,7 @@ class Session:
         if epoch != self.pos.epoch:
             self.pos = Position(epoch=epoch, global_step=self.pos.global_step)
         self.progress.epoch_begin(epoch, self.pos.step_in_epoch)
+        self.ledger.begin_epoch()
         self.events.epoch_begin(epoch)
 
     def before_step(self) -> None:
@@ -134,15 +139,17 @@ class Session:
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self._log_samples()
-        self.batch_stats.step()
+        self.engine.after_update()
         if self.ema is not None:
             self.ema.update()
         self.result.step_times.append(time.perf_counter())
         if self.result.first_step_at is None:
             self.result.first_step_at = time.time()
-        measurable = self.env.is_distributed and self.sync.mode != "dataparallel"
+        sync = self.engine.sync
+        measurable = self.env.is_distributed and sync.mode != "dataparallel"
         lr = float(self.optimizer.get_lr())
-        self.progress.step(loss, lr, self.sync.comm_seconds if measurable else None, parts or {})
+        self.ledger.record(loss, parts or {})
+        self.progress.step(lr, sync.comm_seconds if measurable else None)
         if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
             self.events.batch_end(self.pos.step_in_epoch - 1, {
                 "loss": [float(loss)], **{k: [float(v)] for k, v in (parts or {}).items()},
@@ -150,7 +157,7 @@ class Session:
         self.step_scheduler("step")
         self.monitor.step(self.pos.global_step, self.pos.epoch)
         self.monitor.perturb(self.parts.model, self.pos.global_step)     # faults.inject=perturb
-        if self.sync.stop_requested:
+        if sync.stop_requested:
             self._stop_for_preemption()
         evals = self.cfg.train.eval_every_steps     # first: a checkpoint of this step holds its evaluation
         if evals and self.parts.eval_data is not None and (self.pos.global_step % evals == 0 or self.done):
@@ -184,7 +191,7 @@ class Session:
         if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
             digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
             # Set here, not in __init__: only this method writes the file.
-            mark, self._samples_marked = not getattr(self, "_samples_marked", False), True
+            mark, self.samples_marked = not self.samples_marked, True
             with open(Run(self.run_dir).samples, "a+", opener=private.nofollow) as out:
                 if mark:           # the earlier attempts' marks, read through the same refusal of links
                     out.seek(0)
@@ -205,7 +212,7 @@ class Session:
         earlier attempt's included (that attempt may have had another number of ranks): a
         step's loss is the mean of its ranks' (each the mean of its micro-batches'),
         summed here in one all-reduce."""
-        losses, parts = self.progress.epoch_losses(), self.progress.epoch_parts()
+        losses, parts = self.ledger.epoch_losses(), self.ledger.epoch_parts()
         names = sorted(parts)
         summed = all_reduce_sum([sum(losses), len(losses), *(sum(parts[k]) for k in names)], self.env,
                                 self.monitor.phase) / self.env.world_size
@@ -231,7 +238,7 @@ class Session:
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")},
                                 {k: v / max(n, 1) for k, v in named.items()})
-        if epoch == self.resumed_epoch and self.env.is_main and self.sync.mode != "dataparallel":
+        if epoch == self.resumed_epoch and self.env.is_main and self.engine.sync.mode != "dataparallel":
             untrained.warn(self.parts.model)      # the job's first epoch
         self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
@@ -253,7 +260,7 @@ class Session:
             agreement.check_evaluated(parts.model, self.env, self.pos.global_step, self.monitor.phase)
             found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
                              cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
-                             cfg.data.batched, cfg.data.num_workers, self.amp, self.events or None,
+                             cfg.data.batched, cfg.data.num_workers, self.engine.precision, self.events or None,
                              cfg.train.eval_loss)
         self.events.eval_end(hapi_logs(found, ""))
         return found
@@ -301,24 +308,25 @@ class Session:
         self.check_weights(at.global_step)
         if not (self.env.is_main and self.run_dir):
             return
-        meta = {"global_step": at.global_step, "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
-                "world_size": self.env.world_size, "model": self.parts.name,
-                "api": self.cfg.train.api, "config_hash": self.config_hash,
-                "history": self.result.history}
-        if self.scaler is not None:          # float16: resumed at the scale it had reached
-            meta["loss_scaler"] = amp_scaler_state(self.scaler)
-        meta["plan_world"], meta["plan_accumulate"] = self.plan.world, self.plan.accumulate
-        if self.ema is not None:
-            meta["ema_updates"] = self.ema.updates
-        if at.step_in_epoch:
-            meta["epoch_loss"] = list(at.epoch_loss)
         averaged = self.ema.weights() if self.ema is not None else None
-        snap = checkpoint.snapshot(self.parts.model, self.optimizer, meta, averaged)
+        snap = checkpoint.snapshot(self.parts.model, self.optimizer, self.meta(at), averaged)
         self.saver.submit(root or Run(self.run_dir).checkpoints, snap,
                           self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
                           before_write=self.monitor.save_delay(at.global_step))
         what = "best checkpoint" if root is not None else "checkpoint"
         self.progress.log.info(f"{what} for step {at.global_step} is being written")
+
+    def meta(self, at: Position) -> Meta:
+        """The checkpoint's record of the run at `at`: every piece that survives a resume
+        gives its state (state.py)."""
+        scaler = self.engine.scaler       # float16: resumed at the scale it had reached
+        return Meta(global_step=at.global_step, epoch=at.epoch, step_in_epoch=at.step_in_epoch,
+                    world_size=self.env.world_size, model=self.parts.name, api=self.cfg.train.api,
+                    config_hash=self.config_hash, history=tuple(self.result.history),
+                    plan_world=self.plan.world, plan_accumulate=self.plan.accumulate,
+                    epoch_loss=tuple(at.epoch_loss) if at.step_in_epoch else (),
+                    ema_updates=self.ema.updates if self.ema is not None else None,
+                    loss_scaler=amp_scaler_state(scaler) if scaler is not None else None)
 
     def check_weights(self, step: int) -> None:
         """The ranks compare their weights (agreement.check: one collective), once a step:
@@ -338,7 +346,19 @@ class Session:
 
     def close(self) -> None:
         self.saver.close()
-        self.batch_stats.close()
+
+
+def _ema(model, cfg: Config, resumed: Resumed, log) -> Optional[Ema]:
+    """train.ema_decay's averages, going on where a resumed run's stood."""
+    if not cfg.train.ema_decay:
+        return None
+    ema = Ema(model, cfg.train.ema_decay, cfg.train.ema_warmup)
+    if resumed.averaged:
+        ema.load(resumed.averaged, resumed.ema_updates)
+    elif resumed.path:
+        log.warning(f"checkpoint {resumed.path} holds no moving averages (train.ema_decay was off): "
+                    "they start from its weights")
+    return ema
 
 
 def _when(at: Position) -> str:

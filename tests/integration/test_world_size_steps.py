@@ -2,7 +2,7 @@
 uninterrupted run ends, within float rounding of it, dropout included.
 
 The model is BiSeNetV2's shape in small: BatchNorm in the body, a Dropout before the head.
-The run's length is its steps whatever the world size of each attempt (trainer/job.py:
+The run's length is its steps whatever the world size of each attempt (trainer/prepare.py:
 the epochs those steps fill are the run's plan's), and each micro-batch draws its dropout
 masks from (train.seed, step, its place in the plan) (trainer/randomness.py), so 2 -> 1,
 4 -> 2 and 1 -> 2 continuations train the uninterrupted run's samples with its masks.

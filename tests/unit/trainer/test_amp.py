@@ -13,7 +13,7 @@ import pytest
 from paddle_dist.trainer import amp
 from paddle_dist import config
 from paddle_dist.errors import DeviceError
-from paddle_dist.trainer import loop
+from paddle_dist.trainer import engine
 
 
 def plan(device, *overrides, bf16=True, fp16=True):
@@ -94,7 +94,7 @@ def test_loop_step_casts_scales_and_steps_through_the_scaler(casts):
             calls.append("update")
 
     batch = ([paddle.ones([2, 3])], [paddle.zeros([2, 2])])     # (inputs, labels)
-    loop.step(net, paddle.nn.MSELoss(), [batch, batch], optimizer,
+    engine.step(net, paddle.nn.MSELoss(), [batch, batch], optimizer,
               amp.AmpPlan("O1", "float16", 8.0), Scaler())
     assert calls == ["scale", "scale", "step", "update"]       # 2 micro-batches, 1 step
     assert [c for c in casts if c[0] == "enter"] == [("enter", "O1", "float16")] * 2

@@ -7,7 +7,8 @@ from paddle.static import InputSpec
 
 from paddle_dist.config import Config, derived, validate
 from paddle_dist.errors import ConfigError, DataError
-from paddle_dist.trainer.ema import Ema, MeasuredClip, warmed_decay
+from paddle_dist.trainer.ema import Ema, warmed_decay
+from paddle_dist.trainer.optim import MeasuredClip
 from paddle_dist.trainer.evaluation import ExactShardSampler, accuracy_left_out, builtin_accuracy, zip_values
 from paddle_dist.trainer.feed import Feed
 from paddle_dist.trainer.loading import SampleLoader, Source
@@ -78,10 +79,10 @@ def test_a_model_with_its_own_loss_gets_the_labels_and_its_extra_outputs_go_to_t
 
     feed = Feed(Own(), inputs=1, model_loss=True)
     inputs, labels = feed.split([t(2, 3), t(2, 3) * 3])
-    loss, outputs = feed.loss_and_outputs(Own(), None, inputs, labels)
+    loss, _, outputs = feed.loss_and_outputs(Own(), None, inputs, labels)
     assert float(loss) == 4.0 and len(outputs) == 1
-    feed.counts = (1, 1)                # a training batch's, as the check before epoch 1 notes them
-    assert feed.hapi_inputs() == 2      # paddle.Model hands the network the labels too
+    # a training batch's (inputs, labels), as the check before epoch 1 found them
+    assert feed.hapi_inputs((1, 1)) == 2      # paddle.Model hands the network the labels too
     with pytest.raises(DataError, match="no 'loss'"):
         feed.loss_of(None, [{"pred": t(1)}], [])
 
@@ -284,7 +285,7 @@ def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
 def test_bfloat16_losses_and_metric_outputs_are_read_as_values_not_bits():
     """On a GPU at bf16 O2 the loss and a metric's compute() results may be bfloat16
     tensors, whose .numpy() gives the bits (uint16): 1.2 would be logged as 16282."""
-    from paddle_dist.trainer.common import to_float
+    from paddle_dist.trainer.feed import to_float
     from paddle_dist.trainer.evaluation import computed
 
     loss = paddle.to_tensor(1.2).astype("bfloat16")

@@ -16,13 +16,14 @@ import paddle_dist
 from paddle_dist.trainer import progress
 from paddle_dist.runtime import process
 from paddle_dist.trainer.progress import Progress, read_values
-from paddle_dist.trainer import loop, session
+from paddle_dist.trainer import engine, ledger, session
 
 STEPS, LOG_EVERY, BATCH = 100, 10, 4
 READERS = ("numpy", "item", "tolist", "__float__")
 # Reads made inside these count: the optimizer step and its per-step bookkeeping.
-STEP_CODE = {loop.step.__code__, session.Session.before_step.__code__,
-             session.Session.after_step.__code__, Progress.step.__code__}
+STEP_CODE = {engine.step.__code__, engine.Engine.step.__code__,
+             session.Session.before_step.__code__, session.Session.after_step.__code__,
+             Progress.step.__code__, ledger.LossLedger.record.__code__}
 
 
 class Points(paddle.io.Dataset):

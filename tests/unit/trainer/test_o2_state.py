@@ -39,7 +39,7 @@ def batch(seed=0, n=8):
 
 def train_step(net, opt, plan, seed=0):
     """One step as the loop trainer takes it (its forward, loss and step)."""
-    from paddle_dist.trainer.loop import step
+    from paddle_dist.trainer.engine import step
 
     x, y = batch(seed)
     return step(net, paddle.nn.CrossEntropyLoss(), [([x], [y])], opt, plan)
@@ -162,7 +162,7 @@ def test_batch_stats_write_the_models_own_buffers(standin):
     net.bn.register_forward_pre_hook(lambda layer, inputs: seen.append(inputs[0].numpy().astype("float64")))
     x1, y1 = batch(1)
     x2, y2 = batch(2)
-    from paddle_dist.trainer.loop import step
+    from paddle_dist.trainer.engine import step
 
     step(net, paddle.nn.CrossEntropyLoss(), [([x1], [y1]), ([x2], [y2])], opt, standin)   # one optimizer step
     stats.step()

@@ -20,7 +20,7 @@ from paddle_dist import config as configlib
 from paddle_dist.runtime import monitor
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import ConfigError
-from paddle_dist.trainer.job import _lr_policy
+from paddle_dist.trainer.prepare import lr_policy as _lr_policy
 
 RECORD = {"model": "SmallCNN", "parameters": 10, "parameters_digest": "0" * 16, "optimizer": "SGD",
           "lr": 0.05, "lr_scheduler": "", "optimizer_from": "script", "train_samples": 8,

@@ -6,6 +6,7 @@ import paddle
 import pytest
 
 from paddle_dist.errors import ConfigError
+from paddle_dist.checkpoint import Meta
 from paddle_dist.trainer.sampling import DataPlan, PlannedBatchSampler, SeededSamples, plan_for
 
 
@@ -21,6 +22,12 @@ class Indices(paddle.io.Dataset):
 
 
 DATA = Indices(37)          # 4 per batch: uneven shards, padding and a short last batch
+
+
+def _meta(world, accumulate=0):
+    """A checkpoint's record of a run planned for `world` ranks (0: from before plans)."""
+    return Meta.of({"global_step": 0, "epoch": 0, "step_in_epoch": 0, "world_size": world, "model": "",
+                    "plan_accumulate": accumulate})
 
 
 def _batches_at(world):
@@ -45,7 +52,7 @@ def test_at_the_plans_world_size_a_rank_gets_paddles_batches(world, k):
 @pytest.mark.parametrize("plan, world", [(DataPlan(2, 1), 1), (DataPlan(4, 1), 2), (DataPlan(4, 1), 1),
                                          (DataPlan(3, 2), 6), (DataPlan(3, 2), 2)])
 def test_on_another_world_size_the_same_samples_and_digests_every_step(plan, world):
-    assert plan_for({"world_size": plan.world, "plan_accumulate": plan.accumulate}, world, 1, _batches_at) == plan
+    assert plan_for(_meta(plan.world, plan.accumulate), world, 1, _batches_at) == plan
     planned, moved = _all(plan, plan.world, done=1), _all(plan, world, done=1)
     assert sorted(i for s in moved for i in s) == sorted(i for s in planned for i in s)
     assert all(len(list(s)) == len(s) for s in moved)
@@ -56,7 +63,7 @@ def test_on_another_world_size_the_same_samples_and_digests_every_step(plan, wor
 def test_a_world_size_that_cannot_share_the_steps_is_refused_with_the_ones_that_can():
     with pytest.raises(ConfigError, match=r"3 ranks cannot share each step's 2 micro-batches .*continue "
                                           r"it on 1, 2 rank\(s\)"):
-        plan_for({"world_size": 2}, 3, 1, _batches_at)
+        plan_for(_meta(2), 3, 1, _batches_at)
 
 
 def test_a_sample_draws_the_same_numbers_whoever_reads_it():

@@ -20,7 +20,7 @@ def attempt(run_dir: Path, steps, world: int, resumed_from=None, per_epoch: int 
     """An attempt of a run that logs `steps` (global steps), as Session.after_step does."""
     pos = ns(global_step=0, epoch=0, step_in_epoch=0)
     session = ns(cfg=ns(train=ns(log_samples=True)), env=ns(is_main=True, world_size=world),
-                 run_dir=run_dir, pos=pos, result=ns(resumed_from=resumed_from),
+                 run_dir=run_dir, pos=pos, result=ns(resumed_from=resumed_from), samples_marked=False,
                  sampler=ns(step_digest=lambda i: f"{pos.epoch}:{i:08x}"))
     for step in steps:
         pos.global_step, pos.epoch, pos.step_in_epoch = step, (step - 1) // per_epoch, (step - 1) % per_epoch + 1

@@ -1,6 +1,9 @@
-"""What both trainers share besides the Session (session.py): the job's parts, where a run
-stands (Position), what it returns (Result), the optimizer from the config, and losses
-read as numbers.
+"""The records both trainers share: a job's parts (Parts), where a run stands (Position)
+and what it returns (Result).
+
+Example:
+    parts = Parts(model=net, train_data=train_ds, eval_data=eval_ds, loss=None, optimizer=opt)
+    parts.train_data          # a loading.Source: the Dataset or DataLoader as fit() took it
 """
 
 from __future__ import annotations
@@ -9,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-import numpy as np
 import paddle
 
-from .ema import MeasuredClip
 from .feed import Feed
 from .loading import Source
 
@@ -80,38 +81,3 @@ class Position:
     step_in_epoch: int = 0
     global_step: int = 0
     epoch_loss: tuple = (0.0, 0.0, {})
-
-
-def default_loss(task: str):
-    return paddle.nn.CrossEntropyLoss() if task == "classification" else paddle.nn.MSELoss()
-
-
-def make_optimizer(spec, parameters):
-    if isinstance(spec, paddle.optimizer.Optimizer):
-        return spec
-    return spec(parameters)
-
-
-def optimizer_factory(name: str, lr: float, weight_decay: float, clip_norm: float = 0.0) -> Callable:
-    """Factory for the configured optimizer (so it is created on the right parameters);
-    `clip_norm` > 0: gradients clipped to that global norm (ema.MeasuredClip)."""
-    def build(parameters):
-        decay = weight_decay or None
-        clip = MeasuredClip(clip_norm) if clip_norm else None
-        if name == "adam":
-            return paddle.optimizer.Adam(learning_rate=lr, parameters=parameters, weight_decay=decay,
-                                         grad_clip=clip)
-        if name == "momentum":
-            return paddle.optimizer.Momentum(learning_rate=lr, momentum=0.9, parameters=parameters,
-                                             weight_decay=decay, grad_clip=clip)
-        return paddle.optimizer.SGD(learning_rate=lr, parameters=parameters, weight_decay=decay,
-                                    grad_clip=clip)
-    return build
-
-
-def to_float(value: Any) -> float:
-    """A loss or metric value as a Python float: a tensor's value, a bfloat16 one's too
-    (its .numpy() gives the bits, as uint16)."""
-    if isinstance(value, paddle.Tensor):
-        value = value.astype("float32").numpy()
-    return float(np.asarray(value).reshape(-1)[0])

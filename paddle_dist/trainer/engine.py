@@ -1,0 +1,124 @@
+"""One object makes the distributed step: the wrap, the gradients' average, BatchNorm's
+statistics, the loss scaler and autocast, for both API levels and the doctor's self-test.
+
+A step of the loop (`Engine.step`) reads top to bottom: for each of this rank's
+micro-batches, seed the generators (randomness.py), forward and loss under autocast,
+backward of the loss over the group's size (scaled, with a loss scaler); then the average
+of the gradients over the ranks (`GradSync.average_now`, whose exchange also carries
+BatchNorm's sums), the optimizer's update, and BatchNorm's statistics from every rank's
+samples (`after_update`). What the step produced comes back as a `StepResult`.
+
+hapi's paddle.Model drives its own step: hapi.prepared_model(engine, ...) gives it the
+network with the same parts (its optimizer averages first, through the class GradSync.attach gives it, the
+only road into a step paddle.Model runs), and the Session calls `after_update` after every
+optimizer step at both levels.
+
+Example:
+    engine = Engine(net, optimizer, env, GradSync.from_config(env, cfg.sync), precision)
+    result = engine.step(engine.wrapped(), group, feed, loss_fn)    # StepResult(loss, parts)
+    engine.after_update()
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+import paddle
+
+from . import amp
+from .amp import AmpPlan, autocast
+from .feed import Feed
+from ..runtime.env import DistEnv
+from ..sync import GradSync, wrap
+from ..sync.batchstats import BatchStats
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step produced: the mean loss over its micro-batches (a detached
+    float64 device tensor, read on the host only when needed: on a GPU every read waits
+    for the queued work) and the means of the loss's parts by name."""
+
+    loss: Any
+    parts: Dict[str, Any] = field(default_factory=dict)
+
+
+def no_seed(index: int, share: int) -> None:
+    """The default of `step`'s `seed`: the generators are left as they are."""
+
+
+def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scaler=None,
+         arm: Callable[[bool], None] = lambda final: None, feed: Optional[Feed] = None,
+         in_backward: Callable = contextlib.nullcontext, seed: Callable[[int, int], None] = no_seed,
+         average: Callable[[], None] = lambda: None) -> StepResult:
+    """One optimizer step over the micro-batches in `group` ((inputs, labels) lists, split
+    by `feed`; default: one input, the rest labels).
+
+    Each micro-batch's mean loss is divided by the group's size, so the summed gradient
+    is that of the mean loss over all the group's samples (equal micro-batch sizes).
+    `precision` and `scaler`: mixed precision and its loss scaling (amp.py, whose scaler
+    averages the gradients itself before it checks them); `arm(final)` tells the gradient
+    sync whether an optimizer step follows the coming backward(); `seed(index, share)`
+    seeds the generators before micro-batch `index` of the `share` (randomness.py);
+    `average()` averages the gradients over the ranks before the optimizer's update."""
+    feed = feed or Feed(model, inputs=1)
+    total, named = None, {}
+    for i, (inputs, labels) in enumerate(group):
+        if len(group) > 1:
+            arm(i == len(group) - 1)
+        seed(i, len(group))
+        with autocast(precision):
+            loss, parts, _ = feed.loss_and_outputs(model, loss_fn, inputs, labels)
+        part = loss / len(group) if len(group) > 1 else loss
+        with in_backward():       # mode dataparallel: Paddle's all-reduces run inside it
+            (scaler.scale(part) if scaler is not None else part).backward()
+        # Summed in float64, like Python floats: the same mean as reading each loss would give.
+        value = loss.detach().astype("float64")
+        total = value if total is None else total + value
+        for name, value in parts.items():
+            named[name] = value if name not in named else named[name] + value
+    if scaler is not None:
+        scaler.step(optimizer)      # averages, then skips the step on inf/nan
+        scaler.update()
+    else:
+        average()
+        optimizer.step()
+    optimizer.clear_grad()
+    return StepResult(total / len(group), {name: value / len(group) for name, value in named.items()})
+
+
+class Engine:
+    """The distributed step of one rank (module docstring). Collective when built: every
+    rank builds it at the same point."""
+
+    def __init__(self, net: paddle.nn.Layer, optimizer, env: DistEnv, sync: GradSync,
+                 precision: AmpPlan = AmpPlan(), scaler_state: Optional[Dict[str, Any]] = None):
+        self.net, self.optimizer, self.env, self.sync, self.precision = net, optimizer, env, sync, precision
+        # BatchNorm's per-channel sums travel with the gradients where the transport can.
+        self.batch_stats = BatchStats(net, env, sync.phase)
+        sync.attach(optimizer, net, self.batch_stats.rider())
+        self.scaler = amp.scaler(precision, sync)
+        if self.scaler is not None and scaler_state:     # a resumed run: the scale it had reached
+            amp.load_scaler_state(self.scaler, scaler_state)
+
+    def wrapped(self):
+        """The network as the loop trains it: paddle.DataParallel with its reducer on only
+        for sync.mode=dataparallel (sync.wrap)."""
+        return wrap(self.net, self.env, self.sync)
+
+    def step(self, model, group, feed: Feed, loss_fn, seed: Callable[[int, int], None] = no_seed) -> StepResult:
+        """One optimizer step of the loop over this rank's micro-batches `group`."""
+        return step(model, loss_fn, group, self.optimizer, self.precision, self.scaler, self.sync.arm,
+                    feed, self.sync.in_backward, seed, self.sync.average_now)
+
+    def after_update(self) -> None:
+        """After an optimizer step, at both levels: BatchNorm's running statistics move once,
+        from every rank's samples of the step (sync/batchstats.py)."""
+        self.batch_stats.step()
+
+    def close(self) -> None:
+        self.batch_stats.close()
+        self.sync.close()

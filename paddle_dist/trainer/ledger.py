@@ -1,0 +1,67 @@
+"""The losses of a run's steps, as the Session keeps them: each step's mean loss and its
+parts, read on the host only when asked for (on a GPU every read waits for the queued
+work, so a read per step would stall the device every step).
+
+The Session records every step and reads the epoch's losses at the epoch's end and at a
+mid-epoch checkpoint; the progress line reads the steps since its last report.
+
+Example:
+    ledger = LossLedger()
+    ledger.begin_epoch()
+    ledger.record(loss_tensor, {"loss_cls": part})
+    ledger.epoch_losses()            # [0.6931...]: one host read for every unread loss
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from .progress import read_values
+
+
+class LossLedger:
+    """This run's step losses and their parts (module docstring)."""
+
+    def __init__(self):
+        self._read: List[float] = []          # losses of this run's steps, read so far
+        self._pending: list = []              # losses of the steps after those, not read yet
+        self._parts: List[Dict[str, Any]] = []   # each step's loss parts (unread tensors or numbers)
+        self._epoch_from = 0                  # this run's steps before the epoch in progress
+
+    def record(self, loss, parts: Dict[str, Any]) -> None:
+        """A step's mean loss (a device tensor, left unread, or a number) and its parts."""
+        self._pending.append(loss)
+        self._parts.append(parts or {})
+
+    def begin_epoch(self) -> None:
+        self._epoch_from = len(self)
+
+    def __len__(self) -> int:
+        return len(self._read) + len(self._pending)
+
+    @property
+    def losses(self) -> List[float]:
+        """This run's loss per step so far, as floats (one host read for the unread ones)."""
+        if self._pending:
+            self._read += read_values(self._pending)
+            self._pending = []
+        return self._read
+
+    def losses_from(self, start: int) -> List[float]:
+        """The losses of this run's steps from number `start` (0-based) on."""
+        return self.losses[start:]
+
+    def parts_from(self, start: int) -> Dict[str, List[float]]:
+        """The loss parts of this run's steps from number `start` on, by name, as floats."""
+        steps = self._parts[start:]
+        names = sorted({name for step in steps for name in step})
+        values = read_values([step.get(name, 0.0) for step in steps for name in names])
+        return {name: values[i::len(names)] for i, name in enumerate(names)}
+
+    def epoch_losses(self) -> List[float]:
+        """The losses of this run's steps in the epoch in progress."""
+        return self.losses_from(self._epoch_from)
+
+    def epoch_parts(self) -> Dict[str, List[float]]:
+        """Their parts, by name."""
+        return self.parts_from(self._epoch_from)
