@@ -177,13 +177,6 @@ def _validate_nodes(d: DistConfig) -> None:
                           "with lines like 'node1 slots=8'")
 
 
-def check_compress(compress: str, backend: str) -> None:
-    """sync.compress against the process group's backend, once that is known."""
-    if compress == "fp16" and backend == "gloo":
-        raise ConfigError("sync.compress=fp16 does not work with gloo (Paddle's gloo all-reduce "
-                          "of float16 returns inf); use sync.compress=bf16")
-
-
 def _validate_sync(cfg: Config) -> None:
     s = cfg.sync
     if s.mode == "dataparallel" and (s.compress != "none" or s.bucket_mb or s.transport != "auto"):
