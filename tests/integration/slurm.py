@@ -45,6 +45,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from .. import stopping
+from ..oracles import free_port
 from .netns import make_two_hosts
 from .procs import ROOT
 
@@ -60,11 +61,6 @@ class Unavailable(Exception):
     """A Slurm cluster cannot run on this machine; the message says why and how to fix it."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def slurm_conf(root: Path, host: str, cpus: int, nodes: Dict[str, str], ctld_addr: str) -> str:
     """A slurm.conf for `nodes` (name: address), slurmctld on `host` at `ctld_addr`: no
@@ -78,8 +74,8 @@ ClusterName=pdtest
 SlurmctldHost={host}({ctld_addr})
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/socket

@@ -9,29 +9,24 @@ while a rank started by hand exits with exactly the tool's code.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from typing import List
 
 import pytest
 
+from ..oracles import free_port
 from .procs import PY, ROOT, check, run
 
 TOOL = ROOT / "tools" / "allreduce_perf.py"
 SMALL = ["-b", "8", "-e", "64K", "-f", "4", "-n", "3", "-w", "1"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _by_hand(flags: List[str]):
     """Both ranks as plain processes; rank 0's output is the result, rank 1's code goes to stderr."""
     script = ('T="$1"; shift; RANK=1 "$PY" "$T" "$@" >/dev/null 2>&1 & R1=$!; '
               'RANK=0 "$PY" "$T" "$@"; R0=$?; wait $R1; echo "rank1 exit $?" >&2; exit $R0')
-    env = {"PY": PY, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {"PY": PY, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return run(["bash", "-c", script, "ranks", str(TOOL)] + flags, timeout=120, env=env)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from paddle_dist import checkpoint as ck
+from paddle_dist.runs.layout import Run
 
 from .procs import PY, ROOT, session_members
 
@@ -105,7 +106,7 @@ def check_every_checkpoint(root: Path) -> None:
 
 
 def test_sigkill_from_outside_never_breaks_latest(tmp_path):
-    root, step = tmp_path / "checkpoints", 0
+    root, step = Run(tmp_path).checkpoints, 0
     for round_, kill_after in enumerate(KILL_AFTER_LINES):
         lines = run_until_killed(root, tmp_path / f"round{round_}.log", kill_after=kill_after)
         assert len(lines) == kill_after, lines
@@ -132,7 +133,7 @@ POINTS = [
 
 @pytest.mark.parametrize("point, expected", POINTS, ids=[p for p, _ in POINTS])
 def test_sigkill_at_each_point_of_a_write(tmp_path, point, expected):
-    root = tmp_path / "checkpoints"
+    root = Run(tmp_path).checkpoints
     lines = run_until_killed(root, tmp_path / "die.log", die_before=point)
     assert lines == [("saving", 1), ("saved", 1), ("saving", 2), ("saved", 2), ("saving", 3)]
     assert check_latest(root) == expected

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from paddle_dist import cifar
+from paddle_dist.runs.layout import Run
 
+from ..oracles import rank_statuses, read_metrics
 from .procs import check, run
 
 JOB = ["-c", "configs/cifar10_resnet18.yaml", "-o", "train.batch_size=4", "-o", "train.max_steps=3",
@@ -22,7 +24,7 @@ LAUNCHERS = {"launch": ["train.py", "-o", "dist.nprocs=2"],
 
 
 def statuses(run_dir: Path):
-    return [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return rank_statuses(run_dir)
 
 
 @pytest.mark.parametrize("launcher", ["launch", "spawn"])
@@ -35,9 +37,9 @@ def test_resnet18_trains_on_2_ranks_with_identical_weights(tmp_path, launcher, a
     assert [s["state"] for s in ranks] == ["done", "done"]
     # parameters and BatchNorm statistics (averaged at the epoch's end), bit for bit
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     assert (metrics["steps"], metrics["world_size"], metrics["test_samples"]) == (3, 2, 16)
-    log = (run_dir / "logs" / "rank0.log").read_text()
+    log = Run(run_dir).rank_log(0).read_text()
     # lr 0.1 for 256 samples, linear scaling to 4 x 2 = 8: 0.003125, warmed up over 2 epochs
     assert "lr 0.003125: 0.1 for a global batch of 256, linear scaling to 8" in log
     rates = [float(r) for r in re.findall(r"step \d+/\d+ loss \S+ lr (\S+)", log)]
@@ -50,10 +52,10 @@ def test_the_cifar10_config_reads_every_form(tmp_path, form):
     run_dir = tmp_path / "run"
     check(run(["train.py"] + JOB + ["-o", f"data.root={root}", "-o", f"output.run_dir={run_dir}",
                                      "-o", "train.max_steps=2"], timeout=240))
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     assert (metrics["steps"], metrics["test_samples"]) == (2, 10)
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
-    assert (run_dir / "best").is_dir()                 # the only epoch is the best so far
+    assert Run(run_dir).best.is_dir()                 # the only epoch is the best so far
 
 
 def test_best_checkpoint_and_early_stop_agree_on_every_rank(tmp_path):
@@ -63,11 +65,11 @@ def test_best_checkpoint_and_early_stop_agree_on_every_rank(tmp_path):
                "-o", "data.num_samples=128", "-o", "data.num_eval_samples=64", "-o", "train.epochs=5",
                "-o", "train.batch_size=16", "-o", "train.lr=1e-12", "-o", "checkpoint.monitor=eval_loss",
                "-o", "train.early_stop_patience=1", "-o", f"output.run_dir={run_dir}"], timeout=240))
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     assert [h["epoch"] for h in metrics["history"]] == [1, 2]
     ranks = statuses(run_dir)
     assert ranks[0]["step"] == ranks[1]["step"] == 2 * 4
     best = json.loads((run_dir / "best" / "ckpt_000000004" / "meta.json").read_text())
     assert best["epoch"] == 1
-    assert "early stop after epoch 2" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "early stop after epoch 2" in Run(run_dir).rank_log(0).read_text()
     assert np.isfinite(metrics["test_loss"])

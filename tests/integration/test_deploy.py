@@ -17,17 +17,19 @@ from PIL import Image
 from paddle_dist import checkpoint, compat, export as export_module, models
 from paddle_dist.data.datasets import mnist_dataset
 from paddle_dist.data.mnist import load_mnist
+from paddle_dist.runs.layout import Run
 
+from ..oracles import final_weights, latest_checkpoint, max_difference, rank_status, read_metrics
 from .procs import check, run
 
 @pytest.fixture(scope="module")
 def demo_run(main_job):
     result, run_dir = main_job
     out = result.stdout + result.stderr
-    epochs = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["epochs"]
+    epochs = yaml.safe_load(Run(run_dir).config.read_text())["train"]["epochs"]
     assert f"to deploy it: python -m paddle_dist.export {run_dir}" in out
     assert f"of {epochs} evaluations; its checkpoint is {run_dir / 'best'}" in out and "best eval_accuracy " in out
-    status = json.loads((run_dir / "status" / "rank0.json").read_text())
+    status = rank_status(run_dir, 0)
     assert status["epoch"] == epochs                 # 1-based, as "epoch 12/12" was printed
     return run_dir
 
@@ -57,7 +59,7 @@ def test_export_then_predict_gives_the_models_own_answers(demo_run, tmp_path):
     names = {p.name for p in out.iterdir()}
     assert names - {"model.pdiparams.info"} == {"deploy.json", program, "model.pdiparams"}   # .info: 2.6
     assert deploy["model_file"] == program
-    best = demo_run / "best" / (demo_run / "best" / "latest").read_text().strip()
+    best = latest_checkpoint(demo_run, best=True)
     assert deploy["checkpoint"] == str(best.resolve())                 # best/ first
     assert deploy["inputs"] == [{"name": "image", "shape": [-1, 1, 28, 28], "dtype": "float32"}]
     assert deploy["classes"] == [str(d) for d in range(10)]
@@ -97,7 +99,7 @@ def test_bad_input_is_one_line_and_exit_2_and_nothing_is_lost(demo_run, tmp_path
         "not found": ["-m", "paddle_dist.export", str(tmp_path / "nowhere")],
         "already exists": ["-m", "paddle_dist.export", str(demo_run), "--out", str(taken)],
         "cannot write": ["-m", "paddle_dist.export", str(demo_run), "--out", str(a_file / "out")],
-        "does not fit this model": ["-m", "paddle_dist.export", str(demo_run / "checkpoints"),
+        "does not fit this model": ["-m", "paddle_dist.export", str(Run(demo_run).checkpoints),
                                     "-c", "configs/mnist_mlp.yaml", "--out", str(tmp_path / "o")],
         "no readable deploy.json": ["-m", "paddle_dist.predict", str(tmp_path), str(a_file)],
         "cannot read image": ["-m", "paddle_dist.predict", str(demo_run / "export"), str(a_file)],
@@ -123,7 +125,7 @@ def test_a_mixed_precision_runs_16_bit_weights_export_and_load_as_float32(demo_r
         with np.load(folder / "model.npz") as data:
             half = {k: data[k].astype(np.float16) if data[k].dtype == np.float32 else data[k] for k in data.files}
         checkpoint.io._save_npz(folder / "model.npz", half)
-    best = run_dir / "best" / (run_dir / "best" / "latest").read_text().strip()
+    best = latest_checkpoint(run_dir, best=True)
     check(run(["-m", "paddle_dist.export", str(run_dir)]))
     check(run(["-m", "paddle_dist.checkpoint", "export", str(best), str(tmp_path / "w.pdparams")]))
     saved = paddle.load(str(tmp_path / "w.pdparams"))
@@ -155,15 +157,15 @@ def test_the_python_api_exports_a_users_own_model(tmp_path):
 @pytest.mark.parametrize("how", [["--eval-only", "-o", "dist.nprocs=2"], ["-o", "train.epochs=0"]])
 def test_evaluate_only_scores_a_checkpoint_and_changes_nothing(demo_run, tmp_path, how):
     before = _snapshot(demo_run)
-    trained = json.loads((demo_run / "metrics.json").read_text())
+    trained = read_metrics(demo_run)
     result = check(run(["train.py", *how, "-o", f"checkpoint.resume={demo_run / 'checkpoints'}",
                         "-o", f"output.root={tmp_path}"]))
     [eval_dir] = _runs(tmp_path)
-    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    metrics = read_metrics(eval_dir)
     # The last checkpoint holds the final weights: the same score, counted exactly once.
     assert metrics["test_accuracy"] == trained["test_accuracy"] and metrics["test_samples"] == 1000
     assert metrics["eval_only"] and metrics["checkpoint"].endswith(f"ckpt_{trained['steps']:09d}")
-    assert not (eval_dir / "checkpoints").exists() and "nothing is trained" in result.stdout + result.stderr
+    assert not Run(eval_dir).checkpoints.exists() and "nothing is trained" in result.stdout + result.stderr
     assert _snapshot(demo_run) == before
 
 
@@ -179,11 +181,11 @@ def test_a_checkpoint_written_on_a_gpu_is_evaluated_on_a_cpu_and_its_resume_refu
         meta = json.loads(meta_file.read_text())
         meta["rng"]["paddle"] = [[0, *meta["rng"]["paddle"][0][1:]]]      # gpu:0's generator
         meta_file.write_text(json.dumps(meta))
-    trained = json.loads((run_dir / "metrics.json").read_text())
+    trained = read_metrics(run_dir)
     evaluated = check(run(["train.py", "--eval-only", "-o", f"checkpoint.resume={run_dir / 'checkpoints'}",
                            "-o", f"output.root={tmp_path / 'eval'}"]))
     [eval_dir] = _runs(tmp_path / "eval")
-    assert json.loads((eval_dir / "metrics.json").read_text())["test_accuracy"] == trained["test_accuracy"]
+    assert read_metrics(eval_dir)["test_accuracy"] == trained["test_accuracy"]
     assert "nothing is trained" in evaluated.stdout + evaluated.stderr
     resumed = run(["train.py", "-o", "dist.nprocs=2", "-o", "train.epochs=13", "-o",
                    f"checkpoint.resume={run_dir / 'checkpoints'}", "-o", f"output.root={tmp_path / 'more'}"],
@@ -225,13 +227,11 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     resumed = check(run(job + ["-o", f"output.root={again}"], timeout=240))
     assert "continuing the unfinished run" in resumed.stdout
     [resumed_dir] = _runs(again)
-    final = [dict(np.load(d / "checkpoints" / (d / "checkpoints" / "latest").read_text().strip() / "model.npz"))
-             for d in (run_dir, resumed_dir)]
-    assert max(float(np.abs(final[0][k] - final[1][k]).max()) for k in final[0]) <= 1e-6
-    assert json.loads((run_dir / "classes.json").read_text()) == ["blue", "green", "red"]
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert max_difference(final_weights(run_dir), final_weights(resumed_dir)) <= 1e-6
+    assert json.loads(Run(run_dir).classes.read_text()) == ["blue", "green", "red"]
+    metrics = read_metrics(run_dir)
     assert metrics["test_samples"] == 12 and metrics["world_size"] == 2     # every val image, once
-    digests = {json.loads((run_dir / "status" / f"rank{r}.json").read_text())["weights_sha256"] for r in (0, 1)}
+    digests = {rank_status(run_dir, r)["weights_sha256"] for r in (0, 1)}
     assert len(digests) == 1
     check(run(["-m", "paddle_dist.export", str(run_dir)]))
     deploy = json.loads((run_dir / "export" / "deploy.json").read_text())
@@ -244,7 +244,7 @@ def test_an_image_folder_trains_resumes_exports_and_predicts(tmp_path):
     from paddle_dist import config
     from paddle_dist.data import datasets
 
-    cfg = config.load(str(run_dir / "config.yaml"))
+    cfg = config.load(str(Run(run_dir).config))
     _, val, classes = datasets.imagefolder_datasets(cfg.data, cfg.train.seed)
     assert [classes.index(Path(p).parent.name) for p in paths] == val.labels.ravel().tolist()
     with paddle.no_grad():

@@ -7,13 +7,13 @@ with 2 micro-batches a step: the uninterrupted 4-rank run within float rounding,
 same samples in every step.
 """
 
-import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
+from paddle_dist.runs.layout import Run
 
+from ..oracles import checkpoint_arrays, latest_checkpoint, max_difference, rank_status, rank_statuses, read_metrics
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, run
 
@@ -35,15 +35,13 @@ def _both(hosts, run_dir: Path, port: int, *extra: str):
 
 
 def _latest(run_dir: Path) -> dict:
-    folder = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
-    return {f"{name}:{key}": value for name in ("model", "optimizer")
-            for key, value in np.load(folder / f"{name}.npz").items()}
+    return checkpoint_arrays(latest_checkpoint(run_dir), ["model", "optimizer"])
 
 
 def _samples(run_dir: Path) -> dict:
     """global step -> the digests of its samples that the run's attempts logged."""
     found: dict = {}
-    for line in (run_dir / "samples.tsv").read_text().splitlines():
+    for line in Run(run_dir).samples.read_text().splitlines():
         if line.startswith("#"):      # an attempt's mark
             continue
         step, _, _, digest = line.split("\t")
@@ -68,7 +66,7 @@ def _lose_host_b(two_hosts, clean: Path, out: Path, port: int, api: str) -> None
     assert "paddle_dist: restart 1/1 from the latest checkpoint" in a.stdout, a.stdout
     assert (f"paddle_dist: going on without node_rank 1 ({socket.gethostname()}, {two_hosts.ip_b}): 1 of 2 machines "
             "(dist.nnodes=1:2), 2 ranks (were 4)") in a.stdout, a.stdout
-    log = (out / "logs" / "rank0.log").read_text()
+    log = Run(out).rank_log(0).read_text()
     assert "continuing on 2 ranks (was 4): 2 micro-batches per step keep the global batch of 64" in log
     assert f"api {api}" in log and "resuming from" in log and "ckpt_000000010" in log
 
@@ -78,11 +76,10 @@ def _lose_host_b(two_hosts, clean: Path, out: Path, port: int, api: str) -> None
     assert all(len(ran[s]) == 1 and went_on[s] == ran[s] for s in ran)
     # Weights and optimizer state within float rounding of the uninterrupted 4-rank run.
     want, got = _latest(clean), _latest(out)
-    assert want.keys() == got.keys()
-    assert max(float(np.abs(want[k] - got[k]).max()) for k in want) <= 1e-6
-    status = [json.loads((out / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert max_difference(want, got) <= 1e-6
+    status = rank_statuses(out)
     assert [s["state"] for s in status] == ["done", "done"]
-    assert not (out / "status" / "rank2.json").exists()      # host B's old records went
+    assert not Run(out).rank_status(2).exists()      # host B's old records went
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
 
 
@@ -96,9 +93,9 @@ def test_a_machine_of_one_rank_lost_leaves_the_other_to_finish_on_one_rank(two_h
     check(a)
     assert (f"paddle_dist: going on without node_rank 1 ({socket.gethostname()}, {two_hosts.ip_b}): 1 of 2 machines "
             "(dist.nnodes=1:2), 1 rank (were 2)") in a.stdout, a.stdout
-    log = (out / "logs" / "rank0.log").read_text()
+    log = Run(out).rank_log(0).read_text()
     assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 32" in log, log
     assert sorted(_samples(out)) == list(range(1, 25))
-    assert json.loads((out / "metrics.json").read_text())["steps"] == 24
-    assert json.loads((out / "status" / "rank0.json").read_text())["state"] == "done"
-    assert not (out / "status" / "rank1.json").exists()
+    assert read_metrics(out)["steps"] == 24
+    assert rank_status(out, 0)["state"] == "done"
+    assert not Run(out).rank_status(1).exists()

@@ -7,6 +7,8 @@ starts."""
 
 import json
 
+from paddle_dist.runs.layout import Run
+
 from .procs import ROOT, run
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "toy_transport.py"
@@ -46,7 +48,7 @@ def test_a_data_set_of_ones_own_trains_through_the_built_in_job(tmp_path):
     assert found["steps"] == 2 * 256 // 32 and found["metrics"]["eval_accuracy"] >= 0.9
     assert found["deploy"]["classes"] == ["top-left", "top-right", "bottom-left", "bottom-right"]
     assert found["deploy"]["input_shape"] == [1, 28, 28] and found["deploy"]["preprocess"]["mean"] == [0.25]
-    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert Run(tmp_path / "run").metrics.is_file()
 
 
 def test_a_data_set_with_no_entry_is_one_line_before_any_rank_starts(tmp_path):

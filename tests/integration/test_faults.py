@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,26 +17,16 @@ import numpy as np
 import pytest
 import yaml
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import (References, final_weights, free_port, latest_checkpoint, max_difference, rank_status,
+                       read_metrics)
 from .procs import PY, check, finish, needs_mpirun, run, start
 
 # 4,000 MNIST images, 2 ranks x 32 = 63 steps an epoch; the MLP keeps steps cheap.
 JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32"]
 TWO_RANKS = {"launch": ["train.py", "-o", "dist.nprocs=2"],
              "spawn": ["tools/spawn_train.py", "--nprocs", "2"]}
-
-
-def _status(run_dir, rank):
-    return json.loads((run_dir / "status" / f"rank{rank}.json").read_text())
-
-
-def _final_weights(run_dir):
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
-
-
-def _max_diff(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
 # ------------------------------------------------------------------ a rank fails
@@ -49,10 +38,10 @@ def test_rank_raises_at_step_5(launcher, tmp_path):
     assert result.returncode == 1, result.stderr
     assert "Root cause: rank 1 raised RuntimeError: injected fault: rank 1 raises at step 5" in result.stderr
     assert "stopped as a consequence: rank 0" in result.stderr
-    assert str(tmp_path / "logs" / "rank1.log") in result.stderr
-    failed = _status(tmp_path, 1)
+    assert str(Run(tmp_path).rank_log(1)) in result.stderr
+    failed = rank_status(tmp_path, 1)
     assert failed["state"] == "failed" and failed["step"] == 5
-    assert _status(tmp_path, 0)["state"] == "stopped"        # a PeerFailure it could handle
+    assert rank_status(tmp_path, 0)["state"] == "stopped"        # a PeerFailure it could handle
     assert ended - failed["time"] < 10, "the job took too long to stop after the failure"
 
 
@@ -74,7 +63,7 @@ def test_bare_paddle_launch_names_the_failed_rank(tmp_path):
     # The survivor explains the failure in its own output (Paddle's launcher relays it to
     # the terminal only while it still watches: once it has seen rank 1 fail, it may stop).
     assert "Root cause: rank 1 raised RuntimeError" in (tmp_path / "log" / "workerlog.0").read_text()
-    assert _status(tmp_path / "run", 0)["state"] == "stopped"
+    assert rank_status(tmp_path / "run", 0)["state"] == "stopped"
 
 
 # hang: a stall in Python; nativehang: in a C call that holds the GIL all along, where
@@ -87,19 +76,13 @@ def test_rank_stalls_inside_the_training_loop(kind, tmp_path):
         "-o", f"output.run_dir={tmp_path}"], timeout=120)
     assert result.returncode == 4, result.stderr
     assert "Root cause: rank 1 silent for" in result.stderr and "at step 5" in result.stderr
-    hung = _status(tmp_path, 1)
+    hung = rank_status(tmp_path, 1)
     assert hung["state"] == "hung" and "_inject" in hung["traceback"]   # where it was stuck
     for rank in (0, 1):               # heartbeat and stack files: nothing left behind
-        assert not list(Path("/dev/shm").glob(f"paddle_dist-beat-{_status(tmp_path, rank)['pid']}-*"))
+        assert not list(Path("/dev/shm").glob(f"paddle_dist-beat-{rank_status(tmp_path, rank)['pid']}-*"))
 
 
 # ------------------------------------------------------------------ a peer never arrives
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.waits
 @pytest.mark.parametrize("rank", [0, 1])
 def test_peer_never_arrives(rank, tmp_path):
@@ -107,7 +90,7 @@ def test_peer_never_arrives(rank, tmp_path):
     for a master. Paddle would wait forever; the rank's watchdog stops it with a message
     and exit code 3, as under paddle_dist's launchers (Paddle holds the GIL while it
     waits: SIGQUIT runs libc's _exit(3) without it)."""
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     endpoints = [f"127.0.0.1:{p}" for p in ports]
     env = {"PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": "2",
            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
@@ -149,10 +132,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_75(mode, tmp_path):
     assert proc.returncode == 75, err
     assert "stopped on request after saving a checkpoint" in err
     assert err.strip().splitlines()[-1].endswith(shlex.join(proc.args[1:])), err   # run it again
-    meta = json.loads((tmp_path / "checkpoints" / (tmp_path / "checkpoints" / "latest")
-                       .read_text().strip() / "meta.json").read_text())
+    meta = json.loads((latest_checkpoint(tmp_path) / "meta.json").read_text())
     assert meta["global_step"] >= 1
-    assert {_status(tmp_path, r)["state"] for r in (0, 1)} == {"preempted"}
+    assert {rank_status(tmp_path, r)["state"] for r in (0, 1)} == {"preempted"}
 
 
 @pytest.mark.parametrize("launcher", ["launch", "spawn"])
@@ -174,14 +156,12 @@ RESUME = JOB + ["-o", "train.epochs=2", "-o", "checkpoint.every_steps=10"]
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """Final weights, accuracy and run directory of clean runs, per API level."""
-    found = {}
-    for api in ("loop", "hapi"):
-        run_dir = tmp_path_factory.mktemp(f"clean-{api}")
+    """The run directories of clean runs, per API level."""
+    def make(run_dir: Path, api: str) -> Path:
         check(run(TWO_RANKS["launch"] + RESUME + ["-o", f"train.api={api}",
                                                   "-o", f"output.run_dir={run_dir}"]))
-        found[api] = (_final_weights(run_dir), json.loads((run_dir / "metrics.json").read_text()), run_dir)
-    return found
+        return run_dir
+    return References(tmp_path_factory, "clean", make)
 
 
 def _kill_rank_1_after_a_checkpoint(args, root):
@@ -192,7 +172,7 @@ def _kill_rank_1_after_a_checkpoint(args, root):
         while proc.poll() is None and not list(root.glob("*/checkpoints/latest")):
             time.sleep(0.01)    # polling for a file: the job's own progress is the event
         run_dir = next(root.glob("*/checkpoints/latest")).parent.parent
-        os.kill(_status(run_dir, 1)["pid"], signal.SIGKILL)
+        os.kill(rank_status(run_dir, 1)["pid"], signal.SIGKILL)
     finally:
         err = _finish(proc, killer, [])[1]
     return proc.returncode, err, run_dir
@@ -233,11 +213,11 @@ def test_the_same_command_continues_a_killed_run(launcher, api, uninterrupted, t
     resumed = check(run(args, timeout=180))
     assert [d.name for d in root.iterdir() if d.is_dir()] == [run_dir.name]
     assert f"continuing the unfinished run {run_dir}" in resumed.stdout + resumed.stderr
-    assert "resuming from" in (run_dir / "logs" / "rank0.log").read_text()
-    assert _max_diff(_final_weights(run_dir), uninterrupted[api][0]) <= 1e-6
-    assert _status(run_dir, 0)["weights_sha256"] == _status(run_dir, 1)["weights_sha256"]
+    assert "resuming from" in Run(run_dir).rank_log(0).read_text()
+    assert max_difference(final_weights(run_dir), final_weights(uninterrupted[api])) <= 1e-6
+    assert rank_status(run_dir, 0)["weights_sha256"] == rank_status(run_dir, 1)["weights_sha256"]
     # The saved config records the job as it ran, whoever started it: train.py -c repeats it.
-    ran = yaml.safe_load((run_dir / "config.yaml").read_text())["dist"]
+    ran = yaml.safe_load(Run(run_dir).config.read_text())["dist"]
     assert (ran["nprocs"], ran["nnodes"]) == (2, 1) and ran["launcher"] == {
         "launch": "launch", "spawn": "spawn", "paddle.distributed.launch": "launch", "mpirun": "mpirun"}[launcher]
     again = check(run(args + ["-o", "train.max_steps=1"], timeout=180))   # finished: a new run
@@ -251,15 +231,14 @@ def test_max_restarts_recovers_from_a_failure(uninterrupted, tmp_path):
                                                       "-o", f"output.run_dir={tmp_path}"]))
     assert "Root cause: rank 1 raised RuntimeError" in result.stderr
     assert "restart 1/1 from the latest checkpoint" in result.stdout
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["test_accuracy"] == uninterrupted["loop"][1]["test_accuracy"]
-    assert _max_diff(_final_weights(tmp_path), uninterrupted["loop"][0]) <= 1e-6
+    assert read_metrics(tmp_path)["test_accuracy"] == read_metrics(uninterrupted["loop"])["test_accuracy"]
+    assert max_difference(final_weights(tmp_path), final_weights(uninterrupted["loop"])) <= 1e-6
 
 
 def test_resume_on_ranks_that_cannot_share_its_steps_says_which_can(uninterrupted, tmp_path):
     """A 2-rank run continues on 1 rank (2 micro-batches a step: test_whole_state.py), not on
     3: one line names the world sizes that keep its steps, and nothing of it is written."""
-    clean = uninterrupted["loop"][2]                  # a 2-rank run's checkpoints
+    clean = uninterrupted["loop"]                     # a 2-rank run's checkpoints
     before = {str(p): p.stat().st_mtime_ns for p in clean.rglob("*")}
     result = run(["train.py"] + JOB + ["-o", "dist.nprocs=3", "-o", f"checkpoint.resume={clean}",
                                        "-o", f"output.run_dir={tmp_path / 'again'}"])
@@ -273,7 +252,7 @@ def test_resume_on_ranks_that_cannot_share_its_steps_says_which_can(uninterrupte
 def test_a_checkpoint_that_would_unpickle_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     check(run(["train.py"] + JOB + ["-o", "train.max_steps=2", "-o", f"output.run_dir={run_dir}"]))
-    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    ckpt = latest_checkpoint(run_dir)
     np.savez(ckpt / "model.npz", payload=np.array([object()], dtype=object))
     result = run(["train.py"] + JOB + ["-o", f"checkpoint.resume={ckpt}",
                                        "-o", f"output.run_dir={tmp_path / 'again'}"])
@@ -288,5 +267,5 @@ def test_a_slow_checkpoint_never_stalls_the_other_ranks(tmp_path):
     check(run(TWO_RANKS["launch"] + JOB + ["-o", "train.max_steps=40", "-o", "checkpoint.every_steps=10",
                                            "-o", "faults.inject=slowsave:0:10",
                                            "-o", f"output.run_dir={tmp_path}"], timeout=240))
-    assert _status(tmp_path, 1)["state"] == "done"
-    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 40
+    assert rank_status(tmp_path, 1)["state"] == "done"
+    assert read_metrics(tmp_path)["steps"] == 40

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import read_metrics
 from .procs import ROOT, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "fit_habits.py")
@@ -42,7 +45,7 @@ def test_callbacks_are_called_as_paddle_model_calls_them_on_every_rank(with_call
     names = [name for name, _ in events]
     assert names[0] == "on_train_begin" and names[-1] == "on_train_end"
     epochs = names.count("on_epoch_begin")
-    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    metrics = read_metrics(out / "run")
     assert epochs == names.count("on_epoch_end") == names.count("on_eval_end") == len(metrics["history"])
     steps = names.count("on_train_batch_end")
     assert steps == metrics["steps"] == epochs * 6        # 96 samples, 8 per rank: 6 steps an epoch
@@ -58,7 +61,7 @@ def test_callbacks_are_called_as_paddle_model_calls_them_on_every_rank(with_call
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_paddles_own_callbacks_act(with_callbacks, api):
     out = with_callbacks[api]
-    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    metrics = read_metrics(out / "run")
     history = metrics["history"]
     # EarlyStopping("acc", patience=1): the run ends after the first epoch without a better acc.
     accs = [h["eval_acc"] for h in history]
@@ -82,7 +85,7 @@ def test_paddles_own_callbacks_act(with_callbacks, api):
 def _epoch_lrs(out: Path):
     """The lr each epoch's steps used, from the epoch lines of rank 0's log (the events
     file keeps the train logs' keys only)."""
-    log = (out / "run" / "logs" / "rank0.log").read_text()
+    log = Run(out / "run").rank_log(0).read_text()
     return [float(r) for r in re.findall(r"epoch \d+/\d+ step \d+/\d+ loss \S+ lr (\S+)", log)]
 
 
@@ -90,7 +93,7 @@ def _epoch_lrs(out: Path):
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_accuracy_precision_recall_auc_equal_one_process(with_callbacks, api):
     out = with_callbacks[api]
-    metrics = json.loads((out / "run" / "metrics.json").read_text())["test_metrics"]
+    metrics = read_metrics(out / "run")["test_metrics"]
     done = run([SCRIPT, "evaluate", str(out)], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     one = json.loads(done.stdout.strip().splitlines()[-1])
@@ -174,11 +177,11 @@ def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_mem
     assert _left_in_shm() <= before                          # nothing left in /dev/shm
     done = job(killed)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming from" in (killed / "run" / "logs" / "rank0.log").read_text()
+    assert "resuming from" in Run(killed / "run").rank_log(0).read_text()
     for name in ("evaluated.npz",):
         a, b = np.load(clean / name), np.load(killed / name)
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
-    last = sorted((clean / "run" / "checkpoints").glob("ckpt_*"))[-1].name
+    last = sorted(Run(clean / "run").checkpoints.glob("ckpt_*"))[-1].name
     a, b = (np.load(out / "run" / "checkpoints" / last / "ema.npz") for out in (clean, killed))
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
 
@@ -195,7 +198,7 @@ def test_the_check_before_epoch_1_runs_training_batches_in_training_mode(tmp_pat
     assert "!= 3 heads" not in done.stderr
     said = done.stdout + done.stderr
     assert "paddle_dist: evaluation: the metrics alone, no loss on evaluation batches (train.eval_loss=false)" in said
-    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    history = read_metrics(tmp_path / "run")["history"]
     assert "eval_acc" in history[0] and "eval_loss" not in history[0]
 
 
@@ -232,7 +235,7 @@ def test_a_one_logit_classifier_gets_no_accuracy_and_one_line_says_why(tmp_path)
         done = run([SCRIPT, "one_logit", str(tmp_path / columns), columns], cwd=tmp_path, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         said[columns] = done.stdout + done.stderr
-    history = {c: json.loads((tmp_path / c / "metrics.json").read_text())["history"] for c in said}
+    history = {c: read_metrics(tmp_path / c)["history"] for c in said}
     assert all("eval_accuracy" not in h and "eval_loss" in h for h in history["1"])
     assert "test accuracy" not in said["1"]
     assert said["1"].count("no built-in accuracy: the model's scores have one column (float32 [8, 1])") == 1
@@ -247,7 +250,7 @@ def test_a_sync_batch_norm_on_a_cpu_runs_as_batch_norm_on_one_rank(tmp_path):
         done = run([SCRIPT, "sync_bn", str(tmp_path), norm], cwd=tmp_path, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
     assert "SyncBatchNorm layers ('1') run as BatchNorm: Paddle has no CPU kernel for them" in done.stderr + \
-        (tmp_path / "sync" / "logs" / "rank0.log").read_text()
+        Run(tmp_path / "sync").rank_log(0).read_text()
     sync, plain = np.load(tmp_path / "sync.npz"), np.load(tmp_path / "bn.npz")
     assert sorted(sync.files) == sorted(plain.files) and all(np.array_equal(sync[k], plain[k]) for k in sync.files)
     # On two ranks: refused before anything runs (tests/unit/sync/test_batchstats.py).
@@ -294,7 +297,7 @@ def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path
                          said), said
         assert ("paddle_dist: evaluation: the metrics on all the model's outputs: it returns no loss in "
                 "evaluation (loss='model'), so there is no eval loss") in said
-        metrics = json.loads((out / "run" / "metrics.json").read_text())
+        metrics = read_metrics(out / "run")
         assert "test_accuracy" not in metrics and "test_loss" not in metrics     # no such numbers: left out
         assert metrics["test_metrics"] == {"acc": metrics["history"][-1]["eval_acc"]}
         history[name] = metrics["history"]

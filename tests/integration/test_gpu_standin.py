@@ -27,6 +27,9 @@ import numpy as np
 import paddle
 import pytest
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import References, checkpoint_arrays, differing, latest_checkpoint, read_metrics
 from .procs import ROOT, check, run
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "o2_fit.py"
@@ -43,20 +46,6 @@ def _job(out: Path, *extra: str, run_dir: Path = None, extra_args=()):
                cwd=out, timeout=150)
 
 
-def _latest(root: Path) -> Path:
-    return root / (root / "latest").read_text().strip()
-
-
-def _arrays(folder: Path) -> dict:
-    return {f"{file.name}:{key}": value for file in sorted(folder.glob("*.npz"))
-            for key, value in np.load(file).items()}
-
-
-def _differing(a: dict, b: dict) -> list:
-    assert a.keys() == b.keys()
-    return [k for k in a if not np.array_equal(a[k], b[k])]
-
-
 def _script():
     spec = importlib.util.spec_from_file_location("o2_fit", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -68,20 +57,15 @@ def _script():
 def uninterrupted(tmp_path_factory):
     """The uninterrupted O2 run of an API level, made once when first asked for: its
     output folder (run/, rank<r>.npz, rank<r>.json)."""
-    found = {}
-
-    def of(api: str) -> Path:
-        if api not in found:
-            out = tmp_path_factory.mktemp(f"o2-{api}")
-            check(_job(out, "-o", f"train.api={api}"))
-            found[api] = out
-        return found[api]
-    return of
+    def make(out: Path, api: str) -> Path:
+        check(_job(out, "-o", f"train.api={api}"))
+        return out
+    return References(tmp_path_factory, "o2", make)
 
 
 @pytest.fixture
 def trained(uninterrupted):
-    return uninterrupted("loop")
+    return uninterrupted["loop"]
 
 
 def test_the_ranks_hold_one_o2_state_and_the_weights_check_passes(trained):
@@ -93,9 +77,9 @@ def test_the_ranks_hold_one_o2_state_and_the_weights_check_passes(trained):
         assert found["steps"] == 32 and found["metrics"]["eval_acc"] > 0.5
     own = [dict(np.load(trained / f"rank{r}.npz")) for r in (0, 1)]
     assert sum(k.startswith("master:") for k in own[0]) == len(SIXTEEN_BIT)
-    assert _differing(*own) == []                    # BatchNorm statistics and master weights too
+    assert differing(*own) == []                    # BatchNorm statistics and master weights too
     assert np.abs(own[0]["bn._mean"]).max() > 1e-3   # they moved: not two untouched buffers
-    last = _latest(trained / "run" / "checkpoints")
+    last = latest_checkpoint(trained / "run")
     model = np.load(last / "model.npz")
     assert {model[k].dtype for k in model.files} == {np.dtype("float32")}      # save_dtype
     assert all(np.array_equal(model[k], own[0][k]) for k in model.files)
@@ -104,36 +88,35 @@ def test_the_ranks_hold_one_o2_state_and_the_weights_check_passes(trained):
 @pytest.mark.compat
 @pytest.mark.parametrize("api", ["loop", "hapi"])
 def test_a_killed_o2_run_continues_bitwise(uninterrupted, api, tmp_path):
-    trained, out, level = uninterrupted(api), tmp_path / "killed", ("-o", f"train.api={api}")
+    trained, out, level = uninterrupted[api], tmp_path / "killed", ("-o", f"train.api={api}")
     stopped = _job(out, *level, "-o", "faults.inject=kill:1:23")     # the last checkpoint before: step 20
     assert stopped.returncode != 0 and "rank 1" in stopped.stderr, stopped.stderr[-3000:]
     check(_job(out, *level))
-    assert "resuming from" in (out / "run" / "logs" / "rank0.log").read_text()
-    for root in ("checkpoints", "best"):
-        a, b = _arrays(_latest(trained / "run" / root)), _arrays(_latest(out / "run" / root))
+    assert "resuming from" in Run(out / "run").rank_log(0).read_text()
+    for best in (False, True):
+        a, b = (checkpoint_arrays(latest_checkpoint(o / "run", best)) for o in (trained, out))
         assert any(k.startswith("optimizer.npz:master_weights") for k in a)
         assert any(k.startswith("ema.npz:") and k.endswith("_variance") for k in a)
-        assert _differing(a, b) == []
+        assert differing(a, b) == []
     for rank in (0, 1):        # the ranks' own 16-bit tensors and master weights
-        assert _differing(dict(np.load(trained / f"rank{rank}.npz")), dict(np.load(out / f"rank{rank}.npz"))) == []
+        assert differing(dict(np.load(trained / f"rank{rank}.npz")), dict(np.load(out / f"rank{rank}.npz"))) == []
 
 
 def test_evaluating_the_finished_o2_run_scores_what_training_scored(trained, tmp_path):
     done = check(_job(tmp_path, "-o", "train.eval_only=true",
-                      "-o", f"checkpoint.resume={trained / 'run' / 'checkpoints'}"))
+                      "-o", f"checkpoint.resume={Run(trained / 'run').checkpoints}"))
     assert "nothing is trained" in done.stdout + done.stderr
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    final = json.loads((trained / "run" / "metrics.json").read_text())
-    assert metrics["eval_only"] and metrics["test_samples"] == 90
-    assert metrics["test_metrics"] == final["test_metrics"]        # exactly: the same averaged weights
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    evaluated, final = read_metrics(tmp_path / "run"), read_metrics(trained / "run")
+    assert evaluated["eval_only"] and evaluated["test_samples"] == 90
+    assert evaluated["test_metrics"] == final["test_metrics"]      # exactly: the same averaged weights
+    assert not Run(tmp_path / "run").checkpoints.exists()
 
 
 def test_an_o2_checkpoint_exports_to_a_float32_model(trained, tmp_path):
     import paddle_dist
 
     run_dir = trained / "run"
-    averaged = np.load(_latest(run_dir / "checkpoints") / "ema.npz")
+    averaged = np.load(latest_checkpoint(run_dir) / "ema.npz")
     file = tmp_path / "model.pdparams"
     check(run(["-m", "paddle_dist.checkpoint", "export", str(run_dir), str(file)], timeout=60))
     for source in (file, run_dir):
@@ -147,8 +130,8 @@ def test_an_o2_checkpoint_exports_to_a_float32_model(trained, tmp_path):
 def _losses(out: Path) -> list:
     """Every loss the run logged: rank 0's log (each epoch's progress, train and eval loss,
     then the test loss) and metrics.json's history (each epoch's train and eval loss)."""
-    logged = [float(x) for x in re.findall(r" loss (\d+\.\d+)", (out / "run" / "logs" / "rank0.log").read_text())]
-    history = json.loads((out / "run" / "metrics.json").read_text())["history"]
+    logged = [float(x) for x in re.findall(r" loss (\d+\.\d+)", Run(out / "run").rank_log(0).read_text())]
+    history = read_metrics(out / "run")["history"]
     return logged + [e[k] for e in history for k in ("train_loss", "eval_loss")]
 
 
@@ -163,7 +146,7 @@ def test_a_bfloat16_o2_hapi_run_logs_the_losses_of_the_float32_run(uninterrupted
 
     tolerance = 1e-2 if compat.cpu_bf16_cast_rounds() else 2e-2
     check(_job(tmp_path, "-o", "train.api=hapi", "-o", "train.amp=off"))      # the same run in float32
-    o2, plain = _losses(uninterrupted("hapi")), _losses(tmp_path)
+    o2, plain = _losses(uninterrupted["hapi"]), _losses(tmp_path)
     assert len(o2) == len(plain) == 2 * 3 + 1 + 2 * 2
     assert max(abs(a - b) for a, b in zip(o2, plain)) <= tolerance * max(1.0, *plain), (o2, plain)
     assert o2 != plain             # the bfloat16 run's own numbers, not a float32 run's
@@ -173,7 +156,7 @@ FLOAT16 = ["-o", "train.amp=O1", "-o", "train.amp_dtype=float16", "-o", "train.l
 
 
 def _scaler(out: Path) -> dict:
-    return json.loads((_latest(out / "run" / "checkpoints") / "meta.json").read_text())["loss_scaler"]
+    return json.loads((latest_checkpoint(out / "run") / "meta.json").read_text())["loss_scaler"]
 
 
 @pytest.mark.compat
@@ -188,15 +171,15 @@ def test_a_float16_overflow_is_skipped_on_every_rank_and_a_killed_run_continues_
     check(_job(whole, *level, extra_args=overflow))
     assert _scaler(whole) == {"scale": 512.0, "incr_count": 32 - 7, "decr_count": 0}
     for rank in (0, 1):
-        log = (whole / "run" / "logs" / f"rank{rank}.log").read_text()
+        log = Run(whole / "run").rank_log(rank).read_text()
         assert log.count("inf/nan in the averaged gradients: the step is skipped on every rank") == 1
         assert "loss scale 1024 -> 512" in log
     own = [dict(np.load(whole / f"rank{r}.npz")) for r in (0, 1)]
-    assert _differing(*own) == [] and all(np.isfinite(v).all() for v in own[0].values())
+    assert differing(*own) == [] and all(np.isfinite(v).all() for v in own[0].values())
     killed = tmp_path / "killed"
     stopped = _job(killed, *level, "-o", "faults.inject=kill:1:23", extra_args=overflow)
     assert stopped.returncode != 0 and "rank 1" in stopped.stderr, stopped.stderr[-3000:]
     check(_job(killed, *level, extra_args=overflow))
     assert _scaler(killed) == _scaler(whole)
     for rank in (0, 1):
-        assert _differing(dict(np.load(whole / f"rank{rank}.npz")), dict(np.load(killed / f"rank{rank}.npz"))) == []
+        assert differing(dict(np.load(whole / f"rank{rank}.npz")), dict(np.load(killed / f"rank{rank}.npz"))) == []

@@ -36,7 +36,9 @@ import pytest
 from PIL import Image
 
 from paddle_dist.data.mnist import load_mnist
+from paddle_dist.runs.layout import Run
 
+from ..oracles import read_metrics
 from .procs import ROOT, check, run
 
 pytestmark = pytest.mark.compat
@@ -155,10 +157,10 @@ def test_the_installed_wheel_runs_everything_outside_the_checkout(installed, tmp
                        timeout=300, probe=probe))
     assert "test accuracy" in trained.stdout
     [run_dir] = [d for d in (work / "runs").iterdir() if d.is_dir()]
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     assert metrics["test_samples"] == 1000 and metrics["test_accuracy"] > 0.8, metrics
     assert metrics["world_size"] == 2
-    command = json.loads((run_dir / "run.json").read_text())["command"]
+    command = json.loads(Run(run_dir).run_file.read_text())["command"]
     assert command[1:] == ["-m", "paddle_dist.train", "-o", "dist.nprocs=2", "-o", "train.epochs=1"]
     # The launcher and both ranks imported the installed copy, and nothing else.
     assert _imported_from(probe) == [f"{package}/__init__.py"] * 3

@@ -5,7 +5,6 @@ the ranks attest ends the job with the security error (exit 6); a port scan of t
 and the store changes nothing; the token is in no file, command line or environment."""
 
 import base64
-import json
 import os
 import socket
 import threading
@@ -19,9 +18,10 @@ from paddle_dist.security import rankgate
 from paddle_dist.procfs import process_table
 
 from paddle_dist.security import storewire
+
+from ..oracles import free_port, rank_statuses
 from .procs import PY, check, finish, run, start
 from .test_job_token import _token_file
-from .test_missing_node import _port
 
 HELD = ["-m", "paddle_dist.launch", "--nprocs", "2"]
 SCRIPT = "tests/integration/scripts/held_rank.py"
@@ -143,7 +143,7 @@ JOB = ["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", "dist.nprocs=2", 
 
 
 def _weights(run_dir):
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     return [r["weights_sha256"] for r in records]
 
 
@@ -209,7 +209,7 @@ def test_ranks_started_by_hand_attest_with_dist_token_file(tmp_path):
     security error on both ranks, and the same token trains."""
     token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
     for tokens, run_dir in (((token, other), tmp_path / "mixed"), ((token, token), tmp_path / "same")):
-        port = _port()
+        port = free_port()
         with ThreadPoolExecutor(max_workers=2) as pool:
             results = list(pool.map(lambda r: run(_by_hand(r, port, run_dir, tokens[r]), timeout=180), (0, 1)))
         if tokens[1] == other:

@@ -3,13 +3,13 @@ loopback: a machine holding another token is refused in one line (exit 2) while 
 waits on; the machine holding the job's token then joins and both train to the same
 weights. The token is in no file of the run, in no command line and in no environment."""
 
-import json
 import os
 from pathlib import Path
 
+from ..oracles import free_port, rank_statuses
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, finish, run, start
-from .test_missing_node import JOB, _port
+from .test_missing_node import JOB
 
 
 def _token_file(path: Path) -> str:
@@ -26,7 +26,7 @@ def _node(rank, port, run_dir, token_file):
 
 def test_only_machines_holding_the_job_token_meet(tmp_path):
     token, other = _token_file(tmp_path / "job.token"), _token_file(tmp_path / "other.token")
-    port, run_dir = _port(), tmp_path / "run"
+    port, run_dir = free_port(), tmp_path / "run"
     node0, killer = start(_node(0, port, run_dir, token), limit=180)
     for line in node0.stdout:                          # node 0 waits for the other machine
         if "waiting for the other machines" in line:
@@ -39,7 +39,7 @@ def test_only_machines_holding_the_job_token_meet(tmp_path):
     node1 = check(run(_node(1, port, run_dir, token), timeout=120))
     out, err = finish(node0, killer, timeout=120)
     assert node0.returncode == 0, err
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
     secret = Path(token).read_text().strip()
     for text in [out, err, node1.stdout, node1.stderr] + [
@@ -50,7 +50,7 @@ def test_only_machines_holding_the_job_token_meet(tmp_path):
 def test_a_token_file_open_to_others_is_refused_before_anything_starts(tmp_path):
     token = _token_file(tmp_path / "job.token")
     os.chmod(token, 0o644)
-    result = run(_node(0, _port(), tmp_path / "run", token), timeout=60)
+    result = run(_node(0, free_port(), tmp_path / "run", token), timeout=60)
     assert result.returncode == 2, result.stderr
     assert f"dist.token_file {token} is open to others (mode 0644); run: chmod 600 {token}" in result.stderr
     assert not (tmp_path / "run").exists()            # refused before the run directory
@@ -87,7 +87,7 @@ def test_two_hosts_a_second_job_and_a_stranger_on_host_b_are_refused_and_the_job
     node1 = check(run(node(1, two_hosts.b, token, run_dir), timeout=180))
     out, err = finish(node0, killer, timeout=180)
     assert node0.returncode == 0, err
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
     assert f"meeting at {master} (token of {token})" in "".join(head)
     assert "paddle_dist: security:" not in out + node1.stdout + node1.stderr

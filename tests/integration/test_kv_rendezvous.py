@@ -6,14 +6,14 @@ serves one connection at a time and trusts any PUT, kept the ranks from starting
 or crashed. The ranks start and train to the same weights; a job whose ranks do not start
 names what the rendezvous refused."""
 
-import json
 import socket
 import threading
 
 import pytest
 
+from ..oracles import free_port, rank_statuses
 from .procs import check, finish, run, start
-from .test_missing_node import _node, _port
+from .test_missing_node import _node
 
 
 class Disturber:
@@ -64,7 +64,7 @@ def _closed(sock: socket.socket) -> bool:
 
 @pytest.mark.compat          # Paddle's launcher of each version talks to the rendezvous
 def test_idle_connections_and_junk_at_the_rendezvous_hold_up_nothing(tmp_path):
-    port, run_dir = _port(), tmp_path / "run"
+    port, run_dir = free_port(), tmp_path / "run"
     node0, killer = start(_node(0, port, run_dir, timeout=60), limit=240)
     for line in node0.stdout:
         if "waiting for the other machines" in line:
@@ -77,6 +77,6 @@ def test_idle_connections_and_junk_at_the_rendezvous_hold_up_nothing(tmp_path):
         disturber.stop()
     assert node0.returncode == 0, err
     assert disturber.connected > 4                   # it held connections through the rendezvous too
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
     assert node1.returncode == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import paddle
 import pytest
 
+from ..oracles import rank_status
 from .procs import ROOT, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "dp_victim.py")
@@ -81,7 +82,7 @@ def test_a_killed_paddle_dist_rank_leaves_no_shared_memory(tmp_path):
                   "-o", f"output.run_dir={tmp_path}"], timeout=120)
     assert result.returncode == 128 + signal.SIGKILL, result.stderr
     assert "Root cause: rank 1 killed by SIGKILL" in result.stderr
-    pids = {json.loads((tmp_path / "status" / f"rank{r}.json").read_text())["pid"] for r in (0, 1)}
+    pids = {rank_status(tmp_path, r)["pid"] for r in (0, 1)}
     assert _segments_of(pids) == []
 
 

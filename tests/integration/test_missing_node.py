@@ -5,26 +5,20 @@ ends it at once; a healthy one still trains. Both "machines" are processes on lo
 says what a job's start says about a master without a route (in a namespace that has none).
 """
 
-import json
 import os
 import signal
-import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ..oracles import free_port, rank_statuses
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, ROOT, check, run, settled_session
 
 JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32",
        "-o", "train.max_steps=10", "-o", "checkpoint.every_epochs=0", "-o", "dist.nnodes=2"]
 
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node(rank, port, run_dir, timeout=10):
@@ -34,7 +28,7 @@ def _node(rank, port, run_dir, timeout=10):
 
 @pytest.mark.waits
 def test_node_0_alone_ends_with_3_naming_the_missing_node(tmp_path):
-    result = run(_node(0, _port(), tmp_path), timeout=25)
+    result = run(_node(0, free_port(), tmp_path), timeout=25)
     assert result.returncode == 3, result.stderr
     assert "1 of 2 nodes (1 rank: node_rank 0 from 127.0.0.1) arrived within 10 s" in result.stderr
     assert "missing node_rank 1; start it with the command node 0 printed" in result.stderr
@@ -42,7 +36,7 @@ def test_node_0_alone_ends_with_3_naming_the_missing_node(tmp_path):
 
 @pytest.mark.waits
 def test_node_1_alone_ends_with_3_saying_node_0_did_not_answer(tmp_path):
-    port = _port()
+    port = free_port()
     result = run(_node(1, port, tmp_path, timeout=3), timeout=25)
     assert result.returncode == 3, result.stderr
     assert f"node 0 did not answer at dist.master 127.0.0.1:{port} within 3 s (node_rank 0 missing)" \
@@ -53,7 +47,7 @@ def test_node_1_alone_ends_with_3_saying_node_0_did_not_answer(tmp_path):
 def test_paddle_dist_launch_meets_the_same_way(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("raise SystemExit('the ranks must not start')\n")
-    result = run(["-m", "paddle_dist.launch", "-o", "dist.nnodes=2", "-o", f"dist.master=127.0.0.1:{_port()}",
+    result = run(["-m", "paddle_dist.launch", "-o", "dist.nnodes=2", "-o", f"dist.master=127.0.0.1:{free_port()}",
                   "-o", "dist.rendezvous_timeout=5", "--log_dir", str(tmp_path / "log"), str(script)],
                  timeout=25)
     assert result.returncode == 3, result.stderr
@@ -61,7 +55,7 @@ def test_paddle_dist_launch_meets_the_same_way(tmp_path):
 
 
 def test_sigterm_while_waiting_ends_the_node_at_once(tmp_path):
-    proc = subprocess.Popen([PY] + _node(0, _port(), tmp_path, timeout=120), cwd=str(ROOT),
+    proc = subprocess.Popen([PY] + _node(0, free_port(), tmp_path, timeout=120), cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -83,12 +77,12 @@ def test_sigterm_while_waiting_ends_the_node_at_once(tmp_path):
 
 
 def test_two_nodes_on_loopback_still_train_in_sync(tmp_path):
-    port = _port()
+    port = free_port()
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(run, _node(rank, port, tmp_path, timeout=60), 180) for rank in (0, 1)]
         results = [check(f.result()) for f in futures]
     assert "waiting for the other machines" in results[0].stdout
-    records = [json.loads((tmp_path / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(tmp_path)
     assert [r["state"] for r in records] == ["done", "done"]
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
 

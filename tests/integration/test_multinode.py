@@ -6,15 +6,14 @@ digests prove the ranks ended in sync. Each job's processes run in their own ses
 are checked for leftovers (procs.run).
 """
 
-import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 
 from paddle_dist import errors
+from paddle_dist.runs.layout import Run
 
+from ..oracles import final_weights, free_port, max_difference, rank_status, rank_statuses, read_metrics
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, needs_mpirun, run
 
@@ -23,7 +22,7 @@ JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=32", "-o", "train
 
 
 def _digests(run_dir, ranks=2):
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in range(ranks)]
+    records = rank_statuses(run_dir, ranks)
     assert [r["state"] for r in records] == ["done"] * ranks, records
     return {r["weights_sha256"] for r in records}
 
@@ -48,7 +47,7 @@ def test_paddle_multinode_launch_across_two_hosts(two_hosts, tmp_path):
     assert "-o dist.node_rank=1" in results[0].stdout    # node 0 told us the other command
     assert "starting 1 rank on this machine (2 in all)" in results[0].stdout
     assert len(_digests(tmp_path)) == 1
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     assert metrics["world_size"] == 2 and metrics["test_samples"] == 1000
 
 
@@ -71,12 +70,7 @@ def _two_by_two(hosts, run_dir, port, sync):
     _both(hosts, [(hosts.a, nodes + ["-o", "dist.node_rank=0", "-o", f"dist.host={hosts.ip_a}"]),
                   (hosts.b, nodes + ["-o", "dist.node_rank=1", "-o", f"dist.host={hosts.ip_b}"])],
           timeout=240)
-    return _final(run_dir)
-
-
-def _final(run_dir):
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return dict(sorted(np.load(run_dir / "checkpoints" / latest / "model.npz").items()))
+    return final_weights(run_dir)
 
 
 def test_hierarchical_sync_across_two_hosts_of_two_ranks(two_hosts, tmp_path):
@@ -84,12 +78,11 @@ def test_hierarchical_sync_across_two_hosts_of_two_ranks(two_hosts, tmp_path):
     identical, and equal a flat gloo all-reduce's run within 1e-6."""
     hier = _two_by_two(two_hosts, tmp_path / "hier", 6172, [])
     assert len(_digests(tmp_path / "hier", ranks=4)) == 1
-    log = (tmp_path / "hier" / "logs" / "rank0.log").read_text()
+    log = Run(tmp_path / "hier").rank_log(0).read_text()
     assert "4 rank(s)" in log and "sync overlap (" in log and "over hierarchical" in log
     flat = _two_by_two(two_hosts, tmp_path / "flat", 6173, ["-o", "sync.transport=backend"])
-    assert "over backend" in (tmp_path / "flat" / "logs" / "rank0.log").read_text()
-    assert hier.keys() == flat.keys()
-    assert max(float(np.abs(hier[k] - flat[k]).max()) for k in hier) <= 1e-6
+    assert "over backend" in Run(tmp_path / "flat").rank_log(0).read_text()
+    assert max_difference(hier, flat) <= 1e-6
 
 
 def test_resume_across_hosts_with_separate_run_directories(two_hosts, tmp_path):
@@ -111,16 +104,14 @@ def test_resume_across_hosts_with_separate_run_directories(two_hosts, tmp_path):
     [run_a] = [d for d in roots[two_hosts.a].iterdir() if d.is_dir()]
     [run_b] = [d for d in roots[two_hosts.b].iterdir() if d.is_dir()]
     assert not list(roots[two_hosts.b].rglob("ckpt_*"))      # host b never had a checkpoint
-    for log in (run_a / "logs" / "rank0.log", run_b / "logs" / "rank1.log"):
+    for log in (Run(run_a).rank_log(0), Run(run_b).rank_log(1)):
         assert f"resuming from {run_a}/checkpoints/ckpt_000000010" in log.read_text()
-    digests = [json.loads((d / "status" / f"rank{r}.json").read_text())["weights_sha256"]
-               for d, r in ((run_a, 0), (run_b, 1))]
+    digests = [rank_status(d, r)["weights_sha256"] for d, r in ((run_a, 0), (run_b, 1))]
     assert digests[0] == digests[1]
     clean = tmp_path / "clean"
     check(run(["train.py", "-o", "dist.nprocs=2"] + JOB + ["-o", "checkpoint.every_steps=5",
                                                         "-o", f"output.run_dir={clean}"], timeout=180))
-    assert max(float(np.abs(a - b).max()) for a, b in
-               zip(_final(run_a).values(), _final(clean).values())) <= 1e-6
+    assert max_difference(final_weights(run_a), final_weights(clean)) <= 1e-6
 
 
 def _as_host(hosts, ns, name, argv):
@@ -155,7 +146,7 @@ def test_each_job_gets_one_run_of_one_name_on_every_host_and_node_1_prints(two_h
     runs = {node: sorted(d.name for d in roots[node].iterdir() if d.is_dir()) for node in roots}
     assert len(runs[0]) == 2 and runs[0] == runs[1], runs
     for name in runs[1]:
-        log = (roots[1] / name / "logs" / "rank1.log").read_text()
+        log = Run(roots[1] / name).rank_log(1).read_text()
         assert log.count("rank(s) via paddle_launch") == 1, log
     out = results[1].stdout
     assert f"this machine's outputs in {roots[1].resolve() / runs[1][1]}" in out
@@ -207,20 +198,15 @@ def test_missing_interface_is_named_with_the_fix(two_hosts, tmp_path):
 
 
 # ------------------------------------------------------------------ OpenMPI
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @needs_mpirun
 def test_mpirun_runs_train_py(tmp_path):
-    port = _free_port()
+    port = free_port()
     check(run(["mpirun", "-n", "2", "--allow-run-as-root", "-x", "MASTER_ADDR=127.0.0.1",
                "-x", f"MASTER_PORT={port}", PY, "train.py"] + JOB + ["-o", f"output.run_dir={tmp_path}"],
               timeout=180))
     assert len(_digests(tmp_path)) == 1
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     assert metrics["world_size"] == 2 and metrics["test_samples"] == 1000   # exact evaluation
 
 
@@ -230,7 +216,7 @@ def test_bare_mpirun_on_one_host_needs_no_variables(tmp_path):
     result = check(run(["mpirun", "-n", "2", "--allow-run-as-root", PY, "train.py"] + JOB
                        + ["-o", f"output.run_dir={tmp_path}"], timeout=180))
     assert len(_digests(tmp_path)) == 1
-    assert json.loads((tmp_path / "metrics.json").read_text())["world_size"] == 2
+    assert read_metrics(tmp_path)["world_size"] == 2
     assert "2 rank(s) via openmpi" in result.stdout + result.stderr
 
 

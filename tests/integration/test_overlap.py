@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ..oracles import rank_status
+
 KILL_AT = 3          # rank 0's 3rd backward()
 
 
@@ -63,7 +65,7 @@ def test_a_peer_killed_mid_backward_is_a_peer_failure(transport, tmp_path):
     assert result.returncode != 0
     # The survivor recorded a Python PeerFailure for step 3 (it had done 2): it was neither
     # aborted from C++ nor left waiting.
-    survivor = json.loads((tmp_path / "status" / "rank0.json").read_text())
+    survivor = rank_status(tmp_path, 0)
     assert survivor["state"] == "stopped", survivor
     assert survivor["error_type"] == "PeerFailure", survivor
     assert survivor["error"].startswith("gradient all-reduce failed"), survivor

@@ -16,6 +16,9 @@ import paddle
 import pytest
 import yaml
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import References, max_difference
 from .procs import ROOT, check, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_fit.py")
@@ -84,10 +87,12 @@ def test_four_ranks_of_a_users_sgd_match_a_one_process_replay(tmp_path):
     weights = [_weights(tmp_path / f"rank{r}.npz") for r in range(4)]
     for other in weights[1:]:
         assert all(np.array_equal(weights[0][k], other[k]) for k in weights[0])
-    replay = _replay(_weights(tmp_path / "initial.npz"), world=4, epochs=2, batch=8, lr=0.05)
-    diff = max(float(np.abs(weights[0][k] - replay[k]).max()) for k in replay)
+    initial = _weights(tmp_path / "initial.npz")
+    replay = _replay(initial, world=4, epochs=2, batch=8, lr=0.05)
+    trained = {k: weights[0][k] for k in replay}
+    diff = max_difference(trained, replay)
     assert diff <= 1e-6, f"4 ranks differ from the replay by {diff}"
-    moved = max(float(np.abs(weights[0][k] - _weights(tmp_path / "initial.npz")[k]).max()) for k in replay)
+    moved = max_difference(trained, {k: initial[k] for k in replay})
     assert moved > 1e-2          # it trained: the comparison is not of two untouched models
 
 
@@ -109,8 +114,8 @@ def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_on
     check(run([SCRIPT, "--out", str(tmp_path), "--root", str(tmp_path / "runs"), "--epochs", "1"],
               timeout=120))
     run_dir = _only_run(tmp_path / "runs")
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    info = json.loads((run_dir / "run.json").read_text())
+    config = yaml.safe_load(Run(run_dir).config.read_text())
+    info = json.loads(Run(run_dir).run_file.read_text())
     assert config["fit"] == info["fit"]
     record = config["fit"]
     assert record["model"] == "SmallCNN" and record["parameters"] == 8 * 9 + 8 + 8 * 36 * 10 + 10
@@ -121,7 +126,7 @@ def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_on
     assert "model" not in config and "name" not in config["data"]
     assert "optimizer" not in config["train"] and "lr" not in config["train"]
 
-    again = run(["train.py", "-c", str(run_dir / "config.yaml")], timeout=60)
+    again = run(["train.py", "-c", str(Run(run_dir).config)], timeout=60)
     assert again.returncode == 2
     assert again.stderr.count("\n") == 1 and "paddle_dist.fit() run" in again.stderr
     assert "SmallCNN" in again.stderr
@@ -142,8 +147,8 @@ def test_a_changed_model_starts_a_new_run_and_says_why(tmp_path):
         or f"not continuing the unfinished run {stopped}" in result.stdout, result.stdout
     assert "parameter names or shapes differ" in result.stdout
     runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
-    assert len(runs) == 2 and (runs[1] / "metrics.json").exists()
-    assert not (stopped / "metrics.json").exists()     # the stopped run is left as it was
+    assert len(runs) == 2 and Run(runs[1]).metrics.exists()
+    assert not Run(stopped).metrics.exists()           # the stopped run is left as it was
 
 
 def test_another_lr_on_the_scripts_command_line_starts_a_new_run_and_says_why(tmp_path):
@@ -158,7 +163,7 @@ def test_another_lr_on_the_scripts_command_line_starts_a_new_run_and_says_why(tm
     assert str(stopped.name) in line and "its lr was 0.05, this one is 0.5" in line
     assert "--lr 0.5" in line.split("this job runs", 1)[1]
     new = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and p != stopped]
-    assert len(new) == 1 and json.loads((new[0] / "run.json").read_text())["fit"]["lr"] == 0.5
+    assert len(new) == 1 and json.loads(Run(new[0]).run_file.read_text())["fit"]["lr"] == 0.5
 
 
 # ------------------------------------------------------------------ stopping by signal
@@ -188,13 +193,14 @@ def _stop_mid_run(launcher: str, tmp: Path, api: str, sig: int, epochs: str = EP
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """Final weights of clean runs, per (world size, API level)."""
-    found = {}
-    for launcher, api in (("standalone", "loop"), ("paddle_dist.launch", "hapi")):
-        tmp = tmp_path_factory.mktemp(f"clean-{WORLD[launcher]}-{api}")
+    """Final weights of clean runs, per (world size, API level): one process, or two
+    under paddle_dist.launch."""
+    def make(tmp: Path, key) -> dict:
+        world, api = key
+        launcher = "standalone" if world == 1 else "paddle_dist.launch"
         check(run(_job(launcher, tmp, "--api", api, "--epochs", EPOCHS), timeout=240))
-        found[WORLD[launcher], api] = _weights(tmp / "out" / "rank0.npz")
-    return found
+        return _weights(tmp / "out" / "rank0.npz")
+    return References(tmp_path_factory, "clean", make)
 
 
 @pytest.mark.parametrize("launcher, api", [
@@ -204,7 +210,7 @@ def test_sigterm_saves_exits_75_and_the_same_command_continues_bitwise(launcher,
                                                                       tmp_path):
     code, out, err = _stop_mid_run(launcher, tmp_path, api, signal.SIGTERM)
     run_dir = _only_run(tmp_path / "runs")
-    records = [json.loads(p.read_text()) for p in sorted((run_dir / "status").glob("rank*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted(Run(run_dir).status.glob("rank*.json"))]
     assert len(records) == WORLD[launcher]
     assert {(r["state"], r["exit_code"]) for r in records} == {("preempted", 75)}, records
     assert len({r["step"] for r in records}) == 1          # every rank stopped at the same step

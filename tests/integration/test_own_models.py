@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ..oracles import read_metrics
 from .procs import ROOT, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_models.py")
@@ -29,7 +30,7 @@ def train(tmp_path_factory, example: str, api: str) -> dict:
                     "-o", f"output.run_dir={out}/run", *RUNS[example], SCRIPT, "train", example, str(out)],
                    timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        metrics = json.loads((out / "run" / "metrics.json").read_text())
+        metrics = read_metrics(out / "run")
         SEEN[(example, api)] = dict(metrics, out=str(out), stdout=done.stdout)
     return SEEN[(example, api)]
 

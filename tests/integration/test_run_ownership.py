@@ -15,6 +15,7 @@ import pytest
 from paddle_dist import config as configlib
 from paddle_dist.errors import UserError
 from paddle_dist.runs import rundir
+from paddle_dist.runs.layout import Run
 
 from .procs import run
 
@@ -68,7 +69,7 @@ def _plant(root: Path, cfg, secret: Path) -> Path:
 
     def plant():
         planted.mkdir(parents=True, exist_ok=True)
-        (planted / "run.json").write_text(json.dumps(identity))
+        Run(planted).run_file.write_text(json.dumps(identity))
         (planted / ".lock").symlink_to(secret)
     _as_nobody(plant)
     return planted
@@ -114,8 +115,8 @@ def test_no_file_of_a_run_is_written_through_a_link(shared, tmp_path):
     the link, and the files they point to are untouched."""
     folder, secret = shared
     run_dir = tmp_path / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "logs" / "rank0.log").symlink_to(secret)
+    Run(run_dir).logs.mkdir(parents=True)
+    Run(run_dir).rank_log(0).symlink_to(secret)
     done = run(["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", f"output.run_dir={run_dir}",
                 "-o", "train.max_steps=1"], timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -124,7 +125,7 @@ def test_no_file_of_a_run_is_written_through_a_link(shared, tmp_path):
     assert secret.read_text() == "root's\n"
     run_dir = tmp_path / "run2"
     run_dir.mkdir()
-    (run_dir / "samples.tsv").symlink_to(secret)
+    Run(run_dir).samples.symlink_to(secret)
     done = run(["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", f"output.run_dir={run_dir}",
                 "-o", "train.max_steps=1", "-o", "train.log_samples=true"], timeout=120)
     assert done.returncode == 2 and "samples.tsv is a symbolic link" in done.stderr, done.stderr[-2000:]

@@ -7,12 +7,12 @@ The script is README's code block as the page gives it, after a small MyNet (wit
 Dropout: the forward draws from the seeded generator) and two datasets.
 """
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
+from ..oracles import rank_status
 from .procs import ROOT, run
 
 PREAMBLE = '''
@@ -67,7 +67,7 @@ def _runs(script: Path, cwd: Path, times: int, launch=()):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         said.append(done.stdout + done.stderr)
     for run_dir in sorted(p for p in (cwd / "runs").iterdir() if p.is_dir()):
-        digests.append(json.loads((run_dir / "status" / "rank0.json").read_text())["weights_sha256"])
+        digests.append(rank_status(run_dir, 0)["weights_sha256"])
     assert len(digests) == times
     return digests, said
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ..oracles import rank_statuses
 from .procs import PY, finish, start
 from .shared_machine import machine  # noqa: F401  (fixture)
 
@@ -150,7 +151,7 @@ def test_connections_to_the_jobs_listeners_at_start_up_are_named_or_change_nothi
         assert "gloo socket" in _root_cause(err) and f"held by pid {outsider.pid} (" in _root_cause(err), err
         return
     assert proc.returncode == 0, err
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
 
 

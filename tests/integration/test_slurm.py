@@ -13,6 +13,9 @@ import shlex
 import numpy as np
 import pytest
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import differing, final_weights, latest_checkpoint, rank_status
 from . import slurm as cluster_fixture
 from .procs import ROOT, check, run
 from .slurm import slurm, slurm_cluster  # noqa: F401  (fixtures)
@@ -21,22 +24,6 @@ from .slurm import slurm, slurm_cluster  # noqa: F401  (fixtures)
 # 20 leave about 100 steps (some seconds here) after the first checkpoint for a signal.
 JOB = ["-c", "configs/mnist_mlp.yaml", "-o", "train.max_steps=120", "-o", "checkpoint.every_steps=20"]
 TEMPLATE = ROOT / "tools" / "slurm_cpu.sbatch"
-
-
-def _status(run_dir, rank):
-    return json.loads((run_dir / "status" / f"rank{rank}.json").read_text())
-
-
-def _latest(run_dir):
-    return run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
-
-
-def _final_weights(run_dir):
-    return dict(np.load(_latest(run_dir) / "model.npz"))
-
-
-def _same_weights(a, b):
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +42,7 @@ def test_srun_tasks_are_ranks_that_end_alike(uninterrupted):
     result, run_dir = uninterrupted
     check(result)
     assert "2 rank(s) via slurm" in result.stdout
-    status = [_status(run_dir, rank) for rank in (0, 1)]
+    status = [rank_status(run_dir, rank) for rank in (0, 1)]
     assert [s["state"] for s in status] == ["done", "done"]
     assert [s["local_rank"] for s in status] == [0, 1]
     assert status[0]["step"] == status[1]["step"] == 120
@@ -76,7 +63,7 @@ def _first_checkpoint(cluster, job_id, run_dir, out, timeout=90):
         state = cluster.job(job_id).get("JobState")
         assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
             f"job {job_id} is {state} before its first checkpoint:\n{out.read_text() if out.exists() else ''}"
-        return (run_dir / "checkpoints" / "latest").exists()
+        return Run(run_dir).has_checkpoints()
     cluster.wait_for(ready, f"job {job_id}'s first checkpoint", timeout=timeout, poll_s=0.02)
 
 
@@ -100,11 +87,11 @@ def test_a_requeued_sbatch_job_continues_bitwise(slurm, uninterrupted, tmp_path)
     log = out.read_text()
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), log
     assert f"job {job_id} on {slurm.host}, restart 0" in log and "restart 1" in log
-    assert "resuming from" in (run_dir / "logs" / "rank0.log").read_text()
-    status = [_status(run_dir, rank) for rank in (0, 1)]
+    assert "resuming from" in Run(run_dir).rank_log(0).read_text()
+    status = [rank_status(run_dir, rank) for rank in (0, 1)]
     assert [s["state"] for s in status] == ["done", "done"]
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
-    assert _same_weights(_final_weights(run_dir), _final_weights(uninterrupted[1]))
+    assert differing(final_weights(run_dir), final_weights(uninterrupted[1])) == []
 
 
 # serial (make test runs it after the parallel part, alone). The template's
@@ -124,10 +111,10 @@ def test_scancel_signal_term_saves_a_checkpoint_and_exits_75(slurm, tmp_path):  
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "75:0", "0"), log
     assert f"job {job_id}: ranks exited 75" in log
     assert "stop requested: checkpoint saved at step" in log
-    status = [_status(run_dir, rank) for rank in (0, 1)]
+    status = [rank_status(run_dir, rank) for rank in (0, 1)]
     assert [s["state"] for s in status] == ["preempted", "preempted"]
     assert [s["exit_code"] for s in status] == [75, 75]
-    meta = json.loads((_latest(run_dir) / "meta.json").read_text())
+    meta = json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())
     assert meta["global_step"] == status[0]["step"] < 120
 
 
@@ -137,8 +124,8 @@ def test_srun_runs_a_users_fit_script(slurm, tmp_path):  # noqa: F811
     check(run(["srun", "-n", "2", "python", "tests/integration/scripts/own_fit.py", "--out", str(out),
                "--root", str(tmp_path / "runs"), "--epochs", "1"], env=slurm.env, timeout=120))
     ranks = [dict(np.load(out / f"rank{rank}.npz")) for rank in (0, 1)]
-    assert _same_weights(*ranks)
-    assert not _same_weights(ranks[0], dict(np.load(out / "initial.npz")))   # it trained
+    assert differing(*ranks) == []
+    assert differing(ranks[0], dict(np.load(out / "initial.npz"))) != []     # it trained
     returned = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert returned[0] == returned[1] and returned[0]["world_size"] == 2
 
@@ -152,7 +139,7 @@ def test_one_srun_task_per_node_starts_that_nodes_ranks(slurm, tmp_path):  # noq
             "python", "train.py"] + JOB + ["-o", "dist.nprocs=2", "-o", f"output.run_dir={run_dir}"]
     result = check(run(args, env=slurm.env, timeout=180))
     assert "srun task of node 0 of 1: it starts this node's 2 ranks" in result.stdout
-    status = [_status(run_dir, rank) for rank in (0, 1)]
+    status = [rank_status(run_dir, rank) for rank in (0, 1)]
     assert [(s["state"], s["step"]) for s in status] == [("done", 120), ("done", 120)]
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
 
@@ -165,9 +152,9 @@ def test_one_srun_task_per_node_starts_that_nodes_ranks(slurm, tmp_path):  # noq
     assert slurm.client(["scancel", "--signal=TERM", job_id]).returncode == 0
     _ended(slurm, job_id)
     assert "rc=75" in out.read_text(), out.read_text()
-    status = [_status(stopped, rank) for rank in (0, 1)]
+    status = [rank_status(stopped, rank) for rank in (0, 1)]
     assert [(s["state"], s["exit_code"]) for s in status] == [("preempted", 75), ("preempted", 75)]
-    assert json.loads((_latest(stopped) / "meta.json").read_text())["global_step"] == status[0]["step"] < 120
+    assert json.loads((latest_checkpoint(stopped) / "meta.json").read_text())["global_step"] == status[0]["step"] < 120
 
 
 @pytest.mark.parametrize("lacking, reason", [("root", "needs root"), ("slurmd", "slurmd not found")])

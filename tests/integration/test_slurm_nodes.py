@@ -9,8 +9,9 @@ import json
 import shlex
 from types import SimpleNamespace
 
-import numpy as np
+from paddle_dist.runs.layout import Run
 
+from ..oracles import final_weights, max_difference, rank_statuses
 from . import slurm
 from .netns import IP_A, IP_B
 from .procs import ROOT, check, run
@@ -115,17 +116,12 @@ def _last_samples(run_dir):
     """global step -> the digest of its samples that the run logged last (a step redone
     after the requeue counts as it ran the second time)."""
     found = {}
-    for line in (run_dir / "samples.tsv").read_text().splitlines():
+    for line in Run(run_dir).samples.read_text().splitlines():
         if line.startswith("#"):      # an attempt's mark
             continue
         step, _, _, digest = line.split("\t")
         found[int(step)] = digest
     return found
-
-
-def _latest_model(run_dir):
-    folder = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
-    return dict(np.load(folder / "model.npz"))
 
 
 def test_a_requeued_paddle_dist_job_that_lost_a_node_continues_on_the_other(slurm_two_nodes, tmp_path):
@@ -166,15 +162,13 @@ def test_a_requeued_paddle_dist_job_that_lost_a_node_continues_on_the_other(slur
         ("COMPLETED", "0:0", "1", NODE_A), log
     assert "srun task of node 1 of 2: it starts this node's 2 ranks" in log, log      # run 0: both nodes
     assert "srun task of node 0 of 1: it starts this node's 2 ranks" in log, log      # run 1: node A
-    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    rank0 = Run(run_dir).rank_log(0).read_text()
     assert "continuing on 2 ranks (was 4): 2 micro-batches per step keep the global batch of 64" in rank0, rank0
 
     ran, went_on = _last_samples(clean), _last_samples(run_dir)
     assert sorted(ran) == sorted(went_on) == list(range(1, 61))
     assert went_on == ran
-    want, got = _latest_model(clean), _latest_model(run_dir)
-    assert want.keys() == got.keys()
-    assert max(float(np.abs(want[k] - got[k]).max()) for k in want) <= 1e-6
-    status = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert max_difference(final_weights(clean), final_weights(run_dir)) <= 1e-6
+    status = rank_statuses(run_dir)
     assert [(s["state"], s["step"]) for s in status] == [("done", 60), ("done", 60)]
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]

@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import struct
 import subprocess
 import threading
@@ -22,6 +21,8 @@ import time
 import pytest
 
 from paddle_dist.security import storewire
+
+from ..oracles import free_port
 from .procs import PY, ROOT, settled_session
 
 pytestmark = pytest.mark.compat   # the protocol is the same in Paddle 2.6 and 3.x
@@ -47,17 +48,12 @@ for line in sys.stdin:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
 
 class Master:
     """A TCPStore master in a subprocess, driven through the store's own Python API."""
 
     def __init__(self, limit: float = 120):
-        self.port = _free_port()
+        self.port = free_port(HOST)
         self.proc = subprocess.Popen([PY, "-c", MASTER, str(self.port)], cwd=str(ROOT), text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)

@@ -4,14 +4,13 @@ while node 0 waits on; the machine with the job's certificate and token then joi
 both train to the same weights. TLS files that cannot be used are refused before the run
 directory exists."""
 
-import json
 import re
 
 from tests.unit.security.test_tls import pki  # noqa: F401  (fixture: certificates made by openssl)
+from ..oracles import free_port, rank_statuses
 from .procs import ROOT, check, finish, run, start
 from .test_job_token import _node as _token_node
 from .test_job_token import _token_file
-from .test_missing_node import _port
 
 
 def _node(rank, port, run_dir, token_file, files):
@@ -21,7 +20,7 @@ def _node(rank, port, run_dir, token_file, files):
 
 def test_only_machines_with_a_certificate_of_the_ca_and_the_token_meet(tmp_path, pki):  # noqa: F811
     token = _token_file(tmp_path / "job.token")
-    port, run_dir = _port(), tmp_path / "run"
+    port, run_dir = free_port(), tmp_path / "run"
     node0, killer = start(_node(0, port, run_dir, token, pki["node0"]), limit=180)
     for line in node0.stdout:                          # node 0 waits for the other machine
         if "waiting for the other machines" in line:
@@ -36,17 +35,17 @@ def test_only_machines_with_a_certificate_of_the_ca_and_the_token_meet(tmp_path,
     check(run(_node(1, port, run_dir, token, pki["node1"]), timeout=120))
     out, err = finish(node0, killer, timeout=120)
     assert node0.returncode == 0, err
-    records = [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    records = rank_statuses(run_dir)
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
 
 
 def test_tls_files_that_cannot_be_used_are_refused_before_anything_starts(tmp_path, pki):  # noqa: F811
     token = _token_file(tmp_path / "job.token")
-    partial = _token_node(0, _port(), tmp_path / "run", token) + ["-o", f"dist.tls_ca={pki['node0'].ca}"]
+    partial = _token_node(0, free_port(), tmp_path / "run", token) + ["-o", f"dist.tls_ca={pki['node0'].ca}"]
     result = run(partial, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "missing dist.tls_cert and dist.tls_key; give all three" in result.stderr
-    result = run(_node(1, _port(), tmp_path / "run", token, pki["expired"]), timeout=60)
+    result = run(_node(1, free_port(), tmp_path / "run", token, pki["expired"]), timeout=60)
     assert result.returncode == 2, result.stderr
     assert f"dist.tls_cert {pki['expired'].cert} has expired; renew it" in result.stderr
     assert not (tmp_path / "run").exists()            # refused before the run directory
@@ -60,7 +59,7 @@ def test_each_launcher_reads_the_token_and_each_tls_file_once(tmp_path, pki):  #
     gave (security/credentials.py): each launcher process opens the token file once, and
     each TLS file once (its server and client contexts are made from that read; the
     pre-flight's handshake in memory uses those same contexts)."""
-    token, port, run_dir = _token_file(tmp_path / "job.token"), _port(), tmp_path / "run"
+    token, port, run_dir = _token_file(tmp_path / "job.token"), free_port(), tmp_path / "run"
 
     def counted(rank):
         files = pki[f"node{rank}"]

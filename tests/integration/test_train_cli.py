@@ -1,26 +1,28 @@
 """train.py and tools/spawn_train.py end to end: the main job, its outputs, bad input."""
 
 import gzip
-import json
 import shutil
 
 import pytest
 import yaml
 
+from paddle_dist.runs.layout import LATEST, Run
+
+from ..oracles import final_weights, latest_checkpoint, max_difference, read_metrics
 from .procs import ROOT, check, run
 
 BUNDLED = ROOT / "paddle_dist" / "data" / "bundled" / "mnist"
 
 
 def _outputs_of(run_dir, ranks=2):
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert (run_dir / "checkpoints" / "latest").is_file()
-    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    metrics = read_metrics(run_dir)
+    assert (Run(run_dir).checkpoints / LATEST).is_file()
+    latest = latest_checkpoint(run_dir)
     assert {p.name for p in latest.iterdir()} == {"model.npz", "optimizer.npz", "rng.npz", "meta.json"}
-    assert any((run_dir / "vdl").iterdir()), "no VisualDL log written"
+    assert any(Run(run_dir).vdl.iterdir()), "no VisualDL log written"
     for rank in range(ranks):
-        assert (run_dir / "logs" / f"rank{rank}.log").read_text().strip()
-    return metrics, yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert Run(run_dir).rank_log(rank).read_text().strip()
+    return metrics, yaml.safe_load(Run(run_dir).config.read_text())
 
 
 def _reached_95_percent(result, run_dir, api):
@@ -127,10 +129,10 @@ def test_corrupted_data_file(tmp_path):
 
 
 def test_finished_run_is_never_overwritten(tmp_path):
-    (tmp_path / "metrics.json").write_text("keep me")
+    Run(tmp_path).metrics.write_text("keep me")
     _usage_error(["train.py", "-o", "train.max_steps=1", "-o", f"output.run_dir={tmp_path}"],
                  str(tmp_path), "finished run")
-    assert (tmp_path / "metrics.json").read_text() == "keep me"
+    assert Run(tmp_path).metrics.read_text() == "keep me"
 
 
 def _gpu_count():
@@ -148,7 +150,7 @@ def test_two_gpus(command, tmp_path):
                          "-o", f"output.run_dir={run_dir}"]))
     metrics, _ = _outputs_of(run_dir)
     assert metrics["world_size"] == 2
-    assert "backend nccl" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "backend nccl" in Run(run_dir).rank_log(0).read_text()
 
 
 def test_run_dir_that_is_a_file(tmp_path):
@@ -158,13 +160,6 @@ def test_run_dir_that_is_a_file(tmp_path):
 
 
 # ------------------------------------------------------------------ our own launchers
-def _weights(run_dir):
-    import numpy as np
-
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return dict(np.load(run_dir / "checkpoints" / latest / "model.npz"))
-
-
 def test_own_launchers_equal_one_process_with_double_batch(tmp_path):
     """train.py's launch mode (loop) and spawn_train.py (hapi) against one process with 2B."""
     common = ["-c", "configs/mnist_mlp.yaml", "-o", "train.max_steps=8", "-o", "train.optimizer=sgd",
@@ -178,9 +173,9 @@ def test_own_launchers_equal_one_process_with_double_batch(tmp_path):
     weights = {}
     for name, args in runs.items():
         check(run(args + common + ["-o", f"output.run_dir={tmp_path / name}"]))
-        weights[name] = _weights(tmp_path / name)
+        weights[name] = final_weights(tmp_path / name)
     for name in ("launch", "spawn"):
-        diff = max(float(abs(weights[name][k] - weights["single"][k]).max()) for k in weights[name])
+        diff = max_difference(weights[name], weights["single"])
         assert diff <= 1e-5, (name, diff)
 
 
@@ -221,12 +216,12 @@ def test_built_in_job_with_clipping_and_moving_averages(tmp_path):
                       "-o", "train.log_every=5", "-o", "train.clip_grad_norm=0.5", "-o", "train.ema_decay=0.9",
                       "-o", f"output.run_dir={run_dir}"], timeout=300))
     assert "grad norm" in done.stdout
-    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    latest = latest_checkpoint(run_dir)
     assert (latest / "ema.npz").is_file()
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     again = tmp_path / "again"
     check(run(["train.py", "-c", "configs/mnist_mlp.yaml", "--eval-only", "-o", f"checkpoint.resume={latest}",
                "-o", f"output.run_dir={again}"], timeout=300))
-    evaluated = json.loads((again / "metrics.json").read_text())
+    evaluated = read_metrics(again)
     assert evaluated["test_accuracy"] == metrics["test_accuracy"]     # the averages, evaluated again
     assert evaluated["test_samples"] == 1000

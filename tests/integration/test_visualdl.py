@@ -19,6 +19,7 @@ from collections import Counter
 
 import pytest
 
+from ..oracles import read_metrics
 from .procs import ROOT, check, run
 
 EXPECTED_TAGS = ["train/loss", "train/lr", "train/samples_per_s", "eval/loss", "eval/accuracy"]
@@ -121,7 +122,7 @@ def test_visualdl_serves_the_finished_runs_scalars(finished_run, visualdl):
     assert [s for _, s, _ in served] == [s for s, _ in written]
     assert [v for _, _, v in served] == pytest.approx(_f32([v for _, v in written]), rel=1.2e-7)
 
-    history = json.loads((finished_run / "metrics.json").read_text())["history"]
+    history = read_metrics(finished_run)["history"]
     eval_loss = _api(visualdl, "scalar/list", run=run_name, tag="eval/loss")
     assert [step for _, step, _ in eval_loss] == [h["epoch"] for h in history] == [1, 2]
     assert [v for _, _, v in eval_loss] == pytest.approx(_f32([h["eval_loss"] for h in history]),

@@ -12,7 +12,9 @@ import json
 import pytest
 
 from paddle_dist.runs import commands, listing
+from paddle_dist.runs.layout import Run
 
+from ..oracles import rank_statuses
 from .procs import check, run
 
 # LinearNet on 2,048 random samples: 2 ranks x 32 = 32 steps an epoch; checkpoints at 2, 4, 6.
@@ -26,11 +28,11 @@ LINE = ("paddle_dist: job failed (exit 7). Root cause: the ranks' weights differ
 
 def _checkpoint_steps(run_dir):
     return sorted(json.loads((d / "meta.json").read_text())["global_step"]
-                  for d in (run_dir / "checkpoints").glob("ckpt_*"))
+                  for d in Run(run_dir).checkpoints.glob("ckpt_*"))
 
 
 def _states(run_dir):
-    return [json.loads((run_dir / "status" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return rank_statuses(run_dir)
 
 
 @pytest.mark.parametrize("launcher, api", [
@@ -46,7 +48,7 @@ def test_ranks_whose_weights_differ_end_the_job_with_exit_7(launcher, api, tmp_p
     assert "differ at step" not in said.replace(LINE, ""), "one line, said once"
     assert "to continue this run" not in said and "to run it again" not in said
     (run_dir,) = tmp_path.glob("linear-*")
-    assert _checkpoint_steps(run_dir) == [2] and not (run_dir / "best").exists()
+    assert _checkpoint_steps(run_dir) == [2] and not Run(run_dir).best.exists()
     assert [(r["state"], r["exit_code"], r["step"]) for r in _states(run_dir)] == [("diverged", 7, 4)] * 2
     assert listing.describe(run_dir)["state"] == "diverged" and commands.resume_command(run_dir) == ""
 

@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paddle_dist.runs.layout import Run
+
+from ..oracles import References, checkpoint_arrays, differing, latest_checkpoint, max_difference, read_metrics
 from .procs import ROOT, run
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "whole_state.py")
@@ -35,15 +38,6 @@ def _one_process(weights: Path) -> dict:
     done = run([SCRIPT, "evaluate", str(weights)], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _latest(root: Path) -> Path:
-    return root / (root / "latest").read_text().strip()
-
-
-def _arrays(folder: Path) -> dict:
-    return {f"{file.name}:{key}": value for file in sorted(folder.glob("*.npz"))
-            for key, value in np.load(file).items()}
 
 
 def test_an_ema_callback_over_the_whole_state_evaluates_one_model(tmp_path):
@@ -72,25 +66,24 @@ def test_train_ema_averages_batchnorm_statistics_and_its_metric_is_the_exported_
     out = tmp_path / "ema"
     done = _job(out, *EMA, "-o", f"sync.mode={mode}")
     assert done.returncode == 0, done.stderr[-3000:]
-    last = _latest(out / "run" / "checkpoints")
+    last = latest_checkpoint(out / "run")
     averaged, trained = np.load(last / "ema.npz"), np.load(last / "model.npz")
     means = [k for k in averaged.files if k.endswith("_mean")]
     assert means and all(not np.array_equal(averaged[k], trained[k]) for k in means)
-    metrics = json.loads((out / "run" / "metrics.json").read_text())
-    assert metrics["test_metrics"]["acc"] == _one_process(out / "run")["acc"]      # load_weights: the averages
+    # load_weights: the averages
+    assert read_metrics(out / "run")["test_metrics"]["acc"] == _one_process(out / "run")["acc"]
     evaluated = np.load(out / "evaluated0.npz")      # what the model held while evaluated
     assert all(np.array_equal(evaluated[k], averaged[k]) for k in means)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    found = {}
-    for api in ("loop", "hapi"):
-        out = tmp_path_factory.mktemp(f"clean-{api}")
+    """The output folders of clean runs, per API level."""
+    def make(out: Path, api: str) -> Path:
         done = _job(out, *EMA, "-o", f"train.api={api}")
         assert done.returncode == 0, done.stderr[-3000:]
-        found[api] = out
-    return found
+        return out
+    return References(tmp_path_factory, "clean", make)
 
 
 # Step 23 of 32 (epoch 2 of 2, 16 steps each): the last checkpoint before it is step 20.
@@ -108,12 +101,12 @@ def test_a_stopped_run_continues_bitwise_in_the_whole_state(uninterrupted, api, 
     assert first.returncode != 0 and (code < 0 or first.returncode == code), first.stderr[-3000:]
     done = _job(out, *EMA, "-o", f"train.api={api}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming from" in (out / "run" / "logs" / "rank0.log").read_text()
-    for root in ("checkpoints", "best"):
-        a, b = _arrays(_latest(clean / "run" / root)), _arrays(_latest(out / "run" / root))
+    assert "resuming from" in Run(out / "run").rank_log(0).read_text()
+    for best in (False, True):
+        a, b = (checkpoint_arrays(latest_checkpoint(o / "run", best)) for o in (clean, out))
         assert a.keys() == b.keys() and any(k.startswith("ema.npz:") and k.endswith("_variance") for k in a)
-        assert [k for k in a if not np.array_equal(a[k], b[k])] == []
-    ran, resumed = (json.loads((o / "run" / "metrics.json").read_text())["history"] for o in (clean, out))
+        assert differing(a, b) == []
+    ran, resumed = (read_metrics(o / "run")["history"] for o in (clean, out))
     assert [h["epoch"] for h in ran] == [h["epoch"] for h in resumed] == [1, 2]
     for a, b in zip(ran, resumed):      # the interrupted epoch's loss covers all its steps
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-9)
@@ -123,7 +116,7 @@ def test_a_stopped_run_continues_bitwise_in_the_whole_state(uninterrupted, api, 
 def _samples(out: Path) -> dict:
     """global step -> the digests of its samples that the run's attempts logged."""
     found: dict = {}
-    for line in (out / "run" / "samples.tsv").read_text().splitlines():
+    for line in Run(out / "run").samples.read_text().splitlines():
         if line.startswith("#"):      # an attempt's mark
             continue
         step, _, _, digest = line.split("\t")
@@ -139,17 +132,12 @@ def _same_samples(clean: Path, out: Path) -> None:
     assert all(len(a[step]) == 1 and b[step] == a[step] for step in a)
 
 
-def _max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
-
-
-def _within_rounding(clean: Path, out: Path, root: str = "checkpoints") -> None:
+def _within_rounding(clean: Path, out: Path, best: bool = False) -> None:
     """Every weight, buffer, average and optimizer entry of the two runs' latest checkpoint
     within 1e-6 (the random generators' states aside: another number of ranks draws alike
     only in the data, sampling.SeededSamples)."""
-    a, b = (_arrays(_latest(folder / "run" / root)) for folder in (clean, out))
-    assert _max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
+    a, b = (checkpoint_arrays(latest_checkpoint(folder / "run", best)) for folder in (clean, out))
+    assert max_difference({k: v for k, v in a.items() if not k.startswith("rng")},
                            {k: v for k, v in b.items() if not k.startswith("rng")}) <= 1e-6
 
 
@@ -164,9 +152,9 @@ def test_a_killed_two_rank_run_continues_on_one_rank_within_float_rounding(unint
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing on 1 rank (was 2): 2 micro-batches per step keep the global batch of 16" in done.stdout
     _same_samples(clean, out)
-    for root in ("checkpoints", "best"):
-        _within_rounding(clean, out, root)
-    ran, resumed = (json.loads((o / "run" / "metrics.json").read_text())["history"] for o in (clean, out))
+    for best in (False, True):
+        _within_rounding(clean, out, best)
+    ran, resumed = (read_metrics(o / "run")["history"] for o in (clean, out))
     for a, b in zip(ran, resumed):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-6)
         assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-6) and b["eval_acc"] == a["eval_acc"]

@@ -12,6 +12,7 @@ import pytest
 
 from paddle_dist import errors
 import paddle_dist
+from paddle_dist.runs.layout import Run
 from paddle_dist.runtime import monitor as rank_monitor
 from paddle_dist.runs import listing
 from paddle_dist.launch.console import Console
@@ -20,6 +21,7 @@ from paddle_dist.errors import REFUSAL_LINE, Refused, for_scripts
 from paddle_dist.runs.report import Exit, root_cause, with_resume
 from paddle_dist.runs.status import read_all as read_status
 
+from tests.oracles import rank_status
 from tests.unit.runs.test_listing import _run_dir
 
 TYPO = "unknown config key 'train.epoch'; did you mean train.epochs?"
@@ -70,19 +72,19 @@ def _refused_record(run_dir, rank, error: UserError, when: float):
     """A rank's status record as fit() writes it when `error` ends it (monitor.Monitor)."""
     monitor = rank_monitor.Monitor(SimpleNamespace(global_rank=rank, local_rank=rank), run_dir)
     monitor.finish(errors.outcome_of(error), error)
-    path = run_dir / "status" / f"rank{rank}.json"
+    path = Run(run_dir).rank_status(rank)
     path.write_text(json.dumps(dict(json.loads(path.read_text()), time=when)))
 
 
 def _with_command(run_dir):
-    (run_dir / "run.json").write_text(json.dumps({"command": COMMAND, "same_command_continues": True}))
+    Run(run_dir).run_file.write_text(json.dumps({"command": COMMAND, "same_command_continues": True}))
     return run_dir
 
 
 def test_a_job_that_refused_its_input_is_one_line_and_not_offered_to_continue(tmp_path):
     run_dir = _with_command(_run_dir(tmp_path, "refused", ("stopped", {"error": RuntimeError("peer")})))
     _refused_record(run_dir, 1, DataError("sample 200 is corrupted; remove it"), when=1.0)
-    status = json.loads((run_dir / "status" / "rank1.json").read_text())
+    status = rank_status(run_dir, 1)
     assert (status["state"], status["exit_code"], status["error_type"]) == ("refused", 2, "DataError")
     report = with_resume(root_cause(read_status(run_dir)), run_dir)
     assert (report.code, report.lines) == (2, [f"{REFUSAL_LINE}sample 200 is corrupted; remove it"])

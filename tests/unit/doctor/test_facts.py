@@ -31,6 +31,7 @@ from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.errors import UserError
 
 from tests.conftest import REPO_ROOT
+from tests.oracles import free_port
 
 CPU_BUILD = GpuInfo(False, 0)
 NO_GPUS = GpuInfo(True, 0)          # a CUDA build on a machine without GPUs
@@ -63,13 +64,6 @@ def taken_port():
         yield sock.getsockname()[1]
 
 
-@pytest.fixture
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def errors(problems):
     return [p.message for p in problems if p.severity == "error"]
 
@@ -91,17 +85,17 @@ def test_taken_port_names_this_process(taken_port):
                             "-o dist.master=HOST:PORT")
 
 
-def test_free_port_is_no_problem(free_port):
-    cfg = load(None, [f"dist.master=127.0.0.1:{free_port}"])
+def test_free_port_is_no_problem():
+    cfg = load(None, [f"dist.master=127.0.0.1:{free_port()}"])
     assert preflight(cfg, {}, CPU_BUILD, statvfs=BIG_SHM) == []
 
 
-def test_port_holder_finds_this_process(taken_port, free_port):
+def test_port_holder_finds_this_process(taken_port):
     pid, cmdline = port_holder(taken_port)
     assert pid == os.getpid()
     own = open("/proc/self/cmdline", "rb").read().split(b"\0")[0].decode()
     assert cmdline.startswith(own)
-    assert port_holder(free_port) is None
+    assert port_holder(free_port()) is None
 
 
 def test_wildcard_and_interface_masters_are_local(taken_port):
@@ -326,8 +320,8 @@ def test_check_raises_the_first_error_and_counts_the_rest(taken_port):
     assert "\n" not in text
 
 
-def test_check_passes_a_good_config(free_port):
-    assert pf.check(load(None, [f"dist.master=127.0.0.1:{free_port}"])) is None
+def test_check_passes_a_good_config():
+    assert pf.check(load(None, [f"dist.master=127.0.0.1:{free_port()}"])) is None
 
 
 # ---------------------------------------------------------------- the report
@@ -401,8 +395,8 @@ def test_cli_check_names_the_holder_of_a_taken_port(taken_port):
     assert done.stdout.endswith("pre-flight: 1 error(s)\n")
 
 
-def test_cli_check_ok(free_port):
-    done = run_doctor("--check", "-c", "mnist_lenet", "-o", f"dist.master=127.0.0.1:{free_port}")
+def test_cli_check_ok():
+    done = run_doctor("--check", "-c", "mnist_lenet", "-o", f"dist.master=127.0.0.1:{free_port()}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.endswith("pre-flight: ok\n")
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from paddle_dist.runs.layout import Run
 from paddle_dist.runtime import monitor as rank_monitor
 from paddle_dist.runs import listing
 
@@ -16,7 +17,7 @@ def _record(run_dir, rank, state, pid=None, step=0, error=None, when=None):
     monitor.step_no, monitor.epoch = step, 1     # in the first epoch (1-based, as printed)
     monitor.finish(state, error)
     if pid is not None or when is not None:      # a rank that is (or was) another process
-        path = run_dir / "status" / f"rank{rank}.json"
+        path = Run(run_dir).rank_status(rank)
         record = json.loads(path.read_text())
         record.update({k: v for k, v in (("pid", pid), ("time", when)) if v is not None})
         path.write_text(json.dumps(record))
@@ -25,11 +26,11 @@ def _record(run_dir, rank, state, pid=None, step=0, error=None, when=None):
 def _run_dir(root, name, *ranks, finished=False, checkpoint=None, when=None):
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("train: {}\n")
+    Run(run_dir).config.write_text("train: {}\n")
     for rank, (state, kwargs) in enumerate(ranks):
         _record(run_dir, rank, state, when=when, **kwargs)
     if finished:
-        (run_dir / "metrics.json").write_text("{}")
+        Run(run_dir).metrics.write_text("{}")
     if checkpoint is not None:
         folder = run_dir / "checkpoints" / f"ckpt_{checkpoint:09d}"
         folder.mkdir(parents=True)
@@ -54,7 +55,7 @@ def test_every_state_from_real_status_records(tmp_path):
     _run_dir(root, "killed", ("running", {"pid": _dead_pid()}), when=400.0)
     _run_dir(root, "running", ("running", {"pid": 1}), when=500.0)   # pid 1 is alive
     (root / "never-trained").mkdir()
-    (root / "never-trained" / "config.yaml").write_text("train: {}\n")
+    Run(root / "never-trained").config.write_text("train: {}\n")
     (root / "not-a-run").mkdir()                                      # no config.yaml
     found = {run["run"].rsplit("/", 1)[1]: run for run in listing.recent(root, 10)}
     assert {name: run["state"] for name, run in found.items()} == {
@@ -73,7 +74,7 @@ def test_an_unfinished_run_comes_with_the_command_that_continues_it(tmp_path):
     root = tmp_path / "runs"
     for name, state, finished in (("failed", "failed", False), ("done", "done", True)):
         run_dir = _run_dir(root, name, (state, {}), finished=finished)
-        (run_dir / "run.json").write_text(json.dumps(
+        Run(run_dir).run_file.write_text(json.dumps(
             {"command": ["python", "train.py", "-o", "dist.nprocs=2"], "same_command_continues": True}))
     found = {run["run"].rsplit("/", 1)[1]: run for run in listing.recent(root, 10)}
     assert found["failed"]["resume"] == "python train.py -o dist.nprocs=2"

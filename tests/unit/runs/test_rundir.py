@@ -18,6 +18,7 @@ import pytest
 from paddle_dist import config as configlib
 from paddle_dist.runs import commands, rundir
 from paddle_dist.errors import UserError
+from paddle_dist.runs.layout import Run
 
 PY = sys.executable
 ROOT = str(Path(__file__).resolve().parents[3])
@@ -35,7 +36,7 @@ def choose(cfg, world=2, command=("python", "train.py")):
 
 
 def finish(path):
-    (path / "metrics.json").write_text("{}")
+    Run(path).metrics.write_text("{}")
 
 
 def runs(tmp_path):
@@ -53,14 +54,14 @@ def test_a_first_run_is_new_and_records_what_it_is(tmp_path):
 
 def test_an_unfinished_run_is_continued_from_where_it_stopped(tmp_path):
     first = choose(cfg_for(tmp_path)).path
-    (first / "status").mkdir()
-    (first / "status" / "rank1.json").write_text('{"rank": 1, "state": "failed"}')
+    Run(first).status.mkdir()
+    Run(first).rank_status(1).write_text('{"rank": 1, "state": "failed"}')
     (first / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
     again = choose(cfg_for(tmp_path, "train.epochs=9", "dist.nprocs=2", "checkpoint.every_steps=5"))
     assert again.path == first and runs(tmp_path) == [first.name]
     assert "continuing the unfinished run" in again.note and "attempt 2" in again.note
     assert "from its latest checkpoint" in again.note
-    assert not list((first / "status").glob("rank*.json"))    # the last attempt's records go
+    assert not list(Run(first).status.glob("rank*.json"))    # the last attempt's records go
     assert rundir.read_run(first)["attempts"] == 2
 
 
@@ -76,8 +77,8 @@ def test_a_diverged_run_is_never_continued_nor_offered(tmp_path):
     """A run whose ranks' weights differed (exit 7: errors.Diverged) has no metrics.json, yet
     the same command starts a new run, names it, and no command continues it."""
     first = choose(cfg_for(tmp_path)).path
-    (first / "status").mkdir()
-    (first / "status" / "rank0.json").write_text('{"rank": 0, "state": "diverged", "error": "the ranks\' '
+    Run(first).status.mkdir()
+    Run(first).rank_status(0).write_text('{"rank": 0, "state": "diverged", "error": "the ranks\' '
                                                  'weights differ at step 4: ..."}')
     (first / "checkpoints" / "ckpt_000000002").mkdir(parents=True)
     assert rundir.diverged(first).startswith("the ranks' weights differ at step 4")
@@ -197,13 +198,13 @@ def test_the_other_machines_of_a_job_write_under_node_0s_run_name(tmp_path):
 
 
 def test_a_machine_clears_only_its_own_ranks_status(tmp_path):
-    (tmp_path / "status").mkdir()
+    Run(tmp_path).status.mkdir()
     for rank in range(4):
-        (tmp_path / "status" / f"rank{rank}.json").write_text("{}")
+        Run(tmp_path).rank_status(rank).write_text("{}")
     rundir.clear_status(tmp_path, range(2, 4))
-    assert sorted(p.name for p in (tmp_path / "status").iterdir()) == ["rank0.json", "rank1.json"]
+    assert sorted(p.name for p in Run(tmp_path).status.iterdir()) == ["rank0.json", "rank1.json"]
     rundir.clear_status(tmp_path)
-    assert not list((tmp_path / "status").iterdir())
+    assert not list(Run(tmp_path).status.iterdir())
 
 
 # ------------------------------------------------------------------ the command to continue
