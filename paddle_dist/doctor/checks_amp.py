@@ -61,15 +61,16 @@ def o2_after(job: Job, net, ref, opt, precision: amp.AmpPlan):
     replay's; its checkpoint resumed into a new O2 network and optimizer, bit-identical;
     (rank 0) the checkpoint's float32 weights loaded into a float32 network, exported and
     run. Returns (what went wrong or None, what was checked)."""
-    from ..trainer.evaluation import evaluate
+    from ..trainer.evaluation import EvalSetup, evaluate
     from ..trainer.feed import Feed
     from ..trainer.loading import Source
 
     x, y = _global_batch(STEPS, 1, job.cfg.train.seed)
     data = paddle.io.TensorDataset([paddle.to_tensor(x), paddle.to_tensor(y)])
     loss = paddle.nn.CrossEntropyLoss()
-    got = evaluate(net, Source.of(data, "eval_data"), Feed(net), loss, [], job.env, BATCH, amp=precision)
-    want = evaluate(ref, Source.of(data, "eval_data"), Feed(ref), loss, [], job.env, BATCH)
+    got = evaluate(EvalSetup(net, Source.of(data, "eval_data"), Feed(net), loss, batch_size=BATCH, amp=precision),
+                   job.env)
+    want = evaluate(EvalSetup(ref, Source.of(data, "eval_data"), Feed(ref), loss, batch_size=BATCH), job.env)
     if not abs(got["loss"] - want["loss"]) <= AMP_TOLERANCE * 10 * max(1.0, abs(want["loss"])):
         return f"O2 evaluation: loss {got['loss']:.4f}, float32 replay {want['loss']:.4f}", ""
     meta = checkpoint.Meta(global_step=STEPS, epoch=0, step_in_epoch=STEPS, world_size=job.env.world_size,

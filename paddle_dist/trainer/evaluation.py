@@ -9,13 +9,14 @@ by batch, and every rank feeds every rank's results to its own metric in rank or
 whatever it accumulates, and never an average of per-rank values.
 
 Example:
-    found = evaluate(net, source, feed, loss_fn, [paddle.metric.Accuracy()], env, 500)
+    found = evaluate(EvalSetup(net, source, feed, loss_fn, [paddle.metric.Accuracy()], batch_size=500), env)
     found["acc"], found["loss"], found["count"]
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import paddle
@@ -25,6 +26,12 @@ from ..compat import state_tensors
 from ..sync.grad_sync import collective
 from .feed import Feed, batch_size_of, describe
 from ..runtime.env import DistEnv
+from ..schema import Config
+
+if TYPE_CHECKING:
+    from .amp import AmpPlan
+    from .callbacks import Events
+    from .loading import Source
 
 
 class ExactShardSampler(paddle.io.BatchSampler):
@@ -116,28 +123,64 @@ def _scores(outputs: Sequence, labels: Sequence) -> Optional[paddle.Tensor]:
     return out
 
 
+def _no_beat() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class EvalSetup:
+    """What evaluate() evaluates and how: the model, its test set (a loading.Source), the
+    feed, loss and metrics (the job's Parts), the job's settings, and its hooks: `beat`
+    after each batch (the hang monitor), `phase` (collectives.phase's marker), `events`
+    (callbacks.Events: the eval batch begin/end), `amp` (the job's precision plan: the
+    forward runs under its autocast at O2, as 16-bit weights need 16-bit inputs; O1
+    evaluates in float32). No loss without `with_loss` (train.eval_loss).
+
+    Example:
+        EvalSetup(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(), batch_size=2)
+    """
+
+    net: paddle.nn.Layer
+    source: Source
+    feed: Feed
+    loss_fn: Any
+    metrics: Sequence = ()
+    batch_size: int = 500
+    task: str = "classification"
+    batched: bool = True           # data.batched
+    workers: int = 0               # data.num_workers
+    with_loss: bool = True
+    amp: Optional[AmpPlan] = None
+    beat: Callable[[], None] = _no_beat
+    phase: Optional[Callable] = None
+    events: Optional[Events] = None
+
+    @classmethod
+    def of(cls, parts, cfg: Config, **hooks) -> "EvalSetup":
+        """The job's evaluation of `parts` (trainer Parts: model, eval_data, feed, loss,
+        metrics, task) with `cfg`'s settings, and `hooks` (amp, beat, phase, events)."""
+        return cls(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics,
+                   cfg.train.eval_batch_size, parts.task, cfg.data.batched, cfg.data.num_workers,
+                   cfg.train.eval_loss, **hooks)
+
+
 @paddle.no_grad()
-def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env: DistEnv, batch_size: int,
-             task: str = "classification", beat: Callable[[], None] = lambda: None, phase=None,
-             batched: bool = True, workers: int = 0, amp=None, events=None,
-             with_loss: bool = True) -> Dict[str, Any]:
+def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     """Loss, the metrics (or, with none and a classifier, accuracy) and the sample count over
-    the whole of `source`, identical on all ranks. `events`: the callbacks' eval batch
-    begin/end (callbacks.Events); `amp`: the job's precision plan, whose autocast the
-    forward runs under at O2 (16-bit weights need 16-bit inputs; O1 evaluates in float32).
-    No loss without `with_loss` (train.eval_loss) or from a model that gives none
-    (Feed.evaluated): then the result has no "loss"."""
+    the whole of `setup.source`, identical on all ranks. No loss without `setup.with_loss`
+    or from a model that gives none (Feed.evaluated): then the result has no "loss"."""
     from .amp import AmpPlan, autocast
 
+    net, metrics, events, phase, amp = setup.net, setup.metrics, setup.events, setup.phase, setup.amp
     was_training = net.training
     net.eval()
-    sampler = ExactShardSampler(len(source), batch_size, env.global_rank, env.world_size)
-    batches = iter(source.loader(sampler, feed, workers, batched, env.job_dir))
+    sampler = ExactShardSampler(len(setup.source), setup.batch_size, env.global_rank, env.world_size)
+    batches = iter(setup.source.loader(sampler, setup.feed, setup.workers, setup.batched, env.job_dir))
     for metric in metrics:
         metric.reset()
     try:
         loss_sum = correct = count = lossless = 0.0
-        accuracy = task == "classification" and not metrics
+        accuracy = setup.task == "classification" and not metrics
         for step in range(sampler.rounds):
             batch, results = next(batches, None), None
             if batch is not None:
@@ -145,7 +188,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env: DistEnv, 
                 if events is not None:
                     events.eval_batch_begin(step)
                 with autocast(amp if amp is not None and amp.level == "O2" else AmpPlan()):
-                    loss, outputs = feed.evaluated(net, loss_fn, inputs, labels, with_loss)
+                    loss, outputs = setup.feed.evaluated(net, setup.loss_fn, inputs, labels, setup.with_loss)
                 n = batch_size_of(inputs)
                 loss_sum += float(loss) * n if loss is not None else 0.0
                 lossless += loss is None
@@ -162,7 +205,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env: DistEnv, 
             if batch is not None and events is not None:
                 events.eval_batch_end(step, {**({"loss": [float(loss)]} if loss is not None else {}),
                                              "batch_size": n})
-            beat()
+            setup.beat()
     finally:
         batches.close()           # its DataLoader workers, if any, end now
     if was_training:
@@ -173,7 +216,7 @@ def evaluate(net, source, feed: Feed, loss_fn, metrics: Sequence, env: DistEnv, 
     loss_sum, correct, count, refused, lossless = (float(v) for v in sums)
     found: Dict[str, Any] = {"count": int(count)} if lossless else \
         {"loss": loss_sum / max(count, 1), "count": int(count)}
-    if task == "classification" and not metrics and not refused:
+    if setup.task == "classification" and not metrics and not refused:
         found["accuracy"] = correct / max(count, 1)
     for metric in metrics:
         found.update(zip_values(metric))

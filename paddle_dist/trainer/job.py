@@ -30,7 +30,7 @@ from ..sync import GradSync, collectives
 from . import amp, callbacks as callbacklib, firstbatch, hapi, loop, outcome, selection
 from . import progress as progress_log
 from .engine import Engine
-from .evaluation import evaluate
+from .evaluation import EvalSetup, evaluate
 from .ledger import LossLedger
 from .own import fit
 from .parts import Parts, Result
@@ -138,8 +138,7 @@ def _evaluate_only(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monit
     """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
     log.info(f"paddle_dist: evaluating {found.path} on {len(parts.eval_data)} test samples "
              f"with {env.world_size} rank(s); nothing is trained")
-    evaluated = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, env,
-                         cfg.train.eval_batch_size, parts.task, monitor.beat, monitor.phase,
-                         cfg.data.batched, cfg.data.num_workers, precision, with_loss=cfg.train.eval_loss)
+    setup = EvalSetup.of(parts, cfg, amp=precision, beat=monitor.beat, phase=monitor.phase)
+    evaluated = evaluate(setup, env)
     metrics = {"epoch": found.start.epoch, **{f"eval_{k}": v for k, v in evaluated.items()}}
     return Result(run_dir=run_dir, history=[metrics], steps=found.start.global_step, resumed_from=found.path)

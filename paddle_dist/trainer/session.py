@@ -33,7 +33,7 @@ from .ledger import LossLedger
 from .parts import Parts, Position, Result
 from .ema import Ema
 from .optim import MeasuredClip
-from .evaluation import all_reduce_sum, evaluate, exchange_rounds, metric_names
+from .evaluation import EvalSetup, all_reduce_sum, evaluate, exchange_rounds, metric_names
 from .progress import Progress
 from .randomness import MicroBatchDraws
 from .sampling import PlannedBatchSampler
@@ -258,10 +258,8 @@ class Session:
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
             # What each rank evaluates with, its callbacks' swaps included, must be one model.
             agreement.check_evaluated(parts.model, self.env, self.pos.global_step, self.monitor.phase)
-            found = evaluate(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics, self.env,
-                             cfg.train.eval_batch_size, parts.task, self.monitor.beat, self.monitor.phase,
-                             cfg.data.batched, cfg.data.num_workers, self.engine.precision, self.events or None,
-                             cfg.train.eval_loss)
+            found = evaluate(EvalSetup.of(parts, cfg, amp=self.engine.precision, beat=self.monitor.beat,
+                                          phase=self.monitor.phase, events=self.events or None), self.env)
         self.events.eval_end(hapi_logs(found, ""))
         return found
 

@@ -254,7 +254,7 @@ def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
     from types import SimpleNamespace
 
     from paddle_dist.trainer import amp
-    from paddle_dist.trainer.evaluation import evaluate
+    from paddle_dist.trainer.evaluation import EvalSetup, evaluate
 
     inside = []
 
@@ -277,8 +277,8 @@ def test_evaluation_runs_the_forward_under_o2s_autocast(monkeypatch):
     net = Net(3, 2)
     for level, want in (("O2", ["O2"]), ("O1", ["O0"])):
         seen.clear()
-        found = evaluate(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(), [], env, 2,
-                         amp=amp.AmpPlan(level, "bfloat16"))
+        found = evaluate(EvalSetup(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(),
+                                   batch_size=2, amp=amp.AmpPlan(level, "bfloat16")), env)
         assert found["count"] == 5 and seen == [want] * 3
 
 
