@@ -1,7 +1,7 @@
 """Gradients between ranks, averaged at every optimizer step at both API levels, and
 BatchNorm's running statistics, kept equal on every rank.
 
-- grad_sync: `GradSync`, the averaging in the optimizer's step() and minimize(), its modes;
+- grad_sync: `GradSync`, the averaging before the optimizer's update, its modes;
 - checks: the mode a config runs as, the layout every rank must share, what is refused;
 - wiring: the optimizer's class and paddle.DataParallel, its reducer on or off;
 - overlap: buckets sent during backward(); reducers, shm: the CPU transports;
@@ -14,7 +14,7 @@ Example:
     grad_sync = GradSync.from_config(env, cfg.sync, monitor.phase)
     agree_on_layout(optimizer, net, env)        # collective, before anything starts
     grad_sync.attach(optimizer, net)
-    model = wrap(net, env, grad_sync)
+    model = wrap(net, env, grad_sync)           # the trainer's Engine does these (trainer/engine.py)
 
 Importing the package imports no paddle: `shm` serves processes that never need it (its
 tests start dozens). Its public names import their module when first used.
@@ -22,10 +22,10 @@ tests start dozens). Its public names import their module when first used.
 
 import importlib
 
-__all__ = ["GradSync", "PeerFailure", "agree_on_layout", "check_optimizer", "collective", "disable_reducer",
+__all__ = ["GradSync", "agree_on_layout", "check_optimizer", "collective", "disable_reducer",
            "first_line", "resolve_mode", "wrap"]
 _HOME = {"agree_on_layout": "checks", "check_optimizer": "checks", "resolve_mode": "checks",
-         "PeerFailure": "collectives", "collective": "collectives", "first_line": "collectives",
+         "collective": "collectives", "first_line": "collectives",
          "GradSync": "grad_sync", "disable_reducer": "wiring", "wrap": "wiring"}
 
 

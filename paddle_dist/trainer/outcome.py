@@ -21,7 +21,7 @@ from ..runs.layout import Run
 from ..runtime.env import DistEnv
 from ..schema import MODEL_TASKS
 from ..security import private
-from ..sync import PeerFailure
+from ..errors import PeerFailure
 from . import progress as progress_log, schedule
 from .parts import Parts, Result
 from .selection import Best

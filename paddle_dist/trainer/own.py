@@ -23,8 +23,7 @@ from .. import config as configlib
 from ..runtime import protocol
 from ..runtime import process, seedorder
 from ..runtime.env import detect
-from ..errors import ConfigError
-from ..sync.grad_sync import PeerFailure
+from ..errors import ConfigError, PeerFailure
 from . import callbacks as callbacklib
 from .optim import default_loss, optimizer_factory
 from .parts import Parts, Result

@@ -58,7 +58,7 @@ class Result:
     wall_time_s: float = 0.0
     steps: int = 0                    # optimizer steps in total, including resumed ones
     comm_calls: int = 0               # exchanges by the gradient sync (all-reduces or shm rounds)
-    sync_transport: str = "none"      # how gradients travelled: shm | backend | none
+    sync_transport: str = "none"      # how gradients travelled: a sync/transports.py entry's name, or none
     resumed_from: Optional[str] = None
 
     @property

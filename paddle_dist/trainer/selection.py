@@ -3,8 +3,9 @@ the checks that make them possible: a monitored value the job logs (`check_monit
 the same metrics on every rank (`agree_on_metrics`).
 
 The monitored value (`checkpoint.monitor`) comes from the exact evaluation, whose sums
-are all-reduced; the session also takes rank 0's value over the others' (one tiny
-broadcast), so no rounding difference can ever make one rank stop while another goes on.
+are all-reduced; the session also takes rank 0's value over the others' (an all-reduce in
+which the other ranks give 0), so no rounding difference can ever make one rank stop while
+another goes on.
 The state is rebuilt from the run's history on resume, so a resumed run decides exactly
 like an uninterrupted one.
 

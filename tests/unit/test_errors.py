@@ -144,14 +144,13 @@ def test_exit_code_of_is_one_function_for_an_exception_and_a_return_code():
 
 def test_peer_failure_is_imported_from_errors_alone():
     """errors.py defines PeerFailure and is its one road (docs/faults.md names it): a module
-    that needs it imports it from there, not through a module that imported it. trainer/
-    is left out while its modules are being cut apart; its imports move with them."""
+    that needs it imports it from there, not through a module that imported it."""
     import ast
     from pathlib import Path
 
     package = Path(errors.__file__).parent
     roads = [f"{path.relative_to(package)}:{node.lineno} from {node.module}"
-             for path in sorted(package.rglob("*.py")) if path.parent.name != "trainer"
+             for path in sorted(package.rglob("*.py"))
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.ImportFrom) and any(a.name == "PeerFailure" for a in node.names)
              and node.module not in ("errors", "paddle_dist.errors")]
