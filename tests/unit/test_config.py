@@ -13,6 +13,7 @@ from paddle_dist import config, config_keys
 from paddle_dist.config import CONFIG_DIR, Config, dump, from_dict, load
 from paddle_dist.config_keys import parse_override
 from paddle_dist.errors import ConfigError
+from paddle_dist.launch import launcher
 
 BUNDLED = sorted(CONFIG_DIR.glob("*.yaml"))
 
@@ -381,3 +382,25 @@ def test_the_differences_of_two_configs_are_said_key_by_key_without_what_a_resum
     now = config.load(None, ["train.lr=0.05", "train.epochs=9", "model.name=mlp", "dist.nprocs=4"]).to_dict()
     assert config.config_differences(ran, now) == "model.name lenet -> mlp, train.lr 0.1 -> 0.05"
     assert config.config_differences(ran, ran) == ""
+
+
+# ---------------------------------------------------------------- dist.nnodes=MIN:MAX (elastic jobs)
+def test_nnodes_takes_min_colon_max_as_torchrun_does():
+    cfg = config.with_overrides(["dist.nnodes=1:2", "dist.master=10.0.0.1:6170"])
+    assert (cfg.dist.nnodes, cfg.dist.min_nnodes) == (2, 1)
+    plain = config.with_overrides(["dist.nnodes=2", "dist.master=10.0.0.1:6170"])
+    assert (plain.dist.nnodes, plain.dist.min_nnodes) == (2, 0)
+    gate = launcher.gate_of(cfg, 2)
+    assert (gate.min_nodes, gate.last_call) == (1, 30.0)
+    assert launcher.gate_of(plain, 2).min_nodes == 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dist.nnodes=2:1"], "must be N or MIN:MAX with 1 <= MIN <= MAX, e.g. 1:2"),
+    (["dist.nnodes=0:2"], "must be N or MIN:MAX"),
+    (["dist.nnodes=2", "dist.min_nnodes=3"], "dist.min_nnodes=3 is above dist.nnodes=2; give dist.nnodes=3:3"),
+])
+def test_a_wrong_range_is_refused_with_the_fix(overrides, says):
+    with pytest.raises(ConfigError) as e:
+        config.with_overrides(overrides + ["dist.master=10.0.0.1:6170"])
+    assert says in str(e.value)

@@ -1,26 +1,21 @@
 """The machines' own rendezvous before Paddle's multi-node launcher (paddle_dist/launch/rendezvous.py),
-its place in the launch plan, and the launcher's start deadline. Nodes are threads of this
-process on loopback."""
+an elastic job's meeting with fewer machines, and its place in the launch plan. Nodes are
+threads of this process on loopback."""
 
-import signal
 import http.client
 import socket
-import struct
-import sys
 import threading
 import time
 
 import pytest
 
-from paddle_dist import errors
-from paddle_dist.launch import launcher, rendezvous, supervisor
-from paddle_dist.launch.meeting import wait_for_machines
-from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.config import load
+from paddle_dist.errors import UserError
+from paddle_dist.launch import launcher, rendezvous
+from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.runtime.variables import HostFacts
-from paddle_dist.errors import UserError
 
 
 def _gate(port, node_rank, nnodes=2, timeout=5.0, nprocs=1):
@@ -60,23 +55,6 @@ def _listening(port, timeout=10):
         except OSError:
             time.sleep(0.02)
     raise AssertionError(f"nobody listens at {port}")
-
-
-# ---------------------------------------------------------------- frames
-def test_frames_are_cut_from_a_stream_in_any_pieces():
-    data = rendezvous.encode({"a": 1}) + rendezvous.encode({"b": [2]})
-    frames = rendezvous.Frames()
-    got = [m for byte in data for m in frames.feed(bytes([byte]))]
-    assert got == [{"a": 1}, {"b": [2]}]
-
-
-@pytest.mark.parametrize("data", [struct.pack(">I", rendezvous.MAX_FRAME + 1),
-                                  b"GET / HTTP/1.1\r\n",
-                                  struct.pack(">I", 3) + b"\xff\xfe[",
-                                  struct.pack(">I", 2) + b"[]"])
-def test_anything_but_a_small_json_object_is_refused(data):
-    with pytest.raises(rendezvous.ProtocolError):
-        rendezvous.Frames().feed(data)
 
 
 # ---------------------------------------------------------------- meeting
@@ -190,23 +168,6 @@ def test_node_0_must_be_on_the_master_host():
     assert "node 0 must run on the machine of dist.master" in str(e.value)
 
 
-def test_meet_turns_sigterm_into_143_at_once(capsys):
-    port = launcher.free_port("127.0.0.1")
-    before = signal.getsignal(signal.SIGTERM)
-    timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGTERM,))
-    timer.start()
-    started = time.monotonic()
-    assert wait_for_machines(_gate(port, 0, timeout=30))[0] == 143
-    assert time.monotonic() - started < 5
-    assert "stopped on request while waiting for the other machines" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_meet_returns_3_with_the_line(capsys):
-    assert wait_for_machines(_gate(launcher.free_port("127.0.0.1"), 1, timeout=0.3))[0] == errors.EXIT_RENDEZVOUS
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "node_rank 0 missing" in err[0]
-
 
 # ---------------------------------------------------------------- the plan
 def _plan(overrides, **kwargs):
@@ -222,10 +183,38 @@ def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
     assert _plan(["dist.nnodes=2", "dist.master=10.0.0.1:6170"], always=True).gate is not None
 
 
-# ---------------------------------------------------------------- the launcher's start deadline
-def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
-    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
-    started = time.monotonic()
-    code = supervisor.LaunchSupervision(argv, {}, None, 60, tmp_path, start_timeout=0.5).run()
-    assert code == errors.EXIT_RENDEZVOUS and time.monotonic() - started < 10
-    assert "started no rank within 0.5 s" in capsys.readouterr().err
+# ---------------------------------------------------------------- an elastic job's meeting (dist.nnodes=MIN:MAX)
+def _elastic_gate(port, node_rank, nnodes=3, min_nodes=2, timeout=5.0, last_call=0.2):
+    return rendezvous.MeetingPlace(f"127.0.0.1:{port}", nnodes, node_rank, 2, timeout,
+                                   min_nodes=min_nodes, last_call=last_call)
+
+
+def test_the_machines_that_met_go_on_renumbered_after_the_last_call():
+    port = launcher.free_port("127.0.0.1")
+    host = _Node(_elastic_gate(port, 0), keep=True)
+    host.start()
+    _listening(port)
+    third = rendezvous.meet(_elastic_gate(port, 2))          # node_rank 1 never comes
+    assert host.result() is None
+    for met, me in ((host.met, 0), (third, 1)):
+        assert met.absent == (1,) and met.node_rank == me and sorted(met.nodes) == [0, 1]
+        assert met.world_size == 4 and met.ranks_of(me) == range(2 * me, 2 * me + 2)
+    # Paddle's launchers number the machines as they went on: 0 and 1.
+    assert sorted(host.met.rendezvous.nodes) == [0, 1]
+    host.met.rendezvous.close()
+
+
+def test_all_the_machines_go_at_once_without_a_last_call():
+    port = launcher.free_port("127.0.0.1")
+    nodes = [_Node(_elastic_gate(port, r, nnodes=2, min_nodes=1, last_call=3600)) for r in (0, 1)]
+    for node in nodes:
+        node.start()
+    assert [node.result() for node in nodes] == [None, None]      # 20 s bound, not 3600
+    assert [node.met.absent for node in nodes] == [(), ()]
+
+
+def test_fewer_than_the_fewest_is_a_missing_node():
+    port = launcher.free_port("127.0.0.1")
+    with pytest.raises(rendezvous.NodesMissing) as e:
+        rendezvous.meet(_elastic_gate(port, 0, timeout=0.5))
+    assert "1 of 3 nodes" in str(e.value) and "missing node_rank 1, 2" in str(e.value)

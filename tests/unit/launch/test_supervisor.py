@@ -1,207 +1,12 @@
-"""Which rank a job's end is blamed on, from the order of the exits the launcher saw;
-what the launcher removes from /dev/shm; what reaches the terminal."""
+"""Unit tests for paddle_dist.launch.supervisor: one interface for every way ranks start, its
+typed result, and the launcher's start deadline."""
 
 import os
-import signal
-
-import pytest
+import sys
+import time
 
 from paddle_dist import errors
-from paddle_dist.launch import jobprocs
-from paddle_dist.launch.console import Console
-from paddle_dist.runs import logs
-from paddle_dist.runs.report import Exit, first_failure, root_cause, with_resume
-
-KILL, ABRT, TERM = -signal.SIGKILL, -signal.SIGABRT, -signal.SIGTERM
-
-
-@pytest.mark.parametrize("exits, cause", [
-    # rank 1 killed; rank 0 aborted by gloo 50 ms later
-    ([Exit(0, ABRT, 10.05), Exit(1, KILL, 10.0)], 1),
-    # the other way round: the order of the exits, not the rank number
-    ([Exit(0, KILL, 10.0), Exit(1, ABRT, 10.05)], 0),
-    # 3 ranks, rank 2 killed, both others aborted
-    ([Exit(0, ABRT, 10.2), Exit(1, ABRT, 10.1), Exit(2, KILL, 10.0)], 2),
-    # seen together: the SIGABRT is the consequence, even when seen a little first
-    ([Exit(0, ABRT, 10.0), Exit(1, KILL, 10.01)], 1),
-    ([Exit(0, ABRT, 10.0), Exit(1, 1, 10.3)], 1),
-    # a SIGABRT alone, or long before anything else, is the cause
-    ([Exit(0, ABRT, 10.0), Exit(1, 0, 11.0)], 0),
-    ([Exit(0, ABRT, 10.0), Exit(1, 1, 12.0)], 0),
-    # a rank that finished is no failure
-    ([Exit(0, 0, 9.0), Exit(1, 1, 10.0)], 1),
-    # a DataLoader worker killed: its rank raised (exit 1), the peer aborted
-    ([Exit(0, ABRT, 10.3), Exit(1, 1, 10.0)], 1),
-])
-def test_first_failure_follows_the_order_of_exits(exits, cause):
-    assert first_failure(exits).rank == cause
-
-
-def test_a_process_the_launcher_signalled_is_never_the_cause():
-    # rank 0 blocked: the launcher sent SIGTERM at 15.0, it died of it at 15.1; rank 1
-    # had died at 10.0 with exit 1 -- but its exit was SEEN after rank 0's.
-    exits = [Exit(0, TERM, 15.1, signalled_at=15.0), Exit(1, 1, 15.2)]
-    assert first_failure(exits).rank == 1
-    # killed after its grace: same
-    exits = [Exit(0, KILL, 20.0, signalled_at=15.0), Exit(1, KILL, 10.0)]
-    assert first_failure(exits).rank == 1
-    # signalled only after it had ended: its own failure
-    assert first_failure([Exit(0, 1, 10.0, signalled_at=11.0)]).rank == 0
-    # every failure the launcher's doing: no cause
-    assert first_failure([Exit(0, TERM, 15.1, signalled_at=15.0), Exit(1, 0, 9.0)]) is None
-
-
-def test_root_cause_of_a_script_without_status_names_the_first_failure():
-    exits = [Exit(0, ABRT, 10.05), Exit(1, KILL, 10.0)]
-    report = root_cause({}, exits=exits, logs={0: "log/workerlog.0", 1: "log/workerlog.1"})
-    assert report.code == 137
-    assert report.lines[0] == "paddle_dist: job failed (exit 137). Root cause: rank 1 killed by SIGKILL"
-    assert "  log: log/workerlog.1" in report.lines
-    assert report.lines[-1] == "  stopped as a consequence: rank 0 (killed by SIGABRT)"
-    assert root_cause({}, exits=[Exit(0, 3, 1.0), Exit(1, ABRT, 1.1)]).code == 3
-
-
-def test_status_records_still_win_over_the_exit_order():
-    status = {0: {"rank": 0, "state": "failed", "time": 5.0, "error_type": "ValueError",
-                  "error": "bad", "exit_code": 1},
-              1: {"rank": 1, "state": "running"}}
-    exits = [Exit(0, 1, 10.5), Exit(1, KILL, 10.0)]
-    report = root_cause(status, exits=exits)
-    assert "Root cause: rank 0 raised ValueError: bad" in report.lines[0]
-    # a rank that recorded it stopped because of a peer is no candidate either
-    status = {0: {"rank": 0, "state": "running"}, 1: {"rank": 1, "state": "stopped"}}
-    exits = [Exit(0, KILL, 10.5), Exit(1, errors.EXIT_PEER, 10.0)]
-    assert "Root cause: rank 0 killed by SIGKILL" in root_cause(status, exits=exits).lines[0]
-
-
-def test_a_breach_is_the_root_cause_ahead_of_the_gloo_failure_that_follows_it(tmp_path):
-    """Rank 0 went on after rank 1 stopped the job for a breach (exit 6) and failed in gloo,
-    even recording that failure first: the breach, with the line rank 1 printed, is named."""
-    log = tmp_path / "workerlog.1"
-    log.write_text("paddle_dist: security: rank 1 read a verdict in Paddle's store at 127.0.0.1:4 that "
-                   "does not prove the job's token: something outside the job wrote it; the job was stopped\n")
-    status = {0: {"rank": 0, "state": "failed", "time": 5.0, "error_type": "RuntimeError",
-                  "error": "[gloo] TIMEOUT", "exit_code": 1}}
-    exits = [Exit(0, 1, 10.0), Exit(1, errors.EXIT_SECURITY, 10.5)]
-    report = root_cause(status, exits=exits, logs={1: str(log)})
-    assert report.code == errors.EXIT_SECURITY == 6
-    assert report.lines[0].startswith("paddle_dist: job failed (exit 6). Root cause: rank 1 found a breach: "
-                                      "rank 1 read a verdict in Paddle's store at 127.0.0.1:4 that does not")
-    assert report.lines[-1] == "  stopped as a consequence: rank 0 (exited with code 1)"
-    assert root_cause(status, exits=exits[:1]).code == 1      # without the breach: the gloo failure
-
-
-GLOO_START = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
-              "    dist.init_parallel_env()\n"
-              "  File \"paddle/distributed/parallel.py\", line 1172, in init_parallel_env\n"
-              "    pg = _new_process_group_impl(\n")
-
-
-@pytest.mark.parametrize("message", [
-    "RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 0 "
-    "peer_str = [127.0.0.1]:40123",
-    "RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:779] connect [127.0.0.1]:40123: "
-    "Connection refused",
-])
-def test_gloo_failing_to_connect_the_ranks_at_start_is_named_in_one_line(tmp_path, message):
-    """A script's rank (its log) and a paddle_dist rank (its record): the line that says
-    what it is and what to do follows the root cause."""
-    log = tmp_path / "workerlog.0"
-    log.write_text(GLOO_START + message + "\n")
-    exits = [Exit(0, 1, 10.0), Exit(1, TERM, 10.2, signalled_at=10.1)]
-    hint = ("  gloo could not connect the ranks while the process group started (init_parallel_env); seen now and "
-            "then on a busy machine, it is not caused by the job or its data: run the same command again")
-    assert root_cause({}, exits=exits, logs={0: str(log)}).lines[1] == hint
-    record = {"rank": 0, "state": "failed", "time": 5.0, "error_type": "RuntimeError",
-              "error": message.split(": ", 1)[1], "traceback": GLOO_START + message, "exit_code": 1}
-    assert root_cause({0: record}, exits=exits).lines[1] == hint
-    # The same gloo words in a collective during training, or no gloo at all: no such line.
-    later = dict(record, traceback=record["traceback"].replace("init_parallel_env", "broadcast"))
-    assert hint not in root_cause({0: later}, exits=exits).lines
-    assert hint not in root_cause({0: dict(record, error="bad", traceback=GLOO_START + "ValueError: bad")},
-                                  exits=exits).lines
-
-
-def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
-    exits = [Exit(0, errors.EXIT_PREEMPTED, 1.0), Exit(1, errors.EXIT_PREEMPTED, 1.1)]
-    report = root_cause({}, exits=exits)
-    assert report.code == errors.EXIT_PREEMPTED and "stopped on request" in report.text
-
-
-def test_a_report_without_a_run_ends_with_the_command_that_runs_it_again():
-    report = with_resume(root_cause({}, exits=[Exit(0, KILL, 1.0)]), None,
-                         ["python", "-m", "paddle_dist.launch", "my script.py"])
-    assert report.lines[-1] == "paddle_dist: to run it again, run: python -m paddle_dist.launch 'my script.py'"
-
-
-def test_remove_segments_takes_only_the_jobs_own(tmp_path):
-    names = ["paddle_4711_3_2844767769", "paddle_4712_0_1", "paddle_dist-beat-4711-ab12",
-             "paddle_dist-shm-4711-99", "paddle_999_3_1", "paddle_dist-beat-999-x",
-             "paddle_4711_notours", "other_4711_1_1"]
-    for name in names:
-        (tmp_path / name).write_text("")
-    removed = jobprocs.remove_segments([4711, 4712], tmp_path)
-    assert sorted(removed) == sorted(names[:4])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[4:])
-
-
-def test_the_console_drops_paddles_banner_and_info_lines(capfd):
-    console = Console(filtered=True)
-    for chunk in [b"step 1\n=========== Modified FLAGS detected ====\nFLAGS(name='FLAGS_x', ",
-                  b"current_value=True, default_value=False)\n=====\nI1125 05:44:38.1 tcp_store.cc] x\n",
-                  b"W1125 05:44:41.4 backward.cc:697] While running Node raises gloo::IoException\n",
-                  b"last"]:
-        console.write(chunk)
-    console.close()
-    assert capfd.readouterr().out == ("step 1\nW1125 05:44:41.4 backward.cc:697] While running Node "
-                                      "raises gloo::IoException\nlast")
-    console.mute()                        # after Ctrl+C: nothing
-    console.write(b"Traceback (most recent call last):\n")
-    assert capfd.readouterr().out == ""
-
-
-def test_a_hangs_stack_shows_the_stuck_threads_innermost_frames():
-    """faulthandler writes the current (stuck) thread last, innermost frame first; a
-    Python traceback has its innermost frame last."""
-    dump = ("Thread 0x00007f01 (most recent call first):\n  File \"overlap.py\", line 9 in _serve\n\n"
-            "Current thread 0x00007f00 (most recent call first):\n  File \"shm.py\", line 247 in _wait\n"
-            "  File \"shm.py\", line 190 in all_reduce\n  File \"train.py\", line 3 in <module>\n")
-    assert logs.innermost(dump, 2) == ("stack (innermost first)", [
-        '  File "shm.py", line 247 in _wait', '  File "shm.py", line 190 in all_reduce'])
-    trace = "Traceback (most recent call last):\n  File \"a.py\", line 1\n  x()\nRuntimeError: boom\n"
-    assert logs.innermost(trace, 2) == ("traceback (last lines)", ["  x()", "RuntimeError: boom"])
-
-
-def test_a_rank_logs_first_exception_comes_with_its_last_lines(tmp_path):
-    """Two threads' tracebacks: the DataLoader's error, then a KeyError from the thread that
-    read its queue; the report's lines keep the first."""
-    log = tmp_path / "workerlog.1"
-    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-                   "SystemError: (Fatal) DataLoader process (pid 1) exited is killed by signal: Killed.\n"
-                   + "".join(f"  frame {i}\n" for i in range(8)) + "KeyError: 9\n")
-    lines = logs.tail_lines(str(log), 6)
-    assert lines[0].startswith("SystemError: (Fatal) DataLoader process") and lines[-1] == "KeyError: 9"
-    assert len(lines) == 7
-    log.write_text("a\nb\nValueError: bad\n")
-    assert logs.tail_lines(str(log), 6) == ["a", "b", "ValueError: bad"]
-
-
-def test_a_warning_logged_before_the_traceback_comes_with_the_last_lines(tmp_path):
-    """A killed DataLoader worker: Paddle warns, then the rank's reader fails in words that
-    do not name the worker (the order of the two depends on which thread sees it first)."""
-    log = tmp_path / "workerlog.1"
-    warning = ("[2026-11-26 22:02:39,446] [ WARNING] dataloader_iter.py:733 - DataLoader 1 "
-               "workers exit unexpectedly, pids: 27947")
-    log.write_text("epoch 1\n" + warning + "\nTraceback (most recent call last):\n"
-                   + "".join(f"  frame {i}\n" for i in range(6))
-                   + "SystemError: (Fatal) Blocking queue is killed because the data reader raises an exception.\n"
-                   "  [Hint: Expected killed_ != true, but received killed_:1 == true:1.]\n\n  \n")
-    lines = logs.tail_lines(str(log), 6)      # the blank lines at the end are not quoted
-    assert lines[0] == warning and lines[-1].startswith("  [Hint:") and len(lines) == 7
-    log.write_text("WARNING:root:disk nearly full\n" + "".join(f"line {i}\n" for i in range(10)))
-    assert logs.tail_lines(str(log), 6)[0] == "WARNING:root:disk nearly full"
-    log.write_text("[2026-11-26 22:02:39,446] [    INFO] fine\n" + "".join(f"line {i}\n" for i in range(10)))
-    assert logs.tail_lines(str(log), 6) == [f"line {i}" for i in range(4, 10)]
+from paddle_dist.launch import supervisor
 
 
 # ---------------------------------------------------------------- one supervision interface
@@ -239,3 +44,12 @@ def test_ranks_under_supervision_end_in_a_job_result_the_report_reads_once(tmp_p
     job.close()                                       # closing twice is harmless
     ok = supervisor.RankSupervision(argv[:2] + ["pass"], dict(os.environ), envs, None, 5, tmp_path / "ok")
     assert ok.run() == 0 and capfd.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- the launcher's start deadline
+def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = time.monotonic()
+    code = supervisor.LaunchSupervision(argv, {}, None, 60, tmp_path, start_timeout=0.5).run()
+    assert code == errors.EXIT_RENDEZVOUS and time.monotonic() - started < 10
+    assert "started no rank within 0.5 s" in capsys.readouterr().err

@@ -16,9 +16,8 @@ from paddle_dist.launch import launcher, rendezvous, supervisor
 from paddle_dist.trainer import progress
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.launch.jobprocs import place_of
-from paddle_dist.runs.topology import Meeting, Node
+from paddle_dist.runs.topology import Machines, Meeting, Node
 from paddle_dist.runs.report import Exit, root_cause
-from paddle_dist.runs.topology import Machines
 
 KILL = -9
 TWO_BY_TWO = Meeting("job-1", {0: Node(2, "198.18.0.1", "nodeA"), 1: Node(2, "198.18.0.2", "nodeB")}, 0)
@@ -193,3 +192,10 @@ def test_exits_seen_by_the_launcher_keep_their_meaning():
     # RankSupervision/SpawnSupervision (one machine) pass exits, never Machines: unchanged behaviour
     report = root_cause({}, exits=[Exit(0, -6, 10.05), Exit(1, KILL, 10.0)])
     assert "Root cause: rank 1 killed by SIGKILL" in report.lines[0]
+
+
+def test_meeting_of_renumbers_in_node_rank_order():
+    met = Meeting.of("run", {0: Node(2, "a"), 2: Node(1, "c"), 3: Node(2, "d")}, 4, node_rank=3)
+    assert (met.node_rank, met.absent, met.world_size) == (2, (1,), 5)
+    assert [met.nodes[i].address for i in range(3)] == ["a", "c", "d"]
+    assert met.ranks_of(2) == range(3, 5)
