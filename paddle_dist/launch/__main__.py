@@ -8,6 +8,7 @@ Options are long and distinct (`--config/-c`, `--override/-o`) because
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -64,20 +65,20 @@ def _launch_script(args) -> int:
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=job.warn)
     p = launcher.plan(spec, log_dir=args.log_dir, always=True)
     job.isolate_if_asked(cfg)
-    # -c and -o reach the script's paddle_dist.load_config() and fit() (protocol.launch_options).
-    config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
-    p.env.update(protocol.launch_variables(config, args.override))
-    p.env.update(launcher.SCRIPT_CHILD)
-    # Every paddle.DataParallel the script makes gets --sync-buffers, or a warning where
-    # BatchNorm statistics differ between ranks (runtime/scripthooks/), through PYTHONPATH.
-    p.env.update(protocol.script_hooks(args.sync_buffers, spec.facts.environ))
     # The script's fit() (rank 0) chooses its run directory: only the script knows the
     # job's identity (its model, optimizer and data). It writes the directory here; the
     # launcher then reports from the ranks' status records and names the command that
     # continues the run.
     pointer = Path(args.log_dir).resolve() / "run_dir"
     pointer.unlink(missing_ok=True)          # a previous job's, in the same log directory
-    p.env[protocol.RUN_POINTER] = str(pointer)
+    # -c and -o reach the script's paddle_dist.load_config() and fit() (protocol.launch_options).
+    # Every paddle.DataParallel the script makes gets --sync-buffers, or a warning where
+    # BatchNorm statistics differ between ranks (runtime/scripthooks/), through PYTHONPATH.
+    config = str(configlib.resolve_path(args.config).resolve()) if args.config else None
+    p = dataclasses.replace(p, env={**p.env, **protocol.launch_variables(config, args.override),
+                                    **launcher.SCRIPT_CHILD,
+                                    **protocol.script_hooks(args.sync_buffers, spec.facts.environ),
+                                    protocol.RUN_POINTER: str(pointer)})
     ranks = f"{p.nprocs} rank{'s' * (p.nprocs != 1)}"
     devices = f"GPUs {','.join(p.gpus)}" if p.gpus else "CPU"
     print(f"paddle_dist: starting {ranks} of {args.script} on {devices}; logs in {args.log_dir}/",

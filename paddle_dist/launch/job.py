@@ -29,7 +29,7 @@ from ..data import registry
 from ..errors import UserError
 from ..runs import commands, layout, rundir, status
 from ..runs.topology import Meeting, Node
-from ..runtime import devices as devicelib, variables as varlib
+from ..runtime import variables as varlib
 from ..security import exposure
 from ..sync import transports
 from ..trainer import amp
@@ -59,8 +59,7 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     registry.check(cfg)
     amp.plan(cfg.train, "gpu" if p.gpus else "cpu", bf16_supported=lambda: True,   # CPU: refused
              fp16_supported=lambda: True)
-    backend = devicelib.select_backend(cfg.dist.backend, "gpu" if p.gpus else "cpu", p.nprocs)
-    transports.check(cfg.sync.transport, cfg.sync.compress, backend)
+    transports.check(cfg.sync.transport, cfg.sync.compress, p.backend)
     preflight.check(cfg, spec.facts.environ, spec.facts.gpus, warn=warn)
     registry.verify(cfg)               # bad or missing data fails once, here
     world = p.nprocs * (cfg.dist.nnodes if p.mode == "launch" else 1)

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from .. import config as configlib
 from ..errors import UserError
 from ..runs.topology import Meeting
-from ..runtime import engines, netcheck, variables as varlib
+from ..runtime import devices as devicelib, engines, netcheck, variables as varlib
 from ..runtime.env import DistEnv, detect
 from ..runtime.variables import HostFacts
 from ..security import private, rankgate
@@ -42,6 +42,14 @@ class JobSpec:
     script_args: Tuple[str, ...] = ()
     builtin: bool = False         # the built-in job: its ranks run the attempt's config, which
                                   # the plan hands them (worker.run_resolved), not their -c/-o
+    devices: Optional[devicelib.JobDevices] = None   # its ranks here, their GPUs and backend:
+                                  # resolved when the spec is made, from cfg and facts (_devices)
+
+    def __post_init__(self):
+        # Once, here: every attempt's plan takes them (no attempt changes the launcher, its
+        # hostfile, the ranks asked for, their GPUs or the backend).
+        if self.devices is None and self.facts is not None:
+            object.__setattr__(self, "devices", _devices(self.cfg, self.facts))
 
 
 def resolve(cfg: configlib.Config, script: str = "", module: str = "",
@@ -59,6 +67,17 @@ def resolve(cfg: configlib.Config, script: str = "", module: str = "",
         cfg = _with_master(cfg)
     return JobSpec(cfg, facts, here, node, script=script, module=module, script_args=tuple(script_args),
                    builtin=builtin)
+
+
+def _devices(cfg: configlib.Config, facts: HostFacts) -> devicelib.JobDevices:
+    """The job's ranks on this machine, their GPUs and backend (devices.job_devices): an
+    mpirun job without dist.nprocs runs its hostfile's slots; Paddle's launcher runs the
+    ranks on each of dist.nnodes machines."""
+    d = cfg.dist
+    sized_by_hostfile = d.launcher == "mpirun" and d.nprocs is None and d.hostfile
+    slots = mpirun.hostfile_slots(d.hostfile) if sized_by_hostfile else None
+    nodes = d.nnodes if d.launcher == "launch" else 1
+    return devicelib.job_devices(d.nprocs, d.gpus, d.backend, facts.gpus, facts.environ, slots, nodes)
 
 
 def attempt_config(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None) -> configlib.Config:

@@ -33,7 +33,8 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from ..security import auth, credentials, private, rankgate
 from . import jobprocs, mpirun, rendezvous, supervisor
@@ -41,7 +42,7 @@ from .jobspec import JobSpec, attempt_config
 from .meeting import wait_for_machines
 from ..security.rankgate import free_port  # noqa: F401  (here for the command line; rankgate needs it standalone)
 from ..runs.topology import Meeting
-from ..runtime import devices as devicelib, env as envlib, protocol, variables as varlib
+from ..runtime import env as envlib, protocol, variables as varlib
 from ..errors import DeviceError
 from ..procfs import pid_alive
 from ..schema import Config
@@ -61,12 +62,15 @@ SCRIPT_CHILD = {"GLOG_minloglevel": "1"}
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    """How an attempt runs (plan()): read-only, its `env` too; a changed plan is a new one
+    (dataclasses.replace(p, env={**p.env, ...}))."""
+
     mode: str                           # none | launch | spawn | mpirun
     nprocs: int = 1
-    gpus: Tuple[str, ...] = ()
-    backend: str = "auto"
+    gpus: Tuple[str, ...] = ()          # the ranks' GPUs, physical ids (JobSpec.devices)
+    backend: str = "none"               # the process group's, resolved: gloo | nccl | none (one rank)
     argv: Tuple[str, ...] = ()          # launch, mpirun: the command to run (once per rank if direct)
-    env: Dict[str, str] = field(default_factory=dict)  # variables added for the children
+    env: Mapping[str, str] = field(default_factory=dict)  # variables added for the children (read-only)
     log_dir: str = ""                   # launch, mpirun: the ranks' workerlog.N files
     direct: bool = False                # launch mode: paddle_dist starts the ranks itself
     selected: Tuple[str, ...] = ()      # direct: each rank's FLAGS_selected_gpus
@@ -74,6 +78,9 @@ class LaunchPlan:
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
     gate: Optional[rendezvous.MeetingPlace] = None   # multi-node launch: where the machines meet first
     token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
+
+    def __post_init__(self):
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))   # a copy no one can change
 
 
 def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir: str = "",
@@ -90,24 +97,17 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
         plan(JobSpec(cfg, varlib.host_facts(), DistEnv(), script="train.py")).argv
         # ('python', '-m', 'paddle.distributed.launch', '--nproc_per_node', '2', ..., 'train.py')
     """
-    d = spec.cfg.dist          # no attempt changes the launcher, its hostfile or the ranks asked for
-    sized_by_hostfile = d.launcher == "mpirun" and d.nprocs is None and d.hostfile
-    slots = mpirun.hostfile_slots(d.hostfile) if sized_by_hostfile else None
     cfg = attempt_config(spec, attempt, met)
     env, environ, cpu_count = spec.here, spec.facts.environ, spec.facts.cores
     script, module, script_args = spec.script, spec.module, spec.script_args
-    info = spec.facts.gpus
-    requested = devicelib.check_gpus(cfg.dist.gpus, info, environ)
-    visible = devicelib.visible_gpus(info, environ)
-    nprocs, gpus = devicelib.resolve_devices(cfg.dist.nprocs, requested, visible, cfg.dist.backend)
-    devicelib.select_backend(cfg.dist.backend, "gpu" if gpus else devicelib.CPU, nprocs)  # checks it
-    mode, nprocs = cfg.dist.launcher, nprocs if slots is None else slots
+    devices, mode = spec.devices, cfg.dist.launcher     # devices: resolved with the spec, once
+    nprocs, gpus, visible = devices.nprocs, devices.gpus, devices.visible
     alone = nprocs == 1 and cfg.dist.nnodes == 1 and mode != "mpirun"
     if env.launcher != "standalone":          # its ranks are started already: run right here
         envlib.check_started_outside(cfg.dist.nprocs, env)
-        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus, backend=env.backend)
     if alone and not always:                  # one process: run right here
-        return LaunchPlan(mode="none", nprocs=1, gpus=gpus)
+        return LaunchPlan(mode="none", nprocs=1, gpus=gpus, backend=devices.backend)
     variables = dict(QUIET_CHILD, **{protocol.SUPERVISED: "1"})
     variables.update(varlib.worker_variables(cfg.dist.nccl, nprocs, cpu_count, environ))
     if spec.builtin and mode != "spawn":       # spawn hands it as its entry's argument
@@ -126,7 +126,7 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
         argv = mpirun.mpirun_argv(nprocs, cfg.dist.hostfile, variables, python_args(script, module), script_args)
     # Paddle's launcher gives a rank its GPU's position among the visible ones.
     selected = tuple(str(visible.index(g)) for g in gpus) if direct else ()
-    return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=cfg.dist.backend,
+    return LaunchPlan(mode=mode, nprocs=nprocs, gpus=gpus, backend=devices.backend,
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
                       direct=direct, selected=selected,
                       token_file=cfg.dist.token_file if direct or mode == "spawn" else "",
@@ -279,12 +279,11 @@ def _start_spawn(p: LaunchPlan, fn: Callable, args: Sequence):
     paddle_log = logging.getLogger("root")
     level = paddle_log.level
     try:
-        backend = devicelib.select_backend(p.backend, "gpu" if p.gpus else "cpu", p.nprocs)
         options = {"gpus": ",".join(p.gpus)} if p.gpus else {}
         paddle_log.setLevel(logging.WARNING)   # spawn's "find free ports" INFO line
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your model will be trained under CPUONLY")
-            context = dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=backend,
+            context = dist.spawn(fn, args=tuple(args), nprocs=p.nprocs, backend=p.backend,
                                  join=False, start_method=p.start_method, **options)
         return context
     finally:

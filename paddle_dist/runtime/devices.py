@@ -237,3 +237,31 @@ def resolve_devices(nprocs: Optional[int], gpus: Sequence[str], visible: Sequenc
                           f"({','.join(visible)}); use --nprocs {len(visible)} or fewer, "
                           "or dist.backend=gloo to train on CPU")
     return count, tuple(visible[:count])
+
+
+@dataclass(frozen=True)
+class JobDevices:
+    """A job's devices on this machine as its launcher resolves them, once (job_devices)."""
+
+    nprocs: int = 1                    # the ranks it starts here (mpirun: in the whole job)
+    gpus: Tuple[str, ...] = ()         # their GPUs, physical ids; () on CPU
+    visible: Tuple[str, ...] = ()      # the GPUs visible here (a rank's position among them)
+    backend: str = "none"              # the process group's: gloo | nccl | none (one rank in all)
+
+
+def job_devices(nprocs: Optional[int], gpus: str, backend: str, info: GpuInfo,
+                environ: Mapping[str, str], slots: Optional[int] = None, nodes: int = 1) -> JobDevices:
+    """dist.gpus checked against this machine, the ranks and their GPUs (`resolve_devices`;
+    `slots`: an mpirun hostfile's count instead), and the backend of a job of those ranks
+    on each of `nodes` machines (`select_backend`), in one place.
+
+    Example:
+        job_devices(None, "1,2", "auto", GpuInfo(True, 4), {})
+        # JobDevices(nprocs=2, gpus=('1', '2'), visible=('0', '1', '2', '3'), backend='nccl')
+    """
+    requested = check_gpus(gpus, info, environ)
+    visible = visible_gpus(info, environ)
+    count, chosen = resolve_devices(nprocs, requested, visible, backend)
+    count = count if slots is None else slots
+    resolved = select_backend(backend, "gpu" if chosen else CPU, count * nodes)
+    return JobDevices(count, chosen, tuple(visible), resolved)

@@ -3,6 +3,7 @@
 No process is started here: `launch()` is only exercised with Popen / spawn replaced by fakes.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -13,7 +14,7 @@ from paddle_dist.launch import launcher
 from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.security import rankgate
 from paddle_dist.config import load
-from paddle_dist.runtime.devices import GpuInfo
+from paddle_dist.runtime.devices import GpuInfo, JobDevices
 from paddle_dist.runtime.env import DistEnv, detect
 from paddle_dist.runtime.variables import HostFacts
 from paddle_dist.errors import ConfigError, DeviceError
@@ -113,9 +114,13 @@ def test_the_job_config_reaches_the_ranks_by_one_road():
     assert protocol.JOB_CONFIG not in plan(job(given)).env        # a user's script reads its -c/-o
 
 
-def test_backend_is_passed_through():
-    assert make_plan(["dist.nprocs=2"]).backend == "auto"
-    assert make_plan(["dist.nprocs=2", "dist.backend=nccl"], info=FOUR_GPUS).backend == "nccl"
+def test_the_plan_carries_the_resolved_backend():
+    assert make_plan(["dist.nprocs=2"]).backend == "gloo"
+    assert make_plan(["dist.nprocs=2"], info=FOUR_GPUS).backend == "nccl"
+    assert make_plan(["dist.nprocs=2", "dist.backend=gloo"], info=FOUR_GPUS).backend == "gloo"
+    assert make_plan(["dist.nprocs=1"]).backend == "none"
+    # A machine of two with one rank each: a job of two ranks.
+    assert make_plan(["dist.nnodes=2", "dist.master=127.0.0.1:6170"]).backend == "gloo"
 
 
 # ---------------------------------------------------------------- GPUs
@@ -210,10 +215,25 @@ def test_plan_does_not_modify_the_config():
     assert cfg.to_dict() == before
 
 
-def test_plan_env_is_not_shared_between_plans():
+def test_the_plan_takes_the_devices_resolved_with_the_spec():
+    """JobSpec resolves the ranks, their GPUs and the backend once; plan() checks nothing again."""
+    spec = job(load(overrides=["dist.nprocs=2"]))
+    assert spec.devices == JobDevices(2, (), (), "gloo")
+    given = dataclasses.replace(spec, devices=JobDevices(2, ("5", "7"), ("5", "6", "7"), "nccl"))
+    p = plan(given)
+    assert (p.nprocs, p.gpus, p.backend, p.selected) == (2, ("5", "7"), "nccl", ("0", "2"))
+
+
+def test_the_plan_and_its_env_are_read_only_and_a_changed_plan_is_a_new_one():
     first = make_plan(["dist.nprocs=2"])
-    first.env["EXTRA"] = "1"
-    assert "EXTRA" not in make_plan(["dist.nprocs=2"]).env
+    with pytest.raises(TypeError):
+        first.env["EXTRA"] = "1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.nprocs = 3
+    second = dataclasses.replace(first, env={**first.env, "EXTRA": "1"})
+    assert second.env["EXTRA"] == "1" and "EXTRA" not in first.env
+    with pytest.raises(TypeError):
+        second.env["EXTRA"] = "2"
     assert "EXTRA" not in launcher.QUIET_CHILD
 
 

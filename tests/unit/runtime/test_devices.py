@@ -37,6 +37,25 @@ def test_more_processes_than_visible_gpus_is_an_error():
         resolve_devices(3, [], ["0", "1"], "auto")
 
 
+@pytest.mark.parametrize("args, expected", [
+    ((None, "", "auto", CPU_BUILD, {}), devicelib.JobDevices(1, (), (), "none")),
+    ((2, "", "auto", CPU_BUILD, {}), devicelib.JobDevices(2, (), (), "gloo")),
+    ((None, "1,2", "auto", FOUR_GPUS, {"CUDA_VISIBLE_DEVICES": "1,2,3"}),
+     devicelib.JobDevices(2, ("1", "2"), ("1", "2", "3"), "nccl")),
+    ((None, "", "auto", CPU_BUILD, {}, 4), devicelib.JobDevices(4, (), (), "gloo")),       # mpirun's slots
+    ((1, "", "auto", CPU_BUILD, {}, None, 2), devicelib.JobDevices(1, (), (), "gloo")),   # one rank on each of 2
+])
+def test_a_jobs_devices_are_resolved_in_one_call(args, expected):
+    assert devicelib.job_devices(*args) == expected
+
+
+def test_a_jobs_devices_refuse_what_the_machine_cannot_give():
+    with pytest.raises(DeviceError, match="not visible"):
+        devicelib.job_devices(None, "7", "auto", FOUR_GPUS, {})
+    with pytest.raises(DeviceError, match="dist.backend=nccl needs GPUs"):
+        devicelib.job_devices(2, "", "nccl", CPU_BUILD, {})
+
+
 # ---------------------------------------------------------------- devices
 def test_gpus_without_cuda_visible_devices_follow_the_local_rank():
     assert detect(gpu_info=FOUR_GPUS, environ={}).device == "gpu:0"
