@@ -1,23 +1,22 @@
-"""The self-test (`python -m paddle_dist.doctor --test`) without starting a job: the rank-side
-checks run in this process with an injected collective, and the parent's table is built
-from rank files written here. tests/integration/test_selftest.py runs the real job.
+"""Unit tests for paddle_dist.doctor.selftest, the self-test's parent (`python -m paddle_dist.doctor
+--test`) without starting a job: its table built from rank files written here, its job and its
+plan. The rank side: test_checks.py, test_checks_amp.py, test_selftest_rank.py;
+tests/integration/test_selftest.py runs the real job.
 """
 
 from __future__ import annotations
 
 import json
 
-import paddle
 import pytest
 
-from paddle_dist import checkpoint, config
-from paddle_dist.doctor import checks, checks_amp
-from paddle_dist.doctor import selftest, selftest_plan, selftest_rank
+from paddle_dist import config
+from paddle_dist.doctor import selftest
 from paddle_dist.runtime.env import DistEnv
 from paddle_dist.errors import UserError
 from paddle_dist.doctor.selftest import NOT_RUN, Line, assemble, exit_code, format_table
-from paddle_dist.doctor.checks import Job, Row
-from paddle_dist.doctor.selftest_rank import CHECKS, SETUP, Check, run_check
+from paddle_dist.doctor.checks import Job
+from paddle_dist.doctor.selftest_rank import CHECKS, SETUP
 
 NAMES = [SETUP] + [c.name for c in CHECKS]
 
@@ -25,88 +24,6 @@ NAMES = [SETUP] + [c.name for c in CHECKS]
 @pytest.fixture
 def job(tmp_path):
     return Job(config.with_overrides([]), DistEnv(), tmp_path)
-
-
-def two_rank_job(tmp_path, rank: int = 0):
-    env = DistEnv(launcher="paddle_launch", global_rank=rank, world_size=2, backend="gloo")
-    return Job(config.with_overrides([]), env, tmp_path)
-
-
-def summed_by_two_ranks(tensor):
-    """An all-reduce stand-in: rank 0's tensor plus rank 1's (which is twice rank 0's)."""
-    tensor.set_value(tensor * 3)
-
-
-# ---------------------------------------------------------------- rank-side checks
-@pytest.mark.parametrize("dtype", selftest_plan.DTYPES)
-def test_all_reduce_passes_on_the_right_sum(tmp_path, dtype):
-    row = checks.all_reduce(dtype, two_rank_job(tmp_path), reduce=summed_by_two_ranks)
-    assert (row.check, row.status) == (f"all-reduce {dtype}", "PASS")
-
-
-def test_a_wrong_all_reduce_result_fails(tmp_path):
-    """An injected wrong result: the collective left the tensor as it was."""
-    row = checks.all_reduce("float32", two_rank_job(tmp_path), reduce=lambda t: None)
-    assert row.status == "FAIL"
-    assert row.detail == "value 0: got -4, expected -12"
-
-
-def test_gloo_float16_is_a_skip_with_the_reason_not_a_failure(tmp_path):
-    """Paddle's gloo sums float16 into inf (sync/transports.py: check): a known limit that
-    paddle_dist avoids, reported as such; any other wrong dtype fails."""
-    def paddles_gloo(t):
-        t.set_value(paddle.full(t.shape, float("inf"), dtype=t.dtype))
-
-    row = checks.all_reduce("float16", two_rank_job(tmp_path), reduce=paddles_gloo)
-    assert row.status == "SKIP" and "paddle_dist sends no float16 over gloo" in row.detail
-    assert checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=paddles_gloo).status == "FAIL"
-
-    def unsupported(t):
-        raise RuntimeError("Invalid datatype bfloat16 for gloo")
-
-    row = checks.all_reduce("bfloat16", two_rank_job(tmp_path), reduce=unsupported)
-    assert row.status == "SKIP" and "Invalid datatype bfloat16 for gloo" in row.detail
-    with pytest.raises(RuntimeError):
-        checks.all_reduce("float32", two_rank_job(tmp_path), reduce=unsupported)
-
-
-def test_one_rank_and_cpu_skip_what_they_cannot_test(job):
-    for row in (checks.all_reduce("float32", job), checks.grad_sync("fused", job)):
-        assert row.status == "SKIP" and row.detail.startswith("one rank: nothing to exchange")
-    for dtype in ("float16", "bfloat16"):
-        for level in ("O1", "O2"):
-            row = checks_amp.amp_step(dtype, level, job)       # amp.plan's reason
-            assert row.status == "SKIP" and row.detail.startswith(f"train.amp={level} needs a GPU"), row.detail
-    row = checks.side_stream_overlap(job)
-    assert row.status == "SKIP" and row.detail.startswith("GPUs only")
-
-
-def test_checkpoint_round_trip_passes_and_a_broken_restore_fails(job, monkeypatch):
-    row = checks.checkpoint_round_trip(job)
-    assert row.status == "PASS", row.detail
-    monkeypatch.setattr(checkpoint, "restore", lambda *args, **kwargs: None)
-    broken = checks.checkpoint_round_trip(Job(job.cfg, job.env, job.scratch / "again"))
-    assert broken.status == "FAIL" and broken.detail.startswith("not restored: ")
-
-
-def test_a_check_that_raises_is_a_fail_row_with_its_time(job):
-    def boom(job):
-        raise ValueError("no such thing\nsecond line")
-
-    row = run_check(Check("grad sync fused", 30, boom), job)
-    assert (row.status, row.detail) == ("FAIL", "ValueError: no such thing")
-    assert row.seconds > 0
-
-
-def test_the_recorder_says_where_the_rank_is(tmp_path):
-    rec = selftest_rank.Recorder(tmp_path / "rank1.json", 1)
-    rec.start(SETUP)
-    assert json.loads((tmp_path / "rank1.json").read_text())["running"] == SETUP
-    rec.add(Row(SETUP, "PASS", 0.5, "gloo"))
-    rec.finish()
-    data = json.loads((tmp_path / "rank1.json").read_text())
-    assert data["running"] is None and data["done"] is True
-    assert data["rows"] == [{"check": SETUP, "status": "PASS", "seconds": 0.5, "detail": "gloo", "digest": ""}]
 
 
 # ---------------------------------------------------------------- the parent's table
@@ -230,12 +147,6 @@ def test_the_job_is_every_visible_gpu_else_two_cpu_ranks():
         selftest.job_config(None, " ", [])
 
 
-def test_every_check_has_a_deadline_and_a_unique_name():
-    assert len(set(NAMES)) == len(NAMES)
-    assert all(0 < c.seconds <= 120 for c in CHECKS)
-    assert selftest.job_deadline() == sum(c.seconds for c in CHECKS) + selftest.RENDEZVOUS_S + selftest.MARGIN_S
-
-
 def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     """The ranks are run by launcher.launch as train.py's are: python rank.py FOLDER once
     per rank, with the variables Paddle's launcher would give them, on CPU with gloo."""
@@ -253,41 +164,3 @@ def test_the_plan_starts_the_ranks_with_paddle_dists_launcher(tmp_path):
     assert selftest.describe(p) == "2 ranks, gloo on CPU"
     one = selftest.prepare(selftest.job_config(1, None, []), DistEnv(), tmp_path, host)
     assert one.mode == "launch" and selftest.describe(one) == "1 rank on CPU"
-
-
-def test_tf32_is_switched_off_with_paddles_own_switches(monkeypatch):
-    """FLAGS_allow_tf32_* exist in no Paddle build (setting them raised, and was swallowed);
-    core.set_cublas_switch / set_cudnn_switch are what GPU builds have."""
-    from paddle.base import core
-
-    turned = {}
-    for switch in ("set_cublas_switch", "set_cudnn_switch"):
-        monkeypatch.setattr(core, switch, lambda on, _name=switch: turned.__setitem__(_name, on), raising=False)
-    checks._exact_float32()
-    assert turned == {"set_cublas_switch": False, "set_cudnn_switch": False}
-
-
-def test_the_o2_rows_evaluation_checkpoint_and_export_run_through_on_cpu(job):
-    """What the O2 rows do after training, run here on a float32 network with BatchNorm
-    (tests/integration/test_selftest.py runs them at O2 under the GPU stand-in): the
-    trainer's evaluate(), a checkpoint that resumes bit-identical, export and Paddle
-    Inference."""
-    from paddle_dist.trainer import amp
-
-    net, ref, how, exchange, opt = checks.train_against_replay(job, "fused", bn=True)
-    assert checks._max_difference(net, ref) <= checks.TOLERANCE        # BatchNorm statistics too
-    problem, said = checks_amp.o2_after(job, net, ref, opt, amp.AmpPlan())
-    assert problem is None, problem
-    assert said.startswith("evaluation loss") and "checkpoint resumed bit-identical" in said
-    assert "float32 checkpoint exported" in said
-
-
-def test_the_hapi_level_trains_as_the_loop_does_against_the_replay(job):
-    """The AMP rows (GPUs only) train at both API levels; here the same path in float32:
-    the prepared paddle.Model (trainer.hapi.prepared_model) ends where the replay does."""
-    from paddle_dist.doctor.checks import TOLERANCE, _max_difference, train_against_replay
-
-    loop_net, loop_ref, *_ = train_against_replay(job, "fused")
-    hapi_net, hapi_ref, *_ = train_against_replay(job, "fused", api="hapi")
-    assert _max_difference(hapi_net, hapi_ref) <= TOLERANCE
-    assert checkpoint.weights_digest(hapi_net) == checkpoint.weights_digest(loop_net)

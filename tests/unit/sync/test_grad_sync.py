@@ -1,7 +1,8 @@
 """GradSync on one process (collectives stood in for): the stop-flag schedule of
 sync.mode=dataparallel (about once a second, at steps rank 0 picks), how it attaches to an
-optimizer, the layout check's message, and what it refuses. Its exactness across real
-ranks: tests/integration/test_replay_matrix.py and test_sync_options.py."""
+optimizer, and what it refuses once training runs (the checks before it starts:
+test_checks.py). Its exactness across real ranks: tests/integration/test_replay_matrix.py
+and test_sync_options.py."""
 
 from types import SimpleNamespace
 
@@ -76,13 +77,6 @@ def test_the_other_ranks_follow_rank_0s_schedule(clock):
     assert exchanged == [1, 41, 81] and stopped == 81
 
 
-def test_stop_check_interval_bounds():
-    assert checks.stop_check_interval(0.025) == 40
-    assert checks.stop_check_interval(3.0) == 1
-    assert checks.stop_check_interval(0.0) == checks.STOP_CHECK_MAX
-    assert checks.stop_check_interval(1e-9) == checks.STOP_CHECK_MAX
-
-
 def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatch):
     import paddle
 
@@ -94,32 +88,6 @@ def test_gpus_read_the_fused_stop_flag_one_step_late_and_cpus_at_once(monkeypatc
         grad_sync = grad_sync_module.GradSync(env, mode="fused")
         seen = [grad_sync._read_flag(paddle.to_tensor([v], dtype="float32")) for v in (2.0, 0.0, 1.0)]
         assert seen == expected, device
-
-
-def test_a_layout_difference_names_the_parameter_and_the_ranks():
-    same = [("a.weight", [2, 3], "float32"), ("a.bias", [3], "float32")]
-    assert checks.layout_mismatch([same, list(same), list(same)]) == ""
-    wider = [same[0], ("a.bias", [4], "float32")]
-    assert checks.layout_mismatch([same, same, wider]) == \
-        "parameter 'a.bias' is [3] float32 on rank 0 but [4] float32 on rank 2"
-    assert checks.layout_mismatch([same, same[:1]]) == \
-        "parameter 'a.bias' is [3] float32 on rank 0 but absent on rank 1"
-    renamed = [same[0], ("b.bias", [3], "float32")]
-    assert "is 'a.bias' [3] float32 on rank 0 but 'b.bias' [3] float32 on rank 1" in \
-        checks.layout_mismatch([same, renamed])
-
-
-def test_what_cannot_be_averaged_is_refused_before_anything_starts():
-    import paddle
-
-    from paddle_dist.errors import ConfigError
-
-    net = paddle.nn.Sequential(paddle.nn.Embedding(10, 4, sparse=True), paddle.nn.Linear(4, 2))
-    with pytest.raises(ConfigError, match="embedding '0' has sparse=True"):
-        checks.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net)
-    checks.check_optimizer(paddle.optimizer.SGD(0.1, parameters=net.parameters()), net, "dataparallel")
-    with pytest.raises(ConfigError, match="LBFGS"):
-        checks.check_optimizer(paddle.optimizer.LBFGS(parameters=net[1].parameters()), net[1])
 
 
 def test_the_optimizer_averages_at_step_and_minimize_and_gets_its_class_back():
