@@ -21,6 +21,8 @@ import copy
 import hashlib
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -37,17 +39,50 @@ FIT_RECORD = "fit"      # config.yaml's record of a paddle_dist.fit() run (dump)
 
 def resolve_path(name_or_path: str) -> Path:
     """A config path, or the name of a bundled config ("mnist_mlp" -> configs/mnist_mlp.yaml;
-    an installed package has them as paddle_dist/configs/, see schema.CONFIG_DIR)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        raise ConfigError(f"config {name_or_path!r} is a directory; pass a YAML file")
-    bundled = CONFIG_DIR / f"{name_or_path}.yaml"
-    if "/" not in name_or_path and bundled.is_file():
+    an installed package has them as paddle_dist/configs/, see schema.CONFIG_DIR).
+
+    A bare name (no "/") is a bundled config and nothing else: a file of that name in the
+    working directory, which another user may have put there, is never read by accident.
+    Such a file needs a path ("./x.yaml"); one line says so when both exist.
+
+    Example:
+        resolve_path("mnist_mlp")       # configs/mnist_mlp.yaml, whatever the working directory holds
+        resolve_path("./mine.yaml")     # mine.yaml in the working directory
+    """
+    if "/" in name_or_path or os.sep in name_or_path:
+        path = Path(name_or_path)
+        if path.is_dir():
+            raise ConfigError(f"config {name_or_path!r} is a directory; pass a YAML file")
+        if path.is_file():
+            return path
+        raise ConfigError(f"config file {name_or_path!r} not found; pass a YAML path or one of: {_known()}")
+    stem = name_or_path[:-len(".yaml")] if name_or_path.endswith(".yaml") else name_or_path
+    bundled = CONFIG_DIR / f"{stem}.yaml"
+    local = [name for name in dict.fromkeys((name_or_path, f"{stem}.yaml")) if Path(name).exists()]
+    if bundled.is_file():
+        if local:
+            _say_once(f"paddle_dist: config {name_or_path!r} is the bundled {bundled}; the file {local[0]} "
+                      f"in the working directory is not read (pass ./{local[0]} to use it)")
         return bundled
-    known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"config file {name_or_path!r} not found; pass a YAML path or one of: {known}")
+    if local and Path(local[0]).is_dir():
+        raise ConfigError(f"config {name_or_path!r} is a directory; pass a YAML file")
+    if local:
+        raise ConfigError(f"config {name_or_path!r} is no bundled config; a file in the working directory "
+                          f"needs a path: pass -c ./{local[0]} (bundled: {_known()})")
+    raise ConfigError(f"config file {name_or_path!r} not found; pass a YAML path or one of: {_known()}")
+
+
+def _known() -> str:
+    return ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+
+
+_said: set = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def load(path: Optional[str] = None, overrides: List[str] = (), fit_record: bool = False) -> Config:

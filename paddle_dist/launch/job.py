@@ -101,7 +101,7 @@ def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
                         "several machines cannot use it: remove -o dist.isolate=true")
     if os.geteuid() != 0:
         module = module or commands.main_module()
-        isolate.rerun_inside([sys.executable, "-m", module, *sys.argv[1:]] if module else
+        isolate.rerun_inside([sys.executable, *launcher.module_args(module), *sys.argv[1:]] if module else
                              [sys.executable, *sys.argv])
     try:
         isolate.enter()

@@ -58,6 +58,7 @@ QUIET_CHILD = {
 # std::exception: gloo::IoException"). paddle_dist's ranks report a peer's failure
 # themselves (PeerFailure).
 SCRIPT_CHILD = {"GLOG_minloglevel": "1"}
+PADDLE_LAUNCH = "paddle.distributed.launch"
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,10 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
     direct = mode == "launch" and cfg.dist.nnodes == 1
     if direct or (mode == "spawn" and cfg.dist.nnodes == 1):
         variables.update(varlib.loopback_variables(cfg.dist.nccl, environ))
+    if mode == "spawn" and sys.version_info >= (3, 11):
+        # multiprocessing starts each rank as `python -c ...`, which puts the working
+        # directory first on sys.path until the parent's path replaces it.
+        variables["PYTHONSAFEPATH"] = "1"
     if direct:     # each rank passes the job's gate first, then becomes the program (exec)
         argv = (sys.executable, "-S", rankgate.SCRIPT,
                 sys.executable, *python_args(script, module), *script_args)
@@ -146,14 +151,34 @@ def gate_of(cfg: Config, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
 
 
 def python_args(script: str, module: str = "") -> Tuple[str, ...]:
-    """What follows `python` on a rank's command line: `-m module` when the job runs a
-    module, else the script. (A module's file is never run as a script: its directory
-    would come first on sys.path, where the package's own module names shadow others.)
+    """What follows `python` on a rank's command line: `-m module` in safe-path mode
+    (module_args) when the job runs a module, else the script, whose own directory Python
+    puts first on sys.path, never the working directory. (A module's file is never run as
+    a script: its directory would come first on sys.path, where the package's own module
+    names shadow others.)
 
     Example:
-        python_args("", "paddle_dist.train")     # ('-m', 'paddle_dist.train')
+        python_args("", "paddle_dist.train")     # ('-P', '-m', 'paddle_dist.train')
     """
-    return ("-m", module) if module else (script,)
+    return module_args(module) if module else (script,)
+
+
+# `python -m` puts the working directory first on sys.path: a yaml.py another user left in
+# a shared working directory would run in every rank. Python 3.11+ leaves it out with -P;
+# before, -c does the same: its '' (the working directory) is dropped before anything but
+# the built-in sys is imported, and runpy then runs the module exactly as -m does.
+_SAFE_MODULE = ("-P", "-m") if sys.version_info >= (3, 11) else (
+    "-c", "import sys; del sys.path[0]; del sys.argv[0]; import runpy; runpy._run_module_as_main(sys.argv[0])")
+
+
+def module_args(module: str) -> Tuple[str, ...]:
+    """What follows `python` to run `module` as `python -m` does, without the working
+    directory on sys.path (Python's safe-path mode).
+
+    Example:
+        module_args("paddle.distributed.launch")   # ('-P', '-m', 'paddle.distributed.launch') on 3.11+
+    """
+    return (*_SAFE_MODULE, module)
 
 
 def start_method(chosen: str, gpus: Sequence[str]) -> str:
@@ -183,7 +208,7 @@ def launch_argv(nprocs: int, gpus: Sequence[str], script: str, script_args: Sequ
                 log_dir: str = "", nodes: Sequence[str] = (), module: str = "") -> Tuple[str, ...]:
     # ERROR: Paddle's launcher then records each failed rank's exit code, which the
     # supervisor reads from its stderr file to report the real code or signal.
-    argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nprocs),
+    argv = [sys.executable, *module_args(PADDLE_LAUNCH), "--nproc_per_node", str(nprocs),
             "--log_level", "ERROR", *nodes]
     if gpus:
         argv += ["--devices", ",".join(gpus)]
@@ -197,7 +222,7 @@ def _launched_program(script: str, module: str) -> Tuple[str, ...]:
     file as `python -u file` and anything else as a program with the words after it
     (controllers/controller.py, `_get_entrypoint`, Paddle 2.6 to 3.3), so a module is run
     by naming the interpreter as the program, with the -u it gives scripts."""
-    return (sys.executable, "-u", "-m", module) if module else (script,)
+    return (sys.executable, "-u", *module_args(module)) if module else (script,)
 
 
 def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
@@ -242,8 +267,9 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
 def _logging_to(p: LaunchPlan, log_dir: str) -> LaunchPlan:
     """Plan `p` with its ranks' logs in `log_dir`: Paddle's launcher is told so first."""
     argv = p.argv
-    if p.mode == "launch" and not p.direct:      # python -m paddle.distributed.launch ...
-        argv = argv[:3] + ("--log_dir", log_dir) + argv[3:]
+    if p.mode == "launch" and not p.direct:      # python -P -m paddle.distributed.launch ...
+        at = argv.index(PADDLE_LAUNCH) + 1
+        argv = argv[:at] + ("--log_dir", log_dir) + argv[at:]
     return dataclasses.replace(p, argv=argv, log_dir=log_dir)
 
 

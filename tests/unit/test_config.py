@@ -1,6 +1,7 @@
 """Unit tests for paddle_dist.config: defaults -> YAML file -> -o overrides, typed and validated."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,44 @@ def test_config_name_without_path_resolves_to_configs_dir(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)   # no file called mnist_lenet here
     assert config.resolve_path("mnist_lenet") == CONFIG_DIR / "mnist_lenet.yaml"
     assert load("mnist_lenet") == load(str(CONFIG_DIR / "mnist_lenet.yaml"))
+
+
+def _plant_configs(folder: Path, names) -> None:
+    """As another user (uid 65534, as root): configs under bundled names in a working
+    directory anyone may add to, each resuming their own run."""
+    folder.chmod(0o1777)
+    for name in names:
+        planted = folder / name
+        planted.write_text("checkpoint:\n  resume: /theirs/run\ntrain:\n  lr: 0.123\n")
+        if os.geteuid() == 0:
+            os.chown(planted, 65534, 65534)
+
+
+def test_a_bare_name_is_the_bundled_config_whatever_the_working_directory_holds(tmp_path, monkeypatch,
+                                                                                capsys):
+    """Issue 53, finding 4: `-c synthetic_lenet`, and no -c at all, read a file of that name
+    the other user put in the working directory."""
+    _plant_configs(tmp_path, ["synthetic_lenet", "mnist_lenet", "mnist_lenet.yaml"])
+    monkeypatch.chdir(tmp_path)
+    assert load("synthetic_lenet") == load(str(CONFIG_DIR / "synthetic_lenet.yaml"))
+    assert load() == load(str(CONFIG_DIR / "mnist_lenet.yaml"))
+    assert load().checkpoint.resume != "/theirs/run"
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"paddle_dist: config 'synthetic_lenet' is the bundled {CONFIG_DIR / 'synthetic_lenet.yaml'}; "
+                    "the file synthetic_lenet in the working directory is not read (pass ./synthetic_lenet to use it)",
+                    f"paddle_dist: config 'mnist_lenet' is the bundled {CONFIG_DIR / 'mnist_lenet.yaml'}; "
+                    "the file mnist_lenet in the working directory is not read (pass ./mnist_lenet to use it)"]
+    assert load("./synthetic_lenet").train.lr == 0.123      # asked for with a path: read
+
+
+def test_a_file_in_the_working_directory_needs_a_path(tmp_path, monkeypatch):
+    write(tmp_path, "train:\n  epochs: 3\n", "mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'mine.yaml' is no bundled config; a file in the working "
+                                          r"directory needs a path: pass -c \./mine.yaml"):
+        load("mine.yaml")
+    assert load("./mine.yaml").train.epochs == 3
+    assert load(str(tmp_path / "mine.yaml")).train.epochs == 3
 
 
 def test_output_name_defaults_to_the_config_file_stem(tmp_path):

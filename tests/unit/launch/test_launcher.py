@@ -18,13 +18,13 @@ from paddle_dist.runtime.devices import GpuInfo, JobDevices
 from paddle_dist.runtime.env import DistEnv, detect
 from paddle_dist.runtime.variables import HostFacts
 from paddle_dist.errors import ConfigError, DeviceError
-from paddle_dist.launch.launcher import LaunchPlan, plan
+from paddle_dist.launch.launcher import LaunchPlan, module_args, plan
 
 from tests.conftest import environ_diff
 
 CPU_BUILD = GpuInfo(False, 0)
 FOUR_GPUS = GpuInfo(True, 4)
-LAUNCH_PREFIX = (sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node")
+LAUNCH_PREFIX = (sys.executable, *module_args("paddle.distributed.launch"), "--nproc_per_node")
 
 
 def job(cfg, env=None, info=CPU_BUILD, environ=None, cpu_count=8, script="train.py",
@@ -358,7 +358,7 @@ def test_always_launches_a_single_script_process_with_its_gpu():
 # ---------------------------------------------------------------- `python -m paddle_dist.train`
 # A job started as a module has ranks that run the module: `python -m paddle_dist.train`,
 # never the module's file as a script (its directory would come first on sys.path).
-MODULE = ("-m", "paddle_dist.train")
+MODULE = module_args("paddle_dist.train")
 
 
 def test_a_module_job_starts_its_ranks_as_the_module():
@@ -388,7 +388,7 @@ def test_paddles_launcher_turns_the_module_argv_into_the_ranks_command(monkeypat
 
     p = make_plan(["dist.nprocs=2", "dist.nnodes=2", "dist.master=10.0.0.1:6170",
                    "dist.node_rank=1"], script="", module="paddle_dist.train")
-    monkeypatch.setattr(sys, "argv", ["launch", *p.argv[3:]])
+    monkeypatch.setattr(sys, "argv", ["launch", *p.argv[len(LAUNCH_PREFIX) - 1:]])
     args, unknown = parse_args()
     assert unknown == [] and str(args.nproc_per_node) == "2" and args.nnodes == "2"
     entry = Controller._get_entrypoint(SimpleNamespace(ctx=SimpleNamespace(args=args)))
@@ -399,7 +399,7 @@ def test_a_module_job_under_mpirun_runs_the_module():
     p = make_plan(["dist.nprocs=2", "dist.launcher=mpirun", "dist.master=127.0.0.1:6170"],
                   script="", module="paddle_dist.train")
     assert p.argv[:3] == ("mpirun", "-n", "2")
-    assert p.argv[-5:] == (sys.executable, *MODULE, "-o", "train.epochs=1")
+    assert p.argv[-3 - len(MODULE):] == (sys.executable, *MODULE, "-o", "train.epochs=1")
 
 
 def test_a_script_job_is_unchanged_by_the_module_option():
