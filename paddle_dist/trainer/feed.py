@@ -6,7 +6,9 @@ model's inputs and the labels by paddle.Model's rule: the first `inputs` fields 
 model's inputs, the rest its labels, where `inputs` is a count or a list of
 `paddle.static.InputSpec` and defaults to the model's `forward` arguments. A dict sample
 is taken by name: the inputs are the keys that the InputSpecs, or else `forward`'s
-arguments, name; the labels are the `labels` InputSpecs' keys, or else every other key.
+parameters, name; the labels are the `labels` InputSpecs' keys, or else every other key.
+Inputs named after `forward`'s parameters go to it as keywords (keywords.py): a Llama's
+`forward(input_ids, position_ids=None, attention_mask=None)` gets the mask as its mask.
 What the rule cannot express, a function `split_batch(batch) -> (inputs, labels)` does.
 With `loss="model"` the model computes its own loss: it gets the inputs and the labels,
 and returns the loss (a scalar tensor, a tuple whose first item is the loss, or a dict
@@ -23,13 +25,13 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 
 from ..errors import ConfigError, DataError
+from .keywords import Named, Signature, keyword_names
 
 MODEL_LOSS = "model"        # fit(loss="model"): the model returns its own loss
 
@@ -40,8 +42,10 @@ class Feed:
     def __init__(self, model: paddle.nn.Layer, inputs=None, labels=None,
                  split_batch: Optional[Callable] = None, model_loss: bool = False):
         self.split_batch, self.model_loss = split_batch, model_loss
-        arguments = _forward_names(model)
-        self.input_names = _names(inputs) or arguments
+        self.signature = Signature.of(model)
+        arguments = list(self.signature.required)
+        self.spec_names = _names(inputs)
+        self.input_names = self.spec_names or arguments
         self.label_names = _names(labels)
         self.input_count = _count(inputs, "inputs") or max(len(arguments), 1)
         self.label_count = _count(labels, "labels")
@@ -65,7 +69,7 @@ class Feed:
         return inputs, labels
 
     def _split_dict(self, batch: dict):
-        names = self.input_names if self.input_names and all(n in batch for n in self.input_names) else None
+        names = self._dict_names(batch)
         if names is None:          # hapi's rule: the values in key order, the first ones the inputs
             return self._split(_flatten([batch[k] for k in sorted(batch)]))
         if self.label_names:
@@ -73,16 +77,40 @@ class Feed:
             if missing:
                 raise DataError(f"a batch has keys {sorted(batch)} but the labels name {missing}; "
                                 "give fit() labels= InputSpecs named after the sample's keys")
-            labels = [batch[n] for n in self.label_names]
+            keys = list(self.label_names)
         else:
-            labels = [value for key, value in batch.items() if key not in names]
-        return [batch[n] for n in names], _flatten(labels)
+            keys = [key for key in batch if key not in names]
+        inputs, labels = [batch[n] for n in names], [batch[k] for k in keys]
+        # By name (keywords.py): the inputs, and a model's own loss's labels, keep their keys.
+        if not self.signature.by_keyword(names + (keys if self.model_loss else [])):
+            return inputs, _flatten(labels)
+        return Named(inputs, names), (Named(labels, keys) if self.model_loss else _flatten(labels))
+
+    def _dict_names(self, batch: dict) -> Optional[List[str]]:
+        """The keys of a dict batch that are the model's inputs, in the order given: the
+        InputSpecs' names, or else the keys that name forward's parameters (the labels'
+        excepted), in forward's order; None when the batch is split by position."""
+        if self.spec_names:
+            return self.spec_names if all(n in batch for n in self.spec_names) else None
+        if not all(n in batch for n in self.signature.required):
+            return None
+        names = [n for n in self.signature.named or self.signature.required
+                 if n in batch and n not in self.label_names]
+        return names or None
 
     def dict_hint(self, batch) -> str:
         """For a dict batch split by position because no key is named after `forward`'s
-        arguments (nor given InputSpecs): its keys with their types, and the fix; else ""."""
-        if self.split_batch is not None or not isinstance(batch, dict) or \
-                (self.input_names and all(n in batch for n in self.input_names)):
+        arguments (nor given InputSpecs): its keys with their types, and the fix; for one
+        whose every key goes to forward by name, which leaves the loss no labels: how to
+        name them; else ""."""
+        if self.split_batch is not None or not isinstance(batch, dict):
+            return ""
+        names = self._dict_names(batch)
+        if names and not self.model_loss and not self.label_names and set(batch) <= set(names):
+            label = next((n for n in names if "label" in n), names[-1])
+            return (f"; forward takes every key of the samples ({', '.join(names)}) by name, so the "
+                    f"loss gets no labels: name them, e.g. fit(..., labels=[{_spec_or_name(label, batch[label])}])")
+        if names:
             return ""
         tensors = [k for k, v in batch.items() if hasattr(v, "shape")]
         fix = (f"inputs=[{spec_text(tensors[0], batch[tensors[0]])}]" if tensors else "inputs=") + (
@@ -97,7 +125,9 @@ class Feed:
         """The model's outputs as a list (the labels go in too when it computes the loss),
         16-bit ones widened to float32 (`widened`)."""
         given = [*inputs, *labels] if self.model_loss else list(inputs)
-        return widened(_as_list(model(*given)))
+        names = keyword_names(inputs, labels if self.model_loss else ())
+        returned = model(**dict(zip(names, given))) if names else model(*given)
+        return widened(_as_list(returned))
 
     def loss_and_outputs(self, model, loss_fn, inputs, labels):
         """(the mean loss, its parts, the outputs the metrics get): `loss_fn(*outputs,
@@ -167,6 +197,10 @@ def spec_text(name: str, value) -> str:
     shape = [None, *(int(d) for d in list(value.shape)[1:])]
     dtype = str(value.dtype).replace("paddle.", "")
     return f"paddle.static.InputSpec({shape}, {dtype!r}, {name!r})"
+
+
+def _spec_or_name(name: str, value) -> str:
+    return spec_text(name, value) if hasattr(value, "shape") else repr(name)
 
 
 def to_float(value: Any) -> float:
@@ -282,12 +316,3 @@ def _count(spec, what: str) -> int:
         raise ConfigError(f"fit({what}={spec!r}): the model needs at least one input")
     return count
 
-
-def _forward_names(model) -> List[str]:
-    """The names of `forward`'s arguments without a default (what a call must give)."""
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in parameters if p.default is p.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -14,7 +14,8 @@ in the wrong layout, a metric that cannot read the outputs, or a crash at evalua
 shows within seconds as one line (errors.DataError, exit 2), not after an epoch.
 
 What it found is returned (`FirstBatch`): a training batch's count of inputs and labels
-(how paddle.Model splits a batch, hapi.py) and whether evaluation returns a loss.
+(how paddle.Model splits a batch, hapi.py), the names its fields go to `forward` by (a
+dict batch's, keywords.py) and whether evaluation returns a loss.
 
 Example:
     first = firstbatch.check(parts, cfg, env, plan)   # raises DataError naming the batch and the step
@@ -37,6 +38,7 @@ from ..errors import DataError, UserError
 from .evaluation import accuracy_left_out, buffers, computed
 from .badsample import user_frame
 from .feed import describe, returns_loss
+from .keywords import keyword_names
 from ..runtime.env import DistEnv
 from ..schema import Config
 
@@ -49,21 +51,23 @@ EVAL_LOSS_HINT = ("; a loss that cannot take evaluation's outputs or labels (hea
 class FirstBatch:
     """What the check found: a training batch's (inputs, labels) counts (None when it ran
     no training batch), and whether evaluation returns a loss (a model with its own loss
-    may return detections alone)."""
+    may return detections alone); `names`: the names a training batch's fields go to
+    forward by, () when by position (else paddle.Model is handed keywords.ByName)."""
 
     fields: Optional[Tuple[int, int]] = None
     eval_returns_loss: bool = True
+    names: Tuple[str, ...] = ()
 
 
 def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = True) -> FirstBatch:
     """Run the first training batch (when `train`) and the first evaluation batch of this rank."""
     world, rank = env.world_size, env.global_rank
-    fields, returns = None, True
+    fields, returns, names = None, True, ()
     with _kept(parts.model):
         if train:
             size = min(cfg.train.batch_size, len(parts.train_data))
             indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
-            fields = _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
+            fields, names = _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
         if parts.eval_data is not None and len(parts.eval_data):
             size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
             indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
@@ -71,13 +75,13 @@ def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = Tr
                            cfg.train.eval_loss)
     for metric in parts.metrics:
         metric.reset()
-    return FirstBatch(fields, returns)
+    return FirstBatch(fields, returns, names)
 
 
 def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batched: bool,
          training: bool, with_loss: bool = True):
-    """Training: the batch's (inputs, labels) counts; evaluation: whether it gave a loss
-    (always True when the model is not the loss's own)."""
+    """Training: the batch's (inputs, labels) counts and the names they go to forward by;
+    evaluation: whether it gave a loss (always True when the model is not the loss's own)."""
     feed = parts.feed
     batch = _step(f"reading the first {what} batch (samples {_span(indices)})",
                   lambda: source.first_batch(indices, batched))
@@ -89,7 +93,8 @@ def _run(parts, source, indices: List[int], what: str, precision: AmpPlan, batch
         _forward(parts, inputs, labels, what, "evaluation", precision, hint)
     except DataError:    # outputs of training only (auxiliary heads): as training runs it
         _forward(parts, inputs, labels, what, "training", precision, hint)
-    return len(inputs), len(labels)     # what paddle.Model is told of a training batch's fields
+    # What paddle.Model is told of a training batch's fields, and the names it calls them by.
+    return (len(inputs), len(labels)), keyword_names(inputs, labels if feed.model_loss else ())
 
 
 def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hint: str,

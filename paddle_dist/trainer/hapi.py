@@ -13,6 +13,7 @@ the loop (train.scheduler_every).
 from __future__ import annotations
 
 import contextlib
+from typing import Tuple
 
 import paddle
 from paddle.static import InputSpec
@@ -23,6 +24,7 @@ from ..sync import disable_reducer
 from .engine import Engine
 from .session import Session
 from .feed import Feed, to_float, widened
+from .keywords import ByName
 from ..runtime.env import DistEnv
 
 
@@ -124,19 +126,21 @@ def run(session: Session) -> None:
         _fit(session)
 
 
-def prepared_model(engine: Engine, loss, inputs: int = 1) -> paddle.Model:
+def prepared_model(engine: Engine, loss, inputs: int = 1, names: Tuple[str, ...] = ()) -> paddle.Model:
     """The engine's network in a prepared paddle.Model as the hapi trainer runs it (the
     self-test's hapi rows run it too): paddle.Model's DataParallel with its reducer on only
     for sync.mode=dataparallel (then with find_unused_parameters), the optimizer already
     averaging (GradSync attached), the plan's autocast in the network's forward hooks, and
     the engine's scaler (amp.SyncedScaler) as hapi's loss scaler. `inputs`: the count of
-    the network's inputs, by which paddle.Model splits a batch."""
+    the network's inputs, by which paddle.Model splits a batch; `names`: what the network
+    calls them, when a dict batch's fields go to it by name (keywords.ByName)."""
     net, optimizer, env, sync = engine.net, engine.optimizer, engine.env, engine.sync
     precision, scaler = engine.precision, engine.scaler
     reducer_on = env.is_distributed and sync.mode == "dataparallel"
     specs = [InputSpec([None], name=f"input{i}") for i in range(inputs)]
     with finding_unused_parameters(sync.find_unused) if reducer_on else contextlib.nullcontext():
-        model = paddle.Model(net, inputs=specs)
+        # paddle.Model calls its network by position: ByName calls net with the names.
+        model = paddle.Model(ByName(net, names) if names else net, inputs=specs)
     if env.is_distributed and not reducer_on:
         disable_reducer(model._adapter.ddp_model)
     # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
@@ -157,7 +161,7 @@ def _fit(session: Session) -> None:
     loss = _GroupMean(session.parts.loss, feed, fields[1] if fields else 0)
     # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
     # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
-    model = prepared_model(session.engine, loss, feed.hapi_inputs(fields))
+    model = prepared_model(session.engine, loss, feed.hapi_inputs(fields), session.first.names)
     loader, sampler = session.loader, session.sampler
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,
