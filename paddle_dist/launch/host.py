@@ -5,20 +5,27 @@ all have, serves Paddle's launchers' rendezvous on the same listener (kvserver.p
 says go. A connection that is not admitted within HELLO_S seconds, or speaks anything but
 the protocol's frames, is dropped.
 
+Node 0 keeps its listener for the whole job (KeptListener): each attempt's meeting, and
+Paddle's rendezvous after it, take the same socket in turn, so no other process can take
+the port between the attempts of an elastic job.
+
 Example:
-    meeting = MeetingHost(MeetingPlace("10.0.0.1:6170", 2, 0, 8, 120)).serve()
-    meeting.rendezvous.close()      # once the job has ended
+    with KeptListener("10.0.0.1:6170") as kept:
+        meeting = MeetingHost(MeetingPlace("10.0.0.1:6170", 2, 0, 8, 120), kept=kept).serve()
+        meeting.rendezvous.close()      # once the attempt has ended; the port stays node 0's
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import selectors
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from .. import procfs
 from ..errors import UserError
 from ..runs.topology import Meeting, Node
 from ..security import auth, kvserver, tls
@@ -43,15 +50,17 @@ class _Peer:
 class MeetingHost:
     """Node 0: listen at dist.master, collect the other nodes, then tell them to go."""
 
-    def __init__(self, place: MeetingPlace, token: bytes = b"", context=None):
+    def __init__(self, place: MeetingPlace, token: bytes = b"", context=None,
+                 kept: Optional["KeptListener"] = None):
         self.place, self.token, self.context = place, token, context     # context: tls.server_context
+        self.kept = kept            # the job's listener, kept across attempts (None: this meeting's own)
         self.arrived: Dict[int, Tuple[int, str]] = {0: (place.nprocs, split_master(place.master)[0])}
         self.hosts: Dict[int, str] = {0: place.host}
         self.peers: Dict[socket.socket, _Peer] = {}
         self.selector = selectors.DefaultSelector()
 
     def serve(self) -> Meeting:
-        listener = listen(self.place.master)
+        listener = self.kept.socket() if self.kept else listen(self.place.master)
         self.selector.register(listener, selectors.EVENT_READ)
         deadline = deadline_after(self.place.timeout)
         last_call = None       # elastic: when the wait for the machines beyond the fewest ends
@@ -75,7 +84,8 @@ class MeetingHost:
             self.selector.unregister(listener)
             met = Meeting.of(self.place.run, {r: Node(p, a, self.hosts.get(r, "")) for r, (p, a)
                                               in self.arrived.items()}, self.place.nnodes)
-            server, listener = kvserver.KVServer(listener, met.nodes).start(), None
+            server = kvserver.KVServer(listener, met.nodes, keep_listener=self.kept is not None).start()
+            listener = None
             try:
                 self._tell_all({"go": True, **({"run": self.place.run} if self.place.run else {})})
             except BaseException:
@@ -83,7 +93,7 @@ class MeetingHost:
                 raise
             return dataclasses.replace(met, rendezvous=server)
         finally:
-            if listener is not None:
+            if listener is not None and self.kept is None:
                 listener.close()
             for sock in list(self.peers):
                 self._close(sock)
@@ -250,9 +260,42 @@ class MeetingHost:
         raise NodesMissing(missing_line(self.place, self._arrived(), missing))
 
 
+class KeptListener:
+    """Node 0's listener at dist.master for the whole job, made at its first meeting: every
+    attempt's meeting, and Paddle's rendezvous after it, serve on this one socket. Closed
+    and listened again between attempts, the port would be free for a moment, and any
+    local user who bound it then would end an elastic job (issue 53, finding 7).
+
+    Example:
+        with KeptListener("10.0.0.1:6170") as kept:
+            for attempt in range(3):
+                MeetingHost(place, kept=kept).serve()      # the same socket every time
+    """
+
+    def __init__(self, master: str):
+        self.master = master
+        self._sock: Optional[socket.socket] = None
+
+    def socket(self) -> socket.socket:
+        if self._sock is None:
+            self._sock = listen(self.master)
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> "KeptListener":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def listen(master: str) -> socket.socket:
     """A listener at dist.master's address alone (a UserError saying how to fix it when
-    node 0 cannot listen there)."""
+    node 0 cannot listen there, naming the process that holds the port when it can see it)."""
     host, port = split_master(master)
     try:
         address = socket.gethostbyname(host)
@@ -272,8 +315,18 @@ def listen(master: str) -> socket.socket:
         sock.listen(64)
     except OSError as e:
         sock.close()
-        raise UserError(f"node 0 cannot listen at dist.master {master} ({e.strerror}); node 0 "
-                        "must run on the machine of dist.master, with its port free: start "
+        raise UserError(f"node 0 cannot listen at dist.master {master} ({e.strerror}{_holder(port, e)}); "
+                        "node 0 must run on the machine of dist.master, with its port free: start "
                         "node 0 there, or choose another port with -o dist.master=HOST:PORT") from None
     sock.setblocking(False)
     return sock
+
+
+def _holder(port: int, error: OSError) -> str:
+    """", held by pid 1234 (python probe.py)" for a port another process listens on."""
+    if error.errno != errno.EADDRINUSE:
+        return ""
+    holder = procfs.port_holder(port)
+    if holder is None:
+        return ", held by a process this user cannot see (another user's?)"
+    return f", held by pid {holder[0]} ({holder[1][:80]})"

@@ -34,6 +34,7 @@ from ..security import exposure
 from ..sync import transports
 from ..trainer import amp
 from . import isolate, jobspec, launcher, preflight
+from .host import KeptListener
 from .jobspec import JobSpec, attempt_config
 
 # Exit codes no restart can change: success, bad input, a stop request (saved, or before
@@ -78,15 +79,18 @@ def run(cfg: configlib.Config, script: str = "", script_args: List[str] = (), mo
     if spec.node is None:      # under srun, Slurm starts the other machines' tasks itself
         tell_other_nodes(cfg, script, script_args, module)
     code, known = 0, {}       # known: the machines each meeting saw, by node_rank (for `_say_without`)
-    for attempt in range(cfg.dist.max_restarts + 1):
-        if attempt:
-            print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
-                  "checkpoint", flush=True)
-        if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
-            rundir.clear_status(run_dir)
-        code = _start(spec, attempt, known)
-        if code in FINAL:
-            break
+    # Node 0 listens at dist.master from its first meeting to the job's end: no attempt
+    # leaves the port free for another process to take (host.KeptListener).
+    with KeptListener(cfg.dist.master) as kept:
+        for attempt in range(cfg.dist.max_restarts + 1):
+            if attempt:
+                print(f"paddle_dist: restart {attempt}/{cfg.dist.max_restarts} from the latest "
+                      "checkpoint", flush=True)
+            if cfg.dist.nnodes == 1:   # other machines' ranks may already be reporting
+                rundir.clear_status(run_dir)
+            code = _start(spec, attempt, known, kept)
+            if code in FINAL:
+                break
     return code
 
 
@@ -100,6 +104,7 @@ def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
         raise UserError("dist.isolate=true keeps a job inside one machine's private loopback; a job on "
                         "several machines cannot use it: remove -o dist.isolate=true")
     if os.geteuid() != 0:
+        rundir.check(cfg)       # inside, root's directories and other users' look alike
         module = module or commands.main_module()
         isolate.rerun_inside([sys.executable, *launcher.module_args(module), *sys.argv[1:]] if module else
                              [sys.executable, *sys.argv])
@@ -110,15 +115,15 @@ def isolate_if_asked(cfg: configlib.Config, module: str = "") -> None:
                         "run without -o dist.isolate=true (docs/security.md)") from None
 
 
-def _start(spec: JobSpec, attempt: int, known: Dict[int, Node]) -> int:
+def _start(spec: JobSpec, attempt: int, known: Dict[int, Node], kept: Optional[KeptListener] = None) -> int:
     """One attempt: the ranks of the plan for this attempt's config (attempt_config), on the
-    machines that met, when some of an elastic job's did not."""
+    machines that met, when some of an elastic job's did not. `kept`: node 0's listener."""
     cfg = attempt_config(spec, attempt)
     p, run_dir = launcher.plan(spec, attempt), spec.run_dir
     if p.mode in ("launch", "mpirun"):
         met = None
         if p.gate is not None:
-            code, met, run_dir = _meet_and_name_run(p.gate, cfg, run_dir)
+            code, met, run_dir = _meet_and_name_run(p.gate, cfg, run_dir, kept)
             if code:
                 return code
             _say_without(met, cfg, known)
@@ -160,7 +165,7 @@ def _say_without(met: Meeting, cfg: configlib.Config, known: Dict[int, Node]) ->
           flush=True)
 
 
-def _meet_and_name_run(gate, cfg: configlib.Config, run_dir: Optional[Path]):
+def _meet_and_name_run(gate, cfg: configlib.Config, run_dir: Optional[Path], kept: Optional[KeptListener] = None):
     """Meet the other machines of a multi-node launch: (0, what they learnt, this machine's
     run directory), or (exit code, None, None) when they did not all come. Node 0 tells
     them its run's name; every other machine writes under a directory of that name
@@ -168,7 +173,7 @@ def _meet_and_name_run(gate, cfg: configlib.Config, run_dir: Optional[Path]):
     attempt of the run may have left; node 0 also those of ranks beyond the job's world
     when an elastic job goes on with fewer machines (_say_without)."""
     node0 = gate.node_rank == 0
-    code, met = launcher.wait_for_machines(dataclasses.replace(gate, run=run_dir.name if node0 else ""))
+    code, met = launcher.wait_for_machines(dataclasses.replace(gate, run=run_dir.name if node0 else ""), kept)
     if code:
         return code, None, None
     if not node0:

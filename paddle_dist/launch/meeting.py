@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 from .. import errors
 from . import rendezvous
+from .host import KeptListener
 
 
 class _StopRequested(Exception):
@@ -23,11 +24,13 @@ def _raise_stop(signum, frame):
     raise _StopRequested()
 
 
-def wait_for_machines(gate: rendezvous.MeetingPlace) -> Tuple[int, Optional[rendezvous.Meeting]]:
+def wait_for_machines(gate: rendezvous.MeetingPlace,
+                      kept: Optional[KeptListener] = None) -> Tuple[int, Optional[rendezvous.Meeting]]:
     """Wait for the other machines (rendezvous.meet): (0, what they learnt) when all
     arrived, else (the job's exit code, None) after one line: 3 (a node missing), 143
     (SIGTERM/SIGUSR1), 130 (Ctrl+C). Nothing has started yet, so a stop request ends the
-    wait at once: there is nothing to save.
+    wait at once: there is nothing to save. `kept`: node 0's listener, kept across the
+    job's attempts (host.KeptListener).
 
     Example:
         code, met = wait_for_machines(gate)   # 0, Meeting(run='mnist_lenet-...', nodes={0: ..., 1: ...})
@@ -39,7 +42,7 @@ def wait_for_machines(gate: rendezvous.MeetingPlace) -> Tuple[int, Optional[rend
         for sig in (signal.SIGTERM, signal.SIGUSR1):      # inside the try: one may land at once
             old[sig] = signal.signal(sig, _raise_stop)
         print(f"paddle_dist: waiting for {who} at {gate.master}{limit}", flush=True)
-        return 0, rendezvous.meet(gate)
+        return 0, rendezvous.meet(gate, kept)
     except rendezvous.NodesMissing as e:
         print(e, file=sys.stderr, flush=True)
         return errors.EXIT_RENDEZVOUS, None

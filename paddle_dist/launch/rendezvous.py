@@ -48,17 +48,18 @@ from typing import Dict, Optional, Tuple
 from ..errors import UserError
 from ..runs.topology import Meeting, Node
 from ..security import auth, credentials, tls
-from .host import MeetingHost
+from .host import KeptListener, MeetingHost
 from .wire import (CHECK, LENGTH, MAX_FRAME, MAX_NAME, POLL_S, VERSION, Frames, MeetingPlace, NodesMissing,
                    ProtocolError, deadline_after, encode, job_id, missing_line, plain_name, split_master)
 
 RETRY_S = 0.2             # a node retries connecting to node 0 this often
 
 
-def meet(place: MeetingPlace) -> Meeting:
+def meet(place: MeetingPlace, kept: Optional[KeptListener] = None) -> Meeting:
     """Return what the machines learnt once every node of `place` arrived; raise
     NodesMissing when they did not within `place.timeout`, a UserError when this node's
-    settings are refused."""
+    settings are refused. `kept`: node 0's listener for the whole job (host.KeptListener),
+    else node 0 listens for this meeting alone."""
     place = place if place.host else replace(place, host=socket.gethostname()[:MAX_NAME])
     token = credentials.token(place.token_file) if place.token_file else b""
     files = tls.configured(place.tls_ca, place.tls_cert, place.tls_key)
@@ -67,7 +68,7 @@ def meet(place: MeetingPlace) -> Meeting:
         address = split_master(place.master)[0] if place.master else ""
         return Meeting(place.run, {0: Node(place.nprocs, address, place.host)})
     if place.node_rank == 0:
-        return MeetingHost(place, token, server).serve()
+        return MeetingHost(place, token, server, kept).serve()
     return _join(place, token, tls.Client(files, place.master, client) if files else None)
 
 

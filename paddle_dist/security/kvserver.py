@@ -55,10 +55,11 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     daemon_threads = True
 
-    def __init__(self, listener: socket.socket, nodes: Dict[int, object]):
+    def __init__(self, listener: socket.socket, nodes: Dict[int, object], keep_listener: bool = False):
         super().__init__(listener.getsockname()[:2], _Handler, bind_and_activate=False)
         self.socket.close()
         self.socket = listener
+        self.keep_listener = keep_listener     # close() leaves it to its owner (launch/host.py: KeptListener)
         self.nodes = nodes
         self.address_of = {rank: _ip_of(node.address) for rank, node in nodes.items()}
         self.entries: Dict[int, tuple] = {}        # node rank: (path, value, who wrote it)
@@ -71,9 +72,11 @@ class KVServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         return self
 
     def close(self) -> None:
+        """Stop serving; close the listener too unless it is kept for the job's next meeting."""
         if self._thread.is_alive():
             self.shutdown()
-        self.server_close()
+        if not self.keep_listener:
+            self.server_close()
 
     def verify_request(self, request, client_address) -> bool:
         if client_address[0] in self.address_of.values():

@@ -45,7 +45,7 @@ def test_a_machine_left_with_one_rank_starts_it_as_the_launchers_child(monkeypat
     spec = dataclasses.replace(jobspec.resolve(cfg, script="train.py", builtin=True), run_dir=tmp_path)
     rendezvous_ = _Closed()
     met = Meeting.of("run", {0: Node(1, "127.0.0.1")}, 2, node_rank=0, rendezvous=rendezvous_)
-    monkeypatch.setattr(job, "_meet_and_name_run", lambda gate, cfg, run_dir: (0, met, run_dir))
+    monkeypatch.setattr(job, "_meet_and_name_run", lambda gate, cfg, run_dir, kept=None: (0, met, run_dir))
     planned = []
     monkeypatch.setattr(job.launcher, "launch", lambda p, **kw: planned.append((p, kw)) or 0)
     assert job._start(spec, 1, {0: Node(1, "127.0.0.1"), 1: Node(1, "127.0.0.2")}) == 0

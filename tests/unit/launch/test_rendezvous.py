@@ -3,6 +3,7 @@ an elastic job's meeting with fewer machines, and its place in the launch plan. 
 threads of this process on loopback."""
 
 import http.client
+import os
 import socket
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
 from paddle_dist.launch import launcher, rendezvous
+from paddle_dist.launch.host import KeptListener
 from paddle_dist.launch.jobspec import JobSpec
 from paddle_dist.runtime.devices import GpuInfo
 from paddle_dist.runtime.env import DistEnv
@@ -27,13 +29,13 @@ class _Node(threading.Thread):
     rendezvous for Paddle's launchers (Meeting.rendezvous) is closed at once, or kept in
     `.met` with `keep`."""
 
-    def __init__(self, gate, keep=False):
+    def __init__(self, gate, keep=False, kept=None):
         super().__init__(daemon=True)
-        self.gate, self.error, self.keep, self.met = gate, None, keep, None
+        self.gate, self.error, self.keep, self.met, self.kept = gate, None, keep, None, kept
 
     def run(self):
         try:
-            self.met = rendezvous.meet(self.gate)
+            self.met = rendezvous.meet(self.gate, self.kept)
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             self.error = e
         if self.met is not None and self.met.rendezvous is not None and not self.keep:
@@ -166,6 +168,61 @@ def test_node_0_must_be_on_the_master_host():
     with pytest.raises(UserError) as e:
         rendezvous.meet(rendezvous.MeetingPlace("198.18.255.254:6170", 2, 0, 1, 1))   # not an address here
     assert "node 0 must run on the machine of dist.master" in str(e.value)
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
+
+
+def _another_user_can_listen_at(port) -> bool:
+    """Whether uid 65534 can listen at 127.0.0.1:`port` now (a forked child that becomes
+    that user tries, and lets go at once)."""
+    pid = os.fork()
+    if pid == 0:                                   # the child: never returns into pytest
+        code = 2
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                s.listen(1)
+            code = 0
+        except OSError:
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) in (0, 1)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@as_root
+def test_node_0_keeps_its_port_between_attempts():
+    """Issue 53, finding 7: node 0 closed its listener when an attempt ended and listened
+    again for the next, and another user who listened at the port in between ended an
+    elastic job. Kept for the job, the port is never free while the job runs."""
+    port = launcher.free_port("127.0.0.1")
+    with KeptListener(f"127.0.0.1:{port}") as kept:
+        for _ in range(2):          # two attempts: each meets, serves Paddle's rendezvous, ends
+            host, other = _Node(_gate(port, 0), kept=kept), _Node(_gate(port, 1))
+            host.start()
+            other.start()
+            assert other.result() is None and host.result() is None
+            assert not _another_user_can_listen_at(port)
+    assert _another_user_can_listen_at(port)        # the job's end lets it go
+
+
+@as_root
+def test_a_port_taken_is_named_with_its_holder():
+    """Where node 0 cannot listen, the line names the process that holds the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError) as e:
+            rendezvous.meet(_gate(port, 0))
+    assert f"(Address already in use, held by pid {os.getpid()} (" in str(e.value)
 
 
 
