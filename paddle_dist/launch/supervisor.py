@@ -41,7 +41,7 @@ from .outcome import JobResult, global_ranks, launcher_exit_codes, machines_of, 
 from ..procfs import children_of, die_with_parent
 from ..runs.report import POLL_S
 from ..runs.topology import Meeting
-from ..security import private
+from ..security import ownpath
 
 GRACE_S = 5.0            # paddle_dist's ranks: time to notice a peer's failure themselves;
                          # every job: time to stop after Ctrl+C before SIGKILL
@@ -166,6 +166,24 @@ def _end(ranks: Ranks) -> List[str]:
     return remove_segments(set(ranks.members) | set(ranks.pids))
 
 
+def log_opener(log_dir: Path, key: str = "the ranks' log directory", fix: str = "") -> Callable[[str, int], int]:
+    """An opener for the files of `log_dir`, made when missing and checked all the way
+    (security/ownpath.py), with no link in it (Paddle's launcher writes its workerlog.N
+    through any link there): refused in one line (exit 2) otherwise. `key`, `fix`: what
+    named the directory, and what to do, for that line.
+
+    Example:
+        with open("launcher.err", "w", opener=log_opener(Path("log"))) as err: ...
+    """
+    fd = ownpath.open_dir(log_dir, key, create=True, fix=fix or "run it again from a directory of your own")
+    try:
+        ownpath.refuse_links(fd, log_dir, depth=1)
+    except BaseException:
+        os.close(fd)
+        raise
+    return ownpath.opener(fd, log_dir)      # holds the directory open for the job's life
+
+
 class Supervision:
     """One job's processes under supervision, whichever way they start: `start()` them,
     `wait()` until the job ended (acting on signals meanwhile; nothing of the job outlives
@@ -213,9 +231,9 @@ class LaunchSupervision(Supervision):
         self.late = False          # no rank started within start_timeout
 
     def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        opener = log_opener(self.log_dir)
         self.started_at = time.monotonic()
-        with open(self.err_path, "w", opener=private.nofollow) as err:
+        with open(self.err_path.name, "w", opener=opener) as err:
             self.proc = subprocess.Popen(self.argv, env=self.child_env, start_new_session=True, stderr=err,
                                          preexec_fn=die_with_parent)
 
@@ -277,9 +295,9 @@ class RankSupervision(Supervision):
         self.closed = False
 
     def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        opener = log_opener(self.log_dir)
         for rank, extra in enumerate(self.rank_envs):
-            with open(self.log_dir / f"workerlog.{rank}", "wb", opener=private.nofollow) as log:
+            with open(f"workerlog.{rank}", "wb", opener=opener) as log:
                 self.procs.append(subprocess.Popen(
                     self.argv, env=dict(self.child_env, **extra), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE if rank == 0 else log, stderr=subprocess.STDOUT,

@@ -27,25 +27,24 @@ Example:
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
-from ..security import private
+from ..security import ownpath, private
 from ..config import config_hash, evaluates_only
 from ..errors import UserError
 from . import status
 from .layout import RUN_FILE, Run
+from .runlock import LOCK, hold as _hold, holder as _holder, locked as _locked, release  # noqa: F401 - release: the face
 from ..schema import Config
 
 NOT_IDENTITY = ("world_size",)     # recorded in run.json, not compared (_same_job)
-LOCK = ".lock"
-_HELD: Dict[Path, int] = {}      # run directory -> the descriptor holding its lock
 
 
 @dataclass
@@ -68,7 +67,6 @@ def choose(cfg: Config, world_size: int, command: Sequence[str] = (), extra: Opt
                 **(extra or {})}
     auto = str(cfg.checkpoint.resume).strip().lower() == "auto"
     if named:
-        _check_own(Path(named), "output.run_dir", must_exist=False)
         path = _given(Path(named), hold=True)
         if auto:
             _check_loadable(path, identity)
@@ -79,12 +77,10 @@ def choose(cfg: Config, world_size: int, command: Sequence[str] = (), extra: Opt
         clear_status(path, [r for r in status.read_all(path) if r >= world_size])
         return Choice(path.resolve())
     root = Path(cfg.output.root)
-    _check_own(root, "output.root", must_exist=False)
-    root.mkdir(parents=True, exist_ok=True)
-    _check_own(root, "output.root")
-    with _locked(root / LOCK):
+    with _opened(root, "output.root", create=True) as root_fd, _locked(root_fd):
         previous = _previous(root, identity) if auto else None
         if previous is not None and not _ended(previous):
+            _checked(previous, "output.root", release_on_error=True)
             private.restrict(previous, cfg.output.share)
             _record(previous, identity, command, continues=True)
             clear_status(previous)
@@ -92,7 +88,7 @@ def choose(cfg: Config, world_size: int, command: Sequence[str] = (), extra: Opt
         if previous is not None:
             release(previous)
         other = _unfinished_other(root, identity) if auto and previous is None else None
-        path = _new(root, cfg.output.name)
+        path = _checked(_new(root, root_fd, cfg.output.name), "output.root")
         private.restrict(path, cfg.output.share)
         _hold(path)
         _record(path, identity, command, continues=auto)
@@ -104,6 +100,15 @@ def choose(cfg: Config, world_size: int, command: Sequence[str] = (), extra: Opt
     if other is not None:
         note = f"not continuing the unfinished run {other[0]}: {other[1]}; starting a new run in {path}"
     return Choice(path.resolve(), note)
+
+
+def check(cfg: Config) -> None:
+    """Refuse (one line, exit 2) an `output.run_dir` or `output.root` that another user
+    could change, as far as it exists, before anything is made (security/ownpath.py):
+    dist.isolate checks it before it enters a user namespace, where root's directories
+    and other users' look alike."""
+    named = cfg.output.run_dir
+    ownpath.check(Path(named or cfg.output.root), "output.run_dir" if named else "output.root")
 
 
 def _unfinished_other(root: Path, identity: dict):
@@ -161,17 +166,30 @@ def point_to(path: Path, pointer: str) -> None:
     if not pointer:
         return
     target = Path(pointer)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp = f".{target.name}.tmp-{os.getpid()}"
+    try:    # in its launcher's log directory, which the launcher checked; checked again here
+        folder = ownpath.open_dir(target.parent, "the run pointer's directory")
+    except (UserError, OSError):
+        folder = None
+    if folder is None:
+        return                          # the launcher then reports from exit codes alone
     try:
-        tmp.write_text(f"{Path(path).resolve()}\n")
-        os.replace(tmp, target)
-    except OSError:
-        tmp.unlink(missing_ok=True)     # the launcher then reports from exit codes alone
+        with open(tmp, "x", opener=ownpath.opener(folder, target.parent)) as f:
+            f.write(f"{Path(path).resolve()}\n")
+        os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+    except (UserError, OSError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
-def _given(path: Path, hold: bool) -> Path:
+def _given(path: Path, hold: bool, key: str = "output.run_dir") -> Path:
+    """`output.run_dir` (or a machine's directory of node 0's run under `key`), checked all
+    the way and made when missing (_checked), unless it holds a run never continued."""
     if path.exists() and not path.is_dir():
         raise UserError(f"output.run_dir {path} is a file; give a directory")
+    _checked(path, key, create=True)
     if _finished(path):
         raise UserError(f"output.run_dir {path} already holds a finished run; "
                         "choose another output.run_dir or remove that one")
@@ -179,7 +197,6 @@ def _given(path: Path, hold: bool) -> Path:
         raise UserError(f"output.run_dir {path} holds a run whose ranks' weights diverged, which is "
                         "never continued; choose another output.run_dir (add -o checkpoint.resume="
                         f"{path} to start from its last checkpoint: docs/faults.md)")
-    path.mkdir(parents=True, exist_ok=True)
     if hold and not _hold(path):
         raise UserError(f"output.run_dir {path} is in use by another job ({_holder(path)}); "
                         "wait for it to end or choose another output.run_dir")
@@ -226,30 +243,49 @@ def _own_runs(root: Path, name: str):
     return [path for path in root.glob(f"{_glob_escape(name)}-*") if not private.not_own(path)]
 
 
-def _check_own(path: Path, key: str, must_exist: bool = True) -> None:
-    """Refuse (UserError, exit 2) a directory of the job that is not this user's alone
-    (`key`: the config key that named it)."""
-    why = private.not_own(path) if must_exist or path.exists() or path.is_symlink() else ""
-    if why:
-        raise UserError(f"{key} {path} is not yours alone ({why}): a run there could be read, "
-                        f"planted or changed by someone else; choose a directory of your own "
-                        f"(-o {key}=...)")
+@contextlib.contextmanager
+def _opened(path: Path, key: str, create: bool = False) -> Iterator[int]:
+    """A descriptor of directory `path`, checked all the way (security/ownpath.py: refused
+    in one line, exit 2, when another user could change it), made when missing (`create`)."""
+    fd = ownpath.open_dir(path, key, create=create)
+    if fd is None:
+        raise UserError(f"{key} {path} is gone: another process of yours removed it; run again")
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _checked(path: Path, key: str, create: bool = False, release_on_error: bool = False) -> Path:
+    """Run directory `path`, checked all the way (_opened), with no link inside it: a link
+    at checkpoints/, logs/ or status/ would have every file there read or written elsewhere
+    (security/ownpath.refuse_links). `release_on_error`: let go of the run when refused."""
+    try:
+        with _opened(path, key, create) as fd:
+            ownpath.refuse_links(fd, path)
+    except UserError:
+        if release_on_error:
+            release(path)
+        raise
+    return path
 
 
 def _glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
-def _new(root: Path, name: str) -> Path:
-    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
+def _new(root: Path, root_fd: int, name: str) -> Path:
+    """A new run directory in `root` (open as `root_fd`): made by this process (mkdir,
+    never an existing one), named by the time, with a suffix if taken."""
+    base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder, n = base, 1
     while True:
         try:
-            path.mkdir(parents=True)
-            return path
+            os.mkdir(folder, 0o700, dir_fd=root_fd)
+            return root / folder
         except FileExistsError:
             n += 1
-            path = base.with_name(f"{base.name}-{n}")
+            folder = f"{base}-{n}"
 
 
 def _finished(path: Path) -> bool:
@@ -298,10 +334,20 @@ def clear_status(path: Path, ranks: Optional[Iterable[int]] = None) -> None:
 
 def chosen_by_launcher(cfg: Config) -> Path:
     """A rank's run directory when the job's launcher chose it (launch/job.py): created on a
-    machine that has none yet (mpirun's other hosts), never chosen or checked again."""
-    path = Path(cfg.output.run_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    private.restrict(path, cfg.output.share)
+    machine that has none yet (mpirun's other hosts), checked all the way (_checked) on
+    every machine, never chosen again."""
+    return joined(Path(cfg.output.run_dir), cfg.output.share)
+
+
+def joined(path: Path, share: str = "private") -> Path:
+    """Run `path`, which another process chose (the launcher, rank 0), as a rank takes it on
+    its machine: checked all the way (_checked), made when missing, closed to others.
+
+    Example:
+        joined(Path("runs/mnist_lenet-20261123-061500"))   # refused in one line if not yours
+    """
+    path = _checked(path, "output.run_dir", create=True)
+    private.restrict(path, share)
     return path.resolve()
 
 
@@ -318,7 +364,7 @@ def node_run_dir(cfg: Config, name: str) -> Path:
     if not name:
         raise UserError("node 0 did not name its run directory; run the same paddle_dist version "
                         "on every machine")
-    return _given(Path(cfg.output.root) / name, hold=False).resolve()
+    return _given(Path(cfg.output.root) / name, hold=False, key="output.root").resolve()
 
 
 # ------------------------------------------------------------------ run.json
@@ -345,52 +391,3 @@ def _record(path: Path, identity: dict, command: Sequence[str], continues: bool)
     tmp = path / f".{RUN_FILE}.tmp-{os.getpid()}"
     private.write_text(tmp, json.dumps(info, indent=1))
     os.replace(tmp, path / RUN_FILE)
-
-
-# ------------------------------------------------------------------ locks
-class _locked:
-    """Hold an exclusive flock on `path` for a block (blocking: choosing takes milliseconds)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
-
-
-def _hold(path: Path) -> bool:
-    """Lock run `path` for this process until release() or exit; False if a live process
-    holds it. The lock file records the holder's pid and host, for messages."""
-    path = Path(path).resolve()
-    if path in _HELD:
-        return True
-    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
-    _HELD[path] = fd
-    return True
-
-
-def _holder(path: Path) -> str:
-    try:
-        pid, host = (path / LOCK).read_text().split()[:2]
-        return f"pid {pid} on {host}"
-    except (OSError, ValueError):
-        return "another process"
-
-
-def release(path: Path) -> None:
-    """Let go of run `path` (a no-op unless this process holds it)."""
-    fd = _HELD.pop(Path(path).resolve(), None)
-    if fd is not None:
-        os.close(fd)

@@ -200,6 +200,8 @@ def make_run_dir(cfg: Config, env: envlib.DistEnv, identity: Optional[dict] = No
         return str(choice.path)
 
     path = Path(from_rank0(cfg, env, decide)).resolve()
+    if not env.is_main:        # on this rank's machine: checked all the way, made when missing
+        path = rundir.joined(path, cfg.output.share)
     if env.is_local_main and not env.is_main:
         rundir.point_to(path, pointer)
     return path

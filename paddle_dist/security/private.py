@@ -289,13 +289,14 @@ def not_own(path: Path) -> str:
     if stat.S_ISLNK(found.st_mode):
         return "it is a symbolic link"
     if found.st_uid != os.geteuid():
-        return f"it belongs to {_user(found.st_uid)}"
+        return f"it belongs to {user_name(found.st_uid)}"
     if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
         return "other users can write into it"
     return ""
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """How a line names user `uid`: 'user nobody (uid 65534)'."""
     try:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
