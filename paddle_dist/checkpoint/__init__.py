@@ -1,6 +1,6 @@
 """One checkpoint format for both trainers: the full training state, written by global rank 0.
 
-- format: what a checkpoint holds (layout, State, Snapshot, Meta: meta.json as a record,
+- format: what a checkpoint holds (layout, State, Snapshot, Meta: meta.json as a record, Written,
   RNG state) and its checks;
 - io: snapshot, atomic write, the background AsyncSaver, latest, load, export to .pdparams;
 - resume: which checkpoint `checkpoint.resume` means, compatibility, restore;

@@ -272,3 +272,18 @@ def weights_digest(model) -> str:
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(value.numpy()).tobytes())
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Written:
+    """A checkpoint as its write ended: where, its step, its size in bytes and how long its
+    write took (the files, their fsyncs and the renames; not a delay before it)."""
+
+    path: Path
+    step: int
+    size: int
+    seconds: float
+
+    def line(self, what: str = "checkpoint") -> str:
+        """`checkpoint for step 40 written: 12.3 MB in 0.21 s`"""
+        return f"{what} for step {self.step} written: {self.size / 1e6:,.1f} MB in {self.seconds:.2f} s"

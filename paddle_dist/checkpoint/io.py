@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -32,7 +33,7 @@ from .. import compat
 from ..runs.layout import CHECKPOINT, CHECKPOINTS, LATEST, META, checkpoint_dirs, latest  # noqa: F401 - latest: the face
 from ..security import private
 from .format import (AVERAGED, FIX, FORMAT, LEFTOVER, ZIP_TIME, CheckpointError, Meta, Snapshot, State,
-                     _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
+                     Written, _check_rng, _checked_meta, _flatten, _json_copy, _to_numpy, _unflatten,
                      capture_rng)
 
 
@@ -90,6 +91,11 @@ def save(root: Path, model, optimizer, meta: Union[Meta, Dict[str, Any]], keep_l
     return write(root, snapshot(model, optimizer, meta), keep_last)
 
 
+def size_of(folder: Path) -> int:
+    """The bytes of the files in a checkpoint directory."""
+    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file())
+
+
 class AsyncSaver:
     """Writes snapshots in a background thread while training goes on.
 
@@ -97,7 +103,8 @@ class AsyncSaver:
     up after a fixed 30 s) while it writes a big checkpoint. So `submit` never waits: if
     a write is still running, the new snapshot waits its turn, and a newer one for the
     same root replaces it (at most one snapshot per root is held besides the one being
-    written). Call it from one thread.
+    written). Call it from one thread. `on_written(Written)`, if given, is called after
+    each write, in the thread that wrote it (the trainer logs the size and the time).
 
     Example:
         saver = AsyncSaver()
@@ -106,7 +113,8 @@ class AsyncSaver:
         saver.close()       # waits for every write; re-raises an error of one
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_written: Optional[Callable[[Written], None]] = None) -> None:
+        self.on_written = on_written
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)        # notified when a writer stops
         self._writer: Optional[threading.Thread] = None     # the one thread draining the queue
@@ -174,7 +182,11 @@ class AsyncSaver:
             try:
                 if before_write is not None:
                     before_write()
+                began = time.perf_counter()
                 self._path = write(root, snap, keep_last)
+                if self.on_written is not None:
+                    self.on_written(Written(self._path, snap.meta["global_step"], size_of(self._path),
+                                            time.perf_counter() - began))
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 self._error = exc
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import stat
 from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import UserError
+from . import auth
 
 KEYS = ("tls_ca", "tls_cert", "tls_key")
 HANDSHAKE_RECORD = b"\x16"    # the first byte of a TLS ClientHello (a handshake record)
@@ -77,15 +77,10 @@ class Contents:
 
     @classmethod
     def read(cls, files: Files) -> "Contents":
-        found = {}
-        for name in ("ca", "cert", "key"):
-            path = getattr(files, name)
-            try:
-                with open(path, "rb") as f:
-                    found[name] = f.read()
-            except OSError as e:
-                raise UserError(f"dist.tls_{name} {path} cannot be read ({e.strerror}); {MAKE}") from None
-        return cls(**found)
+        """Each file once, when it is the user's (auth.read_own): the key the user's alone,
+        the CA and the certificate writable by no one else."""
+        return cls(**{name: auth.read_own(getattr(files, name), f"dist.tls_{name}", MAKE, private=name == "key")
+                      for name in ("ca", "cert", "key")})
 
 
 def configured(ca: str = "", cert: str = "", key: str = "") -> Optional[Files]:
@@ -136,7 +131,7 @@ def _context(protocol: int, files: Files, contents: Optional[Contents] = None) -
     certificate and key from a memory file (ssl loads a key from a path only)."""
     context = ssl.SSLContext(protocol)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
-    _check_key_mode(files.key)
+    auth.check_own(files.key, "dist.tls_key", MAKE)
     try:
         if contents is not None:
             context.load_verify_locations(cadata=contents.ca.decode("ascii", "replace"))
@@ -165,17 +160,6 @@ def _context(protocol: int, files: Files, contents: Optional[Contents] = None) -
 
 def _no_passphrase() -> bytes:
     raise ValueError("a key protected by a passphrase")
-
-
-def _check_key_mode(path: str) -> None:
-    """As auth.read_token for the token: a private key that others can read is refused."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise UserError(f"dist.tls_key {path} cannot be read ({e.strerror}); {MAKE}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UserError(f"dist.tls_key {path} is open to others (mode {stat.S_IMODE(mode):04o}); "
-                        f"run: chmod 600 {path}")
 
 
 def _why(error: Exception) -> str:

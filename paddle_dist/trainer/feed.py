@@ -32,6 +32,7 @@ import paddle
 
 from ..errors import ConfigError, DataError
 from .keywords import Named, Signature, keyword_names
+from .lengths import LengthWatch
 
 MODEL_LOSS = "model"        # fit(loss="model"): the model returns its own loss
 
@@ -49,10 +50,14 @@ class Feed:
         self.label_names = _names(labels)
         self.input_count = _count(inputs, "inputs") or max(len(arguments), 1)
         self.label_count = _count(labels, "labels")
+        self.lengths = LengthWatch.of(model)     # config.max_position_embeddings and the like
 
     def split(self, batch) -> Tuple[List[paddle.Tensor], List[paddle.Tensor]]:
-        """(inputs, labels) of one collated batch."""
-        return self._split(batch)
+        """(inputs, labels) of one collated batch; the first batch longer than the model's
+        declared maximum length is warned of, once (lengths.LengthWatch)."""
+        inputs, labels = self._split(batch)
+        self.lengths.see(inputs)
+        return inputs, labels
 
     def _split(self, batch):
         if self.split_batch is not None:

@@ -120,6 +120,7 @@ def _run(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log, p
         engine.close()
     result = session.result
     result.losses, result.steps, result.samples_per_s = ledger.losses, session.pos.global_step, progress.samples_per_s
+    result.tokens_per_s = progress.tokens_per_s
     result.comm_calls, result.sync_transport = sync.calls, sync.used
     return result
 

@@ -1,6 +1,7 @@
-"""The losses of a run's steps, as the Session keeps them: each step's mean loss and its
-parts, read on the host only when asked for (on a GPU every read waits for the queued
-work, so a read per step would stall the device every step).
+"""The losses of a run's steps, as the Session keeps them: each step's mean loss, its
+parts and its count (the loss's, over every rank: tokens), read on the host only when
+asked for (on a GPU every read waits for the queued work, so a read per step would stall
+the device every step).
 
 The Session records every step and reads the epoch's losses at the epoch's end and at a
 mid-epoch checkpoint; the progress line reads the steps since its last report.
@@ -14,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from .progress import read_values
 
@@ -26,12 +27,21 @@ class LossLedger:
         self._read: List[float] = []          # losses of this run's steps, read so far
         self._pending: list = []              # losses of the steps after those, not read yet
         self._parts: List[Dict[str, Any]] = []   # each step's loss parts (unread tensors or numbers)
+        self._counts: list = []               # each step's count over every rank, or None
         self._epoch_from = 0                  # this run's steps before the epoch in progress
 
-    def record(self, loss, parts: Dict[str, Any]) -> None:
-        """A step's mean loss (a device tensor, left unread, or a number) and its parts."""
+    def record(self, loss, parts: Dict[str, Any], count=None) -> None:
+        """A step's mean loss (a device tensor, left unread, or a number), its parts and
+        its count over every rank (likewise; None for a loss without one)."""
         self._pending.append(loss)
         self._parts.append(parts or {})
+        self._counts.append(count)
+
+    def counted_from(self, start: int) -> Optional[float]:
+        """The sum of the counts of this run's steps from number `start` on (one host read),
+        or None when the loss has no count."""
+        counts = [c for c in self._counts[start:] if c is not None]
+        return sum(read_values(counts)) if counts else None
 
     def begin_epoch(self) -> None:
         self._epoch_from = len(self)

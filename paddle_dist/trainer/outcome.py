@@ -118,6 +118,7 @@ def write_metrics(run_dir: Path, result: Result, cfg: Config, env: DistEnv) -> N
         "test_metrics": {k[5:]: v for k, v in last.items() if k.startswith("eval_") and k != "eval_count"},
         "final_loss": last.get("train_loss"),
         "samples_per_s": result.samples_per_s,
+        "tokens_per_s": result.tokens_per_s,      # the loss's count per second; None: it has none
         "wall_time_s": result.wall_time_s,
         "first_step_at": result.first_step_at,     # Unix time, for start-up measurements
         "steps": result.steps,
@@ -127,7 +128,7 @@ def write_metrics(run_dir: Path, result: Result, cfg: Config, env: DistEnv) -> N
     }
     if configlib.evaluates_only(cfg):
         metrics.update(eval_only=True, checkpoint=result.resumed_from)
-    for key in ("test_accuracy", "test_loss", "test_samples"):     # what does not apply is left out
+    for key in ("test_accuracy", "test_loss", "test_samples", "tokens_per_s"):     # what does not apply is left out
         if metrics[key] is None:
             del metrics[key]
     path = Run(run_dir).metrics
@@ -148,5 +149,6 @@ def _summary(log, result: Result, run_dir: Path, cfg: Config) -> None:
     if best.value is not None and len(result.history) > 1:
         kept = f"; its checkpoint is {run_dir / 'best'}" if cfg.checkpoint.save_best else ""
         log.info(f"{best.describe()} of {sum(cfg.checkpoint.monitor in h for h in result.history)} evaluations{kept}")
-    log.info(f"{result.samples_per_s:,.0f} samples/s, {result.wall_time_s:.1f} s; outputs in {run_dir}")
+    tokens = f", {result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else ""
+    log.info(f"{result.samples_per_s:,.0f} samples/s{tokens}, {result.wall_time_s:.1f} s; outputs in {run_dir}")
 

@@ -53,6 +53,7 @@ class Result:
     losses: List[float] = field(default_factory=list)      # this rank's loss per step (this run)
     history: List[Dict[str, float]] = field(default_factory=list)  # per epoch, same on all ranks
     samples_per_s: float = 0.0
+    tokens_per_s: Optional[float] = None   # the loss's count per second over all ranks (tokens/s), if it has one
     step_times: List[float] = field(default_factory=list)  # perf_counter() after each step (this run)
     first_step_at: Optional[float] = None  # time.time() when this run's first step ended
     wall_time_s: float = 0.0

@@ -94,8 +94,9 @@ class Progress:
     `step(lr)` is called after every optimizer step, once the Session recorded the step's
     loss in its `ledger` (ledger.py: a device tensor from the loop trainer, a number from
     hapi). A line goes out every `log_every` steps and at each epoch's end with the mean
-    loss of the steps since the last line, global samples/s and an ETA; the ledger reads
-    the losses on the host only then, all at once.
+    loss of the steps since the last line, global samples/s (and tokens/s, the loss's count
+    per second over every rank, for a loss with a count: weighting.py) and an ETA; the
+    ledger reads the losses on the host only then, all at once.
     """
 
     def __init__(self, env: DistEnv, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
@@ -113,6 +114,9 @@ class Progress:
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
         self.grad_norm = None     # an ema.MeasuredClip: its last norm is printed at each report
+        # The loss's count (tokens) of this run's steps up to the last report, over every
+        # rank, and their training time; None for a loss without a count.
+        self.counted, self._counted_time = None, 0.0
 
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
@@ -153,11 +157,21 @@ class Progress:
     def samples_per_s(self) -> float:
         return self.step_count * self.global_batch / self.train_time if self.train_time else 0.0
 
+    @property
+    def tokens_per_s(self) -> Optional[float]:
+        """The loss's count per second over this run's steps up to the last report, over
+        every rank (tokens/s for a token loss); None for a loss without a count."""
+        return self.counted / self._counted_time if self.counted is not None and self._counted_time else None
+
     def _report(self, lr: float) -> None:
         start, self._reported = self._reported, self.step_count
         window = self.ledger.losses_from(start)      # the steps since the last report
         mean = sum(window) / len(window)
         speed = self.samples_per_s
+        counted = self.ledger.counted_from(start)
+        if counted is not None:
+            self.counted, self._counted_time = (self.counted or 0.0) + counted, self.train_time
+        tokens = f" {self.tokens_per_s:,.0f} tokens/s" if counted is not None and self.tokens_per_s else ""
         remaining = self.total_steps - self.start_step - self.step_count
         eta = remaining * self.global_batch / speed if speed else 0
         norm = ""
@@ -168,12 +182,14 @@ class Progress:
         parts = {k: sum(v) / len(v) for k, v in self.ledger.parts_from(start).items()}
         steps = f"; step {self.start_step + self.step_count}/{self.total_steps}" if self.by_steps else ""
         self.log.info(f"epoch {self.epoch + 1}/{self.epochs} step {self.epoch_step}/{self.steps_per_epoch} "
-                      f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s eta {format_eta(eta)}{steps}")
+                      f"loss {mean:.4f}{_said(parts)} lr {lr:.2e}{norm} {speed:,.0f} samples/s{tokens} eta {format_eta(eta)}{steps}")
         self.scalar("train/loss", mean)
         for name, value in parts.items():
             self.scalar(f"train/{name}", value)
         self.scalar("train/lr", lr)
         self.scalar("train/samples_per_s", speed)
+        if tokens:
+            self.scalar("train/tokens_per_s", self.tokens_per_s)
 
     def epoch_end(self, epoch: int, train_loss: float, metrics: Dict[str, float],
                   parts: Optional[Dict[str, float]] = None) -> None:

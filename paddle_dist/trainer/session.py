@@ -100,7 +100,7 @@ class Session:
         clip = getattr(optimizer, "_grad_clip", None)
         progress.grad_norm = clip if isinstance(clip, MeasuredClip) else None
         self.best = Best(cfg.checkpoint.monitor, cfg.train.early_stop_patience).replay(resumed.history)
-        self.saver = checkpoint.AsyncSaver()
+        self.saver = checkpoint.AsyncSaver(on_written=self._say_written)
         self.checked_at = -1          # the step whose weights the ranks last compared
         # Which samples each step trains on (sampling.py); a continued run's, from its checkpoint.
         self.plan = resumed.plan
@@ -132,10 +132,11 @@ class Session:
         (randomness.py)."""
         self.draws.seed(self.pos.global_step, index, share)
 
-    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None) -> bool:
+    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None, count=None) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached.
         `loss`: the step's mean loss, a device tensor (left unread) or a number; `parts`:
-        the means of its parts by name (feed.loss_parts), likewise."""
+        the means of its parts by name (feed.loss_parts), likewise; `count`: the loss's
+        count over every rank (StepResult.count: tokens), likewise, or None."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self._log_samples()
@@ -148,7 +149,7 @@ class Session:
         sync = self.engine.sync
         measurable = self.env.is_distributed and sync.mode != "dataparallel"
         lr = float(self.optimizer.get_lr())
-        self.ledger.record(loss, parts or {})
+        self.ledger.record(loss, parts or {}, count)
         self.progress.step(lr, sync.comm_seconds if measurable else None)
         if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
             self.events.batch_end(self.pos.step_in_epoch - 1, {
@@ -313,6 +314,12 @@ class Session:
                           before_write=self.monitor.save_delay(at.global_step))
         what = "best checkpoint" if root is not None else "checkpoint"
         self.progress.log.info(f"{what} for step {at.global_step} is being written")
+
+    def _say_written(self, written) -> None:
+        """Rank 0's line as a checkpoint's write ends (in the writer's thread): its size and
+        how long the write took, `checkpoint for step 40 written: 12.3 MB in 0.21 s`."""
+        best = self.run_dir is not None and written.path.parent == Run(self.run_dir).best
+        self.progress.log.info(written.line("best checkpoint" if best else "checkpoint"))
 
     def meta(self, at: Position) -> Meta:
         """The checkpoint's record of the run at `at`: every piece that survives a resume

@@ -6,6 +6,8 @@ weights. The token is in no file of the run, in no command line and in no enviro
 import os
 from pathlib import Path
 
+import pytest
+
 from ..oracles import free_port, rank_statuses
 from .netns import two_hosts  # noqa: F401  (fixture)
 from .procs import PY, check, finish, run, start
@@ -54,6 +56,20 @@ def test_a_token_file_open_to_others_is_refused_before_anything_starts(tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"dist.token_file {token} is open to others (mode 0644); run: chmod 600 {token}" in result.stderr
     assert not (tmp_path / "run").exists()            # refused before the run directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
+def test_another_users_token_file_is_refused_before_anything_starts(tmp_path):
+    """Issue 53, finding 8: another user (uid 65534) made the file first, 0600; the user filled
+    it with the docs' command. Node 0 refuses it in one line before it listens."""
+    token = Path(_token_file(tmp_path / "job.token"))
+    os.chown(token, 65534, 65534)                     # theirs, as when they made it first
+    port = free_port()
+    result = run(_node(0, port, tmp_path / "run", str(token)), timeout=60)
+    assert result.returncode == 2, result.stderr
+    [said] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert f"dist.token_file {token} belongs to user nobody (uid 65534), not to you" in said
+    assert not (tmp_path / "run").exists()
 
 
 def test_two_hosts_a_second_job_and_a_stranger_on_host_b_are_refused_and_the_job_goes_on(two_hosts, tmp_path):

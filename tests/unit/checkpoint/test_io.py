@@ -153,6 +153,18 @@ def test_async_saver_writes_the_same_bytes_as_save(tmp_path, one_step):
     assert ck.latest(tmp_path / "b") == by_saver
 
 
+def test_async_saver_says_each_checkpoints_size_and_write_time_from_the_writer(tmp_path, one_step):
+    net, opt, _ = one_step
+    said = []
+    saver = ck.AsyncSaver(on_written=lambda written: said.append((written, threading.current_thread())))
+    saver.submit(tmp_path, ck.snapshot(net, opt, meta(7)), keep_last=2)
+    path = saver.wait()
+    (written, thread), = said
+    assert thread is not threading.current_thread() and written.path == path and written.step == 7
+    assert written.size == sum(f.stat().st_size for f in path.iterdir()) and written.seconds > 0
+    assert written.line() == f"checkpoint for step 7 written: {written.size / 1e6:,.1f} MB in {written.seconds:.2f} s"
+
+
 def test_async_saver_writes_off_the_calling_thread_one_at_a_time(tmp_path, one_step, monkeypatch):
     net, opt, _ = one_step
     release, entered, writers, real_write = threading.Event(), threading.Event(), [], ck.write

@@ -4,7 +4,11 @@ proof and a node 0 that cannot prove the token are all refused in one line, and 
 goes on waiting for the right machine."""
 
 import os
+import shutil
+import signal
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +39,77 @@ def test_a_token_file_is_read_only_when_it_is_its_owners_alone(tmp_path):
         auth.read_token(_token_file(tmp_path, "short.token", text="abcd\n"))
     with pytest.raises(UserError, match="cannot be read"):
         auth.read_token(str(tmp_path / "missing.token"))
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
+
+
+def _as_nobody(act) -> None:
+    """Run `act()` in a forked child that became uid/gid 65534, within 30 s."""
+    pid = os.fork()
+    if pid == 0:                                  # the child: never returns into pytest
+        code = 1
+        try:
+            signal.alarm(30)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.fixture
+def shared():
+    """A directory every user may add to, as /tmp is (sticky), outside pytest's own (0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="pd-shared-", dir="/tmp"))
+    folder.chmod(0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@as_root
+def test_another_users_token_file_is_refused_though_only_its_owner_can_read_it(shared):
+    """Issue 53, finding 8: the other user made the empty file first (0600, theirs); the
+    user filled it with the docs' command, and the job took it: they could read the token
+    and meet node 0 as a machine of the job."""
+    path = shared / "job.token"
+    _as_nobody(lambda: os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)))
+    path.write_text(auth.new_token() + "\n")              # root writes into it, as the docs' command would
+    with pytest.raises(UserError, match=rf"^dist.token_file {path} belongs to user nobody \(uid 65534\), not to "
+                                        "you: another user made it or can change it; remove it and make your own$"):
+        auth.read_token(str(path))
+    port = launcher.free_port("127.0.0.1")
+    with pytest.raises(UserError, match="belongs to user nobody"):       # node 0 meets nobody with it
+        rendezvous.meet(_gate(port, 0, token_file=str(path), timeout=1))
+    with pytest.raises(UserError, match="belongs to user nobody"):       # nor does a machine
+        rendezvous.meet(_gate(port, 1, token_file=str(path), timeout=1))
+
+
+@as_root
+def test_a_token_file_where_another_user_can_replace_it_is_refused(shared):
+    """The file is the user's, but another user owns its directory, or may write into it:
+    they could put a file of the user's choosing in its place (another job's token)."""
+    theirs = shared / "theirs"
+    _as_nobody(lambda: theirs.mkdir(mode=0o755))
+    with pytest.raises(UserError, match=rf"is in {theirs}, which belongs to user nobody \(uid 65534\), so they "
+                                        "could replace it; keep it in a directory only you can write"):
+        auth.read_token(_token_file(theirs))
+    open_to_all = shared / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)                           # not sticky: anyone may rename what is inside
+    with pytest.raises(UserError, match=rf"is in {open_to_all}, which other users can write into \(mode 0777\)"):
+        auth.read_token(_token_file(open_to_all))
+    assert len(auth.read_token(_token_file(shared))) == 32     # sticky, as /tmp: others cannot replace it
+    fifo = shared / "fifo.token"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(UserError, match="is not a regular file"):   # and reading it waits for nobody
+        auth.read_token(str(fifo))
 
 
 def test_a_proof_is_bound_to_its_direction_job_node_and_nonces():

@@ -4,6 +4,7 @@ plaintext machine, a certificate of another CA, an expired one and none are each
 (in one line where the machine is paddle_dist) while node 0 waits on for the right machine;
 a machine refuses a node 0 it cannot trust; a slow or silent handshake holds up nobody."""
 
+import os
 import shutil
 import socket
 import ssl
@@ -13,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from paddle_dist.launch import launcher, rendezvous, preflight
-from paddle_dist.security import tls
+from paddle_dist.security import credentials, tls
 from paddle_dist.config import load
 from paddle_dist.errors import UserError
 from paddle_dist.runtime.devices import GpuInfo
@@ -144,6 +145,24 @@ def test_a_key_open_to_others_missing_files_and_an_encrypted_key_are_refused(pki
     (tmp_path / "locked.key").chmod(0o600)
     with pytest.raises(UserError, match="are not a certificate and its unencrypted private key"):
         tls.client_context(tls.Files(right.ca, right.cert, str(tmp_path / "locked.key")))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
+def test_a_key_or_ca_of_another_user_is_refused(pki, tmp_path):
+    """Issue 53, finding 8: the key's mode alone was checked; one another user (uid 65534)
+    made first, or can change, is theirs. A CA they can change admits their machines."""
+    right = pki["node1"]
+    for name in ("theirs.key", "theirs.pem"):
+        shutil.copy(right.key if name.endswith(".key") else right.ca, tmp_path / name)
+        (tmp_path / name).chmod(0o600)
+        os.chown(tmp_path / name, 65534, 65534)
+    theirs = str(tmp_path / "theirs.key")
+    with pytest.raises(UserError, match=rf"^dist.tls_key {theirs} belongs to user nobody \(uid 65534\), not to you"):
+        tls.client_context(tls.Files(right.ca, right.cert, theirs))
+    with pytest.raises(UserError, match=rf"^dist.tls_key {theirs} belongs to user nobody"):
+        credentials.contexts(tls.Files(right.ca, right.cert, theirs))
+    with pytest.raises(UserError, match=r"^dist.tls_ca .*theirs.pem belongs to user nobody"):
+        credentials.contexts(tls.Files(str(tmp_path / "theirs.pem"), right.cert, right.key))
 
 
 def test_check_names_an_expired_certificate_another_ca_and_a_missing_host_name(pki):

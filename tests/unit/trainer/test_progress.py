@@ -1,5 +1,6 @@
 """VisualDL scalars: a resumed run keeps one log file (VisualDL shows only the newest)."""
 
+import paddle
 from visualdl import LogReader
 
 from paddle_dist.trainer.progress import _visualdl_writer
@@ -15,3 +16,50 @@ def test_a_resumed_run_appends_to_its_visualdl_file(tmp_path, capsys):
     points = LogReader(file_path=str(files[0])).get_data("scalar", "train/loss")
     assert [(p.id, p.value) for p in points] == [(1, 1.0), (2, 2.0)]
     assert "add logs to it" not in capsys.readouterr().out     # VisualDL's notice is kept quiet
+
+
+def test_tokens_per_s_is_the_losss_count_over_all_ranks_per_second_beside_samples_per_s(tmp_path, caplog):
+    import logging
+
+    from paddle_dist.runtime.env import DistEnv
+    from paddle_dist.trainer.ledger import LossLedger
+    from paddle_dist.trainer.progress import Progress
+
+    ledger = LossLedger()
+    progress = Progress(DistEnv(), None, steps_per_epoch=4, epochs=1, batch_size=8, log_every=2, ledger=ledger)
+    progress.epoch_begin(0)
+    with caplog.at_level(logging.INFO, logger="paddle_dist"):
+        for step in range(4):
+            ledger.record(1.0, {}, paddle.to_tensor(100 + step))   # each step's count over all ranks
+            progress.step(0.1)
+    lines = [r.getMessage() for r in caplog.records if "samples/s" in r.getMessage()]
+    assert len(lines) == 2 and all("tokens/s eta" in line for line in lines)
+    assert progress.counted == 406 and progress.tokens_per_s == 406 / progress.train_time
+
+    plain = Progress(DistEnv(), None, steps_per_epoch=2, epochs=1, batch_size=8, log_every=2, ledger=LossLedger())
+    plain.epoch_begin(0)
+    plain.ledger.record(1.0, {})
+    plain.step(0.1)
+    plain.ledger.record(1.0, {})
+    plain.step(0.1)
+    assert plain.tokens_per_s is None            # a loss without a count: no tokens/s
+
+
+def test_a_batch_longer_than_the_models_declared_length_is_warned_once(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from paddle_dist.trainer.lengths import LengthWatch
+
+    class Lm(paddle.nn.Layer):
+        config = SimpleNamespace(max_position_embeddings=8, max_length=20)   # generation's max_length: not it
+
+    watch = LengthWatch.of(Lm())
+    assert (watch.limit, watch.said) == (8, "config.max_position_embeddings")
+    with caplog.at_level(logging.WARNING, logger="paddle_dist"):
+        watch.see([paddle.zeros([2, 8], "int64")])
+        for _ in range(3):
+            watch.see([paddle.zeros([2, 9], "int64")])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "length 9" in said[0] and "config.max_position_embeddings = 8" in said[0]
+    assert LengthWatch.of(paddle.nn.Linear(2, 2)).limit is None
