@@ -69,7 +69,7 @@ def _launch_script(args) -> int:
     # job's identity (its model, optimizer and data). It writes the directory here; the
     # launcher then reports from the ranks' status records and names the command that
     # continues the run. --log_dir (default: log/ here) is checked all the way first.
-    supervisor.log_opener(Path(args.log_dir), "--log_dir", "--log_dir DIR: a directory of your own")
+    supervisor.log_opener(Path(args.log_dir), "--log_dir")
     pointer = Path(args.log_dir).resolve() / "run_dir"
     pointer.unlink(missing_ok=True)          # a previous job's, in the same log directory
     # -c and -o reach the script's paddle_dist.load_config() and fit() (protocol.launch_options).

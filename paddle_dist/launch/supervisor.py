@@ -175,7 +175,8 @@ def log_opener(log_dir: Path, key: str = "the ranks' log directory", fix: str = 
     Example:
         with open("launcher.err", "w", opener=log_opener(Path("log"))) as err: ...
     """
-    fd = ownpath.open_dir(log_dir, key, create=True, fix=fix or "run it again from a directory of your own")
+    fix = fix or ("" if key.startswith("-") else "-o output.run_dir=...")     # "": `--log_dir DIR`
+    fd = ownpath.open_dir(log_dir, key, create=True, fix=fix)
     try:
         ownpath.refuse_links(fd, log_dir, depth=1)
     except BaseException:

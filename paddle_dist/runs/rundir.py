@@ -41,7 +41,7 @@ from ..config import config_hash, evaluates_only
 from ..errors import UserError
 from . import status
 from .layout import RUN_FILE, Run
-from .runlock import LOCK, hold as _hold, holder as _holder, locked as _locked, release  # noqa: F401 - release: the face
+from .runlock import hold as _hold, holder as _holder, locked as _locked, release  # noqa: F401 - the face
 from ..schema import Config
 
 NOT_IDENTITY = ("world_size",)     # recorded in run.json, not compared (_same_job)

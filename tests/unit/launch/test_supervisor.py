@@ -53,3 +53,29 @@ def test_a_launcher_that_starts_no_rank_is_stopped_with_3(tmp_path, capsys):
     code = supervisor.LaunchSupervision(argv, {}, None, 60, tmp_path, start_timeout=0.5).run()
     assert code == errors.EXIT_RENDEZVOUS and time.monotonic() - started < 10
     assert "started no rank within 0.5 s" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the log directory (issue 53, finding 3)
+def test_a_log_directory_another_user_could_change_or_with_links_is_refused_before_any_rank(tmp_path):
+    """The launcher's log directory is checked all the way and held open: a planted one
+    (here open to everyone, as another user's would be refused for its owner) or one holding
+    a link is refused in one line, and nothing is written through it."""
+    import pytest
+
+    from paddle_dist.errors import UserError
+
+    (canary := tmp_path / "canary").write_text("kept\n")
+    (planted := tmp_path / "planted").mkdir()
+    planted.chmod(0o777)
+    argv = [sys.executable, "-c", "pass"]
+    with pytest.raises(UserError, match=r"^--log_dir .*/planted is not yours alone \(other users can write "
+                                        r"into it: mode 0777\): .*\(--log_dir DIR\)$"):
+        supervisor.log_opener(planted, "--log_dir")
+    (linked := tmp_path / "linked").mkdir()
+    (linked / "workerlog.0").symlink_to(canary)
+    for job in (supervisor.RankSupervision(argv, {}, [{}], None, 5, linked),
+                supervisor.LaunchSupervision(argv, {}, None, 5, linked)):
+        with pytest.raises(UserError, match=r"linked/workerlog.0 is a symbolic link"):
+            job.run()
+    assert canary.read_text() == "kept\n" and sorted(p.name for p in linked.iterdir()) == ["workerlog.0"]
+    assert list(planted.iterdir()) == []

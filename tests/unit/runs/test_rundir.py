@@ -329,3 +329,72 @@ def test_a_named_run_dir_of_another_model_is_refused_and_left_as_it_was(tmp_path
     fresh = cfg_for(tmp_path, f"output.run_dir={named}", "checkpoint.resume=none")
     rundir.release(rundir.choose(fresh, 2, ["python", "mine.py"], extra={"fit": other}).path)
     assert rundir.read_run(named)["fit"] == other
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+
+
+def theirs(path):
+    path.mkdir(parents=True)
+    os.chown(path, 65534, 65534)           # the other user's, uid 65534
+    return path
+
+
+@as_root
+def test_a_run_dir_or_root_inside_another_users_directory_is_refused(tmp_path):
+    """The parent swap (issue 53, finding 1): every directory above the named one is checked."""
+    exp = theirs(tmp_path / "exp")
+    for key in ("output.run_dir", "output.root"):
+        with pytest.raises(UserError, match=rf"^{key} {exp}/run1 is inside {exp}, which is not yours alone "
+                                            r"\(it belongs to user nobody \(uid 65534\)\)"):
+            rundir.choose(cfg_for(tmp_path, f"{key}={exp / 'run1'}"), 2)
+    assert list(exp.iterdir()) == []
+
+
+@as_root
+def test_every_machine_and_rank_checks_its_run_directory(tmp_path):
+    """Node > 0, and ranks whose launcher or rank 0 chose the run (mpirun, srun) (finding 2)."""
+    made = theirs(tmp_path / "runs" / "job-1")
+    with pytest.raises(UserError, match=r"^output.root .*/runs/job-1 is not yours alone \(it belongs to user nobody"):
+        rundir.node_run_dir(cfg_for(tmp_path), "job-1")
+    inside = f"output.run_dir .*/job-1/run is inside {made}, which is not yours alone"
+    with pytest.raises(UserError, match=inside):
+        rundir.node_run_dir(cfg_for(tmp_path, f"output.run_dir={made / 'run'}"), "job-1")
+    with pytest.raises(UserError, match=inside):
+        rundir.chosen_by_launcher(cfg_for(tmp_path, f"output.run_dir={made / 'run'}"))
+    with pytest.raises(UserError, match=inside):
+        rundir.joined(made / "run")
+    assert list(made.iterdir()) == []
+    assert rundir.node_run_dir(cfg_for(tmp_path), "job-2").stat().st_uid == os.geteuid()
+
+
+def test_a_linked_folder_inside_a_run_is_refused_before_anything_is_written(tmp_path):
+    """Linked checkpoints/ or logs/ in a run of one's own (finding 6), however it is taken."""
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    first = choose(cfg_for(tmp_path)).path
+    (first / "checkpoints").symlink_to(elsewhere)
+    link = rf"^{first}/checkpoints is a symbolic link, and paddle_dist writes no file of a run through one"
+    with pytest.raises(UserError, match=link):
+        choose(cfg_for(tmp_path))
+    assert rundir.read_run(first)["attempts"] == 1
+    for call in (lambda: rundir.choose(cfg_for(tmp_path, f"output.run_dir={first}"), 2),
+                 lambda: rundir.joined(first), lambda: rundir.node_run_dir(cfg_for(tmp_path), first.name)):
+        with pytest.raises(UserError, match=link):
+            call()
+    (first / "checkpoints").rename(first / "logs")
+    with pytest.raises(UserError, match=rf"^{first}/logs is a symbolic link"):
+        choose(cfg_for(tmp_path))
+    assert list(elsewhere.iterdir()) == [] and rundir.read_run(first)["attempts"] == 1
+
+
+def test_the_run_pointer_is_never_written_through_a_link_nor_into_another_users_directory(tmp_path):
+    """Finding 3: a link at the pointer's temporary name, or a log directory of theirs."""
+    (canary := tmp_path / "canary").write_text("kept\n")
+    (log := tmp_path / "log").mkdir()
+    (log / f".run_dir.tmp-{os.getpid()}").symlink_to(canary)
+    rundir.point_to(tmp_path / "run", str(log / "run_dir"))
+    assert canary.read_text() == "kept\n" and not (log / "run_dir").exists()
+    if os.geteuid() == 0:
+        planted = theirs(tmp_path / "theirs")
+        rundir.point_to(tmp_path / "run", str(planted / "run_dir"))
+        assert list(planted.iterdir()) == []
