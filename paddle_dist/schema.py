@@ -119,6 +119,11 @@ class TrainConfig:
     early_stop_patience: int = 0   # stop after this many evaluations without a better
                                    # checkpoint.monitor value; 0 = never
     log_every: int = 20            # steps between progress lines
+    loss_count: str = "none"       # none: the loss is a per-sample mean (or returns {"loss": mean,
+                                   # "count": n} itself); labels: the model's loss is its mean over the
+                                   # labels that are not ignore_index (PaddleFormers'), which are counted:
+                                   # each step then trains on Σ sums / Σ counts (trainer/weighting.py)
+    ignore_index: int = -100       # train.loss_count=labels: the label that is not counted (padding)
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,7 @@ CHOICES = {
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.lr_schedule": ("constant", "cosine", "step"),
     "train.scheduler_every": ("step", "epoch"),
+    "train.loss_count": ("none", "labels"),
     "train.amp": ("off", "O1", "O2"),
     "train.amp_dtype": ("auto", "float16", "bfloat16"),
     "output.share": ("private", "group"),

@@ -21,9 +21,9 @@ ranks; a difference is an error naming the parameter, never a sum of misaligned 
   has stays without, so no optimizer touches it, as in one process;
 - the count of ranks asking to stop (preemption), so every rank learns of a stop
   request at the same step at no extra cost;
-- on the CPU reducers, a rider's float32 values (`Rider`: BatchNorm's per-channel sums,
-  sync/batchstats.py), averaged like the gradients and handed to the rider's `take`, so
-  that they cost no exchange of their own.
+- on the CPU reducers, a rider's float32 values (`Rider`: BatchNorm's sums, batchstats.py;
+  the loss's count, trainer/weighting.py), averaged like the gradients and handed to its
+  `take`: no exchange of their own (elsewhere `take(None)` follows the average).
 
 Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
@@ -81,7 +81,8 @@ HALF = {"bf16": paddle.bfloat16, "fp16": paddle.float16}
 @dataclass(frozen=True)
 class Rider:
     """`size` float32 values that travel with the gradients (module docstring): `give()`
-    before the exchange, `take(mean)` after it (sync.attach(optimizer, net, rider))."""
+    before the exchange, `take(mean)` after it, `take(None)` after an average that could
+    not carry them (sync.attach(optimizer, net, rider))."""
 
     size: int
     give: Callable[[], np.ndarray]
@@ -96,8 +97,7 @@ class GradSync:
     `arm(final)` before each backward() (only needed with accumulation: the last
     micro-batch's is final); the optimizer's `step()`/`minimize()` then average.
     mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
-    backward(); only the stop flag is exchanged, about once a second
-    (`stop_check_interval`).
+    backward(); only the stop flag is exchanged, about once a second (`stop_check_interval`).
     """
 
     def __init__(self, env: DistEnv, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
@@ -120,9 +120,7 @@ class GradSync:
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time the step waited for the exchanges
         self.averaged_early = False
-        # Values that travel with the gradients on the CPU reducers (module docstring):
-        # `rider.give()` gives them before the exchange, `rider.take(mean)` gets their mean
-        # after it (not called when this step's exchange could not carry them).
+        # Values that travel with the gradients where they can (Rider, module docstring).
         self.rider: Optional[Rider] = None
         self.rider_size = 0
         self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
@@ -254,13 +252,15 @@ class GradSync:
         if self.mode == "dataparallel":
             if self.steps >= self._next_check:
                 self._check_stop(self._stop_value())
-            return
-        if self.overlap is not None:
+        elif self.overlap is not None:
             self._finish_overlap()
         elif self.reducer is not None:
             self.stop_requested = self._reduce_cpu(self.params, self._stop_value()) > 0
+            return                # the rider's values rode with the gradients
         else:
             self.stop_requested = self._reduce_buckets(self.params, self._stop_value()) > 0
+        if self.rider is not None:
+            self.rider.take(None)
 
     def _finish_overlap(self) -> None:
         size = self.overlap.nbytes

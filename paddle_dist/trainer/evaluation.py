@@ -1,12 +1,17 @@
 """Exact evaluation over all ranks: every sample once, no padding duplicates, and the
 same numbers on every rank as one process evaluating the whole set.
 
-The loss (and the built-in accuracy) are sums, all-reduced. A `paddle.metric.Metric` of
-the user's is not a sum paddle_dist can add up (mIoU, F1, AUC): each rank computes
-`metric.compute(*outputs, *labels)` on its batch, the ranks exchange those results batch
-by batch, and every rank feeds every rank's results to its own metric in rank order
-(`update()` gets numpy, as under paddle.Model). So each metric sees each sample once,
-whatever it accumulates, and never an average of per-rank values.
+The set is cut into the batches one process would evaluate, dealt round-robin to the
+ranks (rank r evaluates batches r, r+W, ...), so each batch holds the same samples at any
+number of ranks and its numbers are the same bits. The loss (and the built-in accuracy)
+are sums, all-reduced: each batch's mean loss weighs by its count for a loss with one
+(weighting.py: Σ sums / Σ counts over the whole set, and its perplexity, exp(loss)), else
+by its samples. A `paddle.metric.Metric` of the user's is not a sum paddle_dist can add up
+(mIoU, F1, AUC): each rank computes `metric.compute(*outputs, *labels)` on its batch, the
+ranks exchange those results batch by batch, and every rank feeds every rank's results to
+its own metric in rank order (`update()` gets numpy, as under paddle.Model): the batches'
+order in one process. So each metric sees each sample once, whatever it accumulates, and
+never an average of per-rank values.
 
 Example:
     found = evaluate(EvalSetup(net, source, feed, loss_fn, [paddle.metric.Accuracy()], batch_size=500), env)
@@ -25,6 +30,8 @@ import paddle.distributed as dist
 from ..compat import state_tensors
 from ..sync.grad_sync import collective
 from .feed import Feed, batch_size_of, describe
+from .progress import read_values
+from .weighting import ignore_index_of, perplexity
 from ..runtime.env import DistEnv
 from ..schema import Config
 
@@ -35,27 +42,27 @@ if TYPE_CHECKING:
 
 
 class ExactShardSampler(paddle.io.BatchSampler):
-    """Evaluation batches of rank r: samples r, r+W, r+2W, ... No padding, so with the
-    counts summed across ranks every sample is counted exactly once (Paddle's
-    DistributedBatchSampler pads with duplicates to even out the shards)."""
+    """Evaluation batches of rank r: batches r, r+W, r+2W, ... of the set cut in order into
+    batches of `batch_size` (the last one shorter), as one process evaluates them. No
+    padding, so with the counts summed across ranks every sample is counted exactly once
+    (Paddle's DistributedBatchSampler pads with duplicates to even out the shards)."""
 
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int):
-        self.indices = list(range(rank, num_samples, world_size))
-        self.batch_size = batch_size
+        starts = range(0, num_samples, batch_size)
+        self.batches = [list(range(start, min(start + batch_size, num_samples))) for start in starts[rank::world_size]]
         self.rounds = exchange_rounds(num_samples, batch_size, world_size)
 
     def __iter__(self):
-        for start in range(0, len(self.indices), self.batch_size):
-            yield self.indices[start:start + self.batch_size]
+        return iter(self.batches)
 
     def __len__(self):
-        return (len(self.indices) + self.batch_size - 1) // self.batch_size
+        return len(self.batches)
 
 
 def exchange_rounds(num_samples: int, batch_size: int, world_size: int) -> int:
-    """Evaluation batches of rank 0, which holds the most samples: every rank takes part in
-    that many exchanges of metric results (one with no batch of its own sends none)."""
-    return -(-len(range(0, num_samples, world_size)) // batch_size)
+    """Evaluation batches of rank 0, which holds the most: every rank takes part in that
+    many exchanges of metric results (one with no batch of its own sends none)."""
+    return -(-(-(-num_samples // batch_size)) // world_size)
 
 
 def all_reduce_sum(values: List[float], env: DistEnv, phase=None) -> np.ndarray:
@@ -134,7 +141,8 @@ class EvalSetup:
     after each batch (the hang monitor), `phase` (collectives.phase's marker), `events`
     (callbacks.Events: the eval batch begin/end), `amp` (the job's precision plan: the
     forward runs under its autocast at O2, as 16-bit weights need 16-bit inputs; O1
-    evaluates in float32). No loss without `with_loss` (train.eval_loss).
+    evaluates in float32). No loss without `with_loss` (train.eval_loss); `ignore_index`:
+    train.loss_count=labels, the loss's count is its labels that are not it (weighting.py).
 
     Example:
         EvalSetup(net, Source.of(data, "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss(), batch_size=2)
@@ -154,6 +162,7 @@ class EvalSetup:
     beat: Callable[[], None] = _no_beat
     phase: Optional[Callable] = None
     events: Optional[Events] = None
+    ignore_index: Optional[int] = None
 
     @classmethod
     def of(cls, parts, cfg: Config, **hooks) -> "EvalSetup":
@@ -161,14 +170,15 @@ class EvalSetup:
         metrics, task) with `cfg`'s settings, and `hooks` (amp, beat, phase, events)."""
         return cls(parts.model, parts.eval_data, parts.feed, parts.loss, parts.metrics,
                    cfg.train.eval_batch_size, parts.task, cfg.data.batched, cfg.data.num_workers,
-                   cfg.train.eval_loss, **hooks)
+                   cfg.train.eval_loss, ignore_index=ignore_index_of(cfg.train), **hooks)
 
 
 @paddle.no_grad()
 def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     """Loss, the metrics (or, with none and a classifier, accuracy) and the sample count over
-    the whole of `setup.source`, identical on all ranks. No loss without `setup.with_loss`
-    or from a model that gives none (Feed.evaluated): then the result has no "loss"."""
+    the whole of `setup.source`, identical on all ranks, and a loss with a count's
+    perplexity. No loss without `setup.with_loss` or from a model that gives none
+    (Feed.evaluated): then the result has no "loss"."""
     from .amp import AmpPlan, autocast
 
     net, metrics, events, phase, amp = setup.net, setup.metrics, setup.events, setup.phase, setup.amp
@@ -179,7 +189,7 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     for metric in metrics:
         metric.reset()
     try:
-        loss_sum = correct = count = lossless = 0.0
+        loss_sum = weights = counted = correct = count = lossless = 0.0
         accuracy = setup.task == "classification" and not metrics
         for step in range(sampler.rounds):
             batch, results = next(batches, None), None
@@ -188,9 +198,12 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
                 if events is not None:
                     events.eval_batch_begin(step)
                 with autocast(amp if amp is not None and amp.level == "O2" else AmpPlan()):
-                    loss, outputs = setup.feed.evaluated(net, setup.loss_fn, inputs, labels, setup.with_loss)
+                    loss, outputs, items = setup.feed.evaluated(net, setup.loss_fn, inputs, labels,
+                                                                setup.with_loss, setup.ignore_index)
                 n = batch_size_of(inputs)
-                loss_sum += float(loss) * n if loss is not None else 0.0
+                if loss is not None:     # its mean over its count's items, or its samples (one host read)
+                    mean, weight = read_values([loss, n if items is None else items])
+                    loss_sum, weights, counted = loss_sum + mean * weight, weights + weight, counted + (items is not None)
                 lossless += loss is None
                 count += n
                 if accuracy:
@@ -203,7 +216,7 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
                     for metric, args in zip(metrics, found or ()):
                         metric.update(*args)
             if batch is not None and events is not None:
-                events.eval_batch_end(step, {**({"loss": [float(loss)]} if loss is not None else {}),
+                events.eval_batch_end(step, {**({"loss": [mean]} if loss is not None else {}),
                                              "batch_size": n})
             setup.beat()
     finally:
@@ -211,11 +224,13 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     if was_training:
         net.train()
     # A rank whose batches were not classifier outputs counts no accuracy: the ranks agree.
-    sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0, lossless],
-                          env, phase)
-    loss_sum, correct, count, refused, lossless = (float(v) for v in sums)
+    sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0, lossless,
+                           weights, counted], env, phase)
+    loss_sum, correct, count, refused, lossless, weights, counted = (float(v) for v in sums)
     found: Dict[str, Any] = {"count": int(count)} if lossless else \
-        {"loss": loss_sum / max(count, 1), "count": int(count)}
+        {"loss": loss_sum / max(weights, 1), "count": int(count)}
+    if counted and not lossless:
+        found["perplexity"] = perplexity(found["loss"])
     if setup.task == "classification" and not metrics and not refused:
         found["accuracy"] = correct / max(count, 1)
     for metric in metrics:

@@ -32,6 +32,7 @@ import paddle
 
 from ..errors import ConfigError, DataError
 from .keywords import Named, Signature, keyword_names
+from .weighting import counted_labels
 from .lengths import LengthWatch
 
 MODEL_LOSS = "model"        # fit(loss="model"): the model returns its own loss
@@ -141,17 +142,19 @@ class Feed:
         loss, parts = self.loss_of(loss_fn, outputs, labels)
         return loss, parts, (self._rest(outputs) if self.model_loss else outputs)
 
-    def evaluated(self, model, loss_fn, inputs, labels, with_loss: bool = True):
-        """(the mean loss or None, the outputs the metrics get) of an evaluation batch: no
-        loss when `with_loss` is false (train.eval_loss), nor from a model with its own
-        loss (loss="model") that returns none in evaluation (a detector's detections: a
-        first output that is no scalar, or a dict without "loss"): then all its outputs
-        go to the metrics."""
+    def evaluated(self, model, loss_fn, inputs, labels, with_loss: bool = True, ignore_index: Optional[int] = None):
+        """(the mean loss or None, the outputs the metrics get, the loss's count or None:
+        counted_loss) of an evaluation batch: no loss when `with_loss` is false
+        (train.eval_loss), nor from a model with its own loss (loss="model") that returns
+        none in evaluation (a detector's detections: a first output that is no scalar, or a
+        dict without "loss"): then all its outputs go to the metrics."""
         outputs = self.outputs(model, inputs, labels)
         if self.model_loss and not returns_loss(outputs):
-            return None, (list(outputs[0].values()) if isinstance(outputs[0], dict) else outputs)
-        loss = self.loss_of(loss_fn, outputs, labels)[0] if with_loss else None
-        return loss, (self._rest(outputs) if self.model_loss else outputs)
+            return None, (list(outputs[0].values()) if isinstance(outputs[0], dict) else outputs), None
+        loss, count = None, None
+        if with_loss:
+            loss, _, count = self.counted_loss(loss_fn, outputs, labels, ignore_index)
+        return loss, (self._rest(outputs) if self.model_loss else outputs), count
 
     def eval_rule(self, with_loss: bool, returns: bool = True) -> str:
         """The start line's words for what evaluation computes (`returns`: whether the
@@ -164,23 +167,30 @@ class Feed:
         return "the loss and the metrics" + (" (the model's own loss)" if self.model_loss else "")
 
     def loss_of(self, loss_fn, outputs: Sequence, labels: Sequence) -> Tuple[Any, Dict[str, Any]]:
-        """(the mean loss, its parts by name, {} without): `loss_fn(*outputs, *labels)`, or
-        the model's own (loss_parts)."""
-        if not self.model_loss:
-            return loss_parts(loss_fn(*outputs, *labels))
-        first = outputs[0]
-        if not isinstance(first, dict):
-            return _scalar(first), {}
-        if "loss" not in first:
-            raise DataError(f"loss='model': the model returned a dict with keys {sorted(first)} "
-                            "but no 'loss'; return the loss, a tuple (loss, ...) or a dict with 'loss'")
-        return loss_parts({k: v for k, v in first.items() if k == "loss" or k.startswith("loss_")})
+        """(the mean loss, its parts by name, {} without): counted_loss without the count."""
+        return self.counted_loss(loss_fn, outputs, labels)[:2]
+
+    def counted_loss(self, loss_fn, outputs: Sequence, labels: Sequence,
+                     ignore_index: Optional[int] = None) -> Tuple[Any, Dict[str, Any], Any]:
+        """(the mean loss, its parts by name ({} without), its count): `loss_fn(*outputs,
+        *labels)`, or the model's own (loss_parts). The count, how many items the mean is
+        over (weighting.py), is a returned dict's "count" (never a part); else, with
+        `ignore_index` (train.loss_count=labels), the labels that are not it; else None."""
+        returned = loss_fn(*outputs, *labels) if not self.model_loss else _own_loss(outputs[0])
+        count = None
+        if isinstance(returned, dict) and "count" in returned:
+            returned = dict(returned)
+            count = returned.pop("count")
+        loss, parts = loss_parts(returned)
+        if count is None and ignore_index is not None:
+            count = counted_labels(labels, ignore_index)
+        return loss, parts, count
 
     @staticmethod
     def _rest(outputs: Sequence) -> List[Any]:
         first = outputs[0]
         if isinstance(first, dict):
-            return [v for k, v in first.items() if k != "loss"]
+            return [v for k, v in first.items() if k not in ("loss", "count")]
         return list(outputs[1:])
 
     def hapi_inputs(self, fields: Optional[Tuple[int, int]] = None) -> int:
@@ -276,6 +286,17 @@ def loss_parts(loss) -> Tuple[Any, Dict[str, Any]]:
         return _scalar(loss), {f"loss_{i}": paddle.sum(term).detach().astype("float64")    # as _scalar sums them
                                for i, term in enumerate(loss)}
     return _scalar(loss), {}
+
+
+def _own_loss(first):
+    """What a model with its own loss returned of it: a scalar, or a dict's loss, parts
+    and count."""
+    if not isinstance(first, dict):
+        return _scalar(first)
+    if "loss" not in first:
+        raise DataError(f"loss='model': the model returned a dict with keys {sorted(first)} "
+                        "but no 'loss'; return the loss, a tuple (loss, ...) or a dict with 'loss'")
+    return {k: v for k, v in first.items() if k in ("loss", "count") or k.startswith("loss_")}
 
 
 def _scalar(loss):

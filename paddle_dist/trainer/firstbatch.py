@@ -108,7 +108,7 @@ def _forward(parts, inputs, labels, what: str, mode: str, precision: AmpPlan, hi
     with paddle.no_grad(), autocast(precision):
         returned = True
         if what == "evaluation":      # as evaluation computes it: the loss, if any, and the outputs
-            loss, given = _step(f"the model's forward and the loss on {held}",
+            loss, given, _ = _step(f"the model's forward and the loss on {held}",
                                 lambda: feed.evaluated(net, parts.loss, inputs, labels, with_loss),
                                 hint or (EVAL_LOSS_HINT if with_loss else ""))
             returned = loss is not None or not with_loss

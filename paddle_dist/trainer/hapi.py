@@ -13,7 +13,7 @@ the loop (train.scheduler_every).
 from __future__ import annotations
 
 import contextlib
-from typing import Tuple
+from typing import Optional, Tuple
 
 import paddle
 from paddle.static import InputSpec
@@ -24,28 +24,30 @@ from ..sync import disable_reducer
 from .engine import Engine
 from .session import Session
 from .feed import Feed, to_float, widened
-from .keywords import ByName
+from .keywords import ByName, Named
+from .weighting import Weighting
 from ..runtime.env import DistEnv
 
 
 class _Bridge(paddle.callbacks.Callback):
     """hapi's callbacks -> the shared Session. With train.accumulate_steps = k, hapi calls
     back after every micro-batch and steps the optimizer after every k-th (and the epoch's
-    last): the session sees optimizer steps only, with the group's mean loss."""
+    last): the session sees optimizer steps only, with the step's loss over every rank
+    (the engine's weighting.py, which the optimizer's average completed)."""
 
     def __init__(self, session: Session, sampler, loss: "_GroupMean"):
         super().__init__()
         self.session, self.sampler, self.loss = session, sampler, loss
         self.first = session.pos.epoch
         self.k = session.cfg.train.accumulate_steps
-        self.group_losses, self.group_parts = [], []    # the group's losses and their parts
+        self.group_parts = []               # the parts of the group's losses
 
     def on_epoch_begin(self, epoch, logs=None):
         real = self.first + epoch          # hapi counts the epochs of this fit() call
         done = self.session.pos.step_in_epoch if epoch == 0 else 0
         self.sampler.start(real, done)
         self.session.begin_epoch(real)
-        self.group_losses, self.group_parts = [], []
+        self.group_parts = []
 
     def on_train_batch_begin(self, step, logs=None):
         # Mode dataparallel: Paddle's all-reduces run inside hapi's train_batch, unseen; it
@@ -55,7 +57,8 @@ class _Bridge(paddle.callbacks.Callback):
         if step % self.k == 0:
             self.session.before_step()
             # Each micro-batch's loss is divided by its group's size, so the summed
-            # gradient is that of the group's mean loss (the epoch's last group may be short).
+            # gradient is that of the group's mean loss (the epoch's last group may be
+            # short); a loss with a count gives its sum (weighting.py).
             self.loss.divisor = min(self.k, len(self.sampler) - step)
         self.session.seed_micro_batch(step % self.k, self.loss.divisor)
         if self.k > 1:       # only the group's last backward() sends gradients (overlap)
@@ -63,16 +66,16 @@ class _Bridge(paddle.callbacks.Callback):
 
     def on_train_batch_end(self, step, logs=None):
         self.marked.__exit__(None, None, None)
-        # hapi has read the loss on the host already: a number here. Its logs hold numpy,
-        # whose bfloat16 arrays are the bits (uint16): the loss is read from the tensor.
-        self.group_losses.append(to_float(self.loss.last))
+        # hapi has read the loss on the host already. Its logs hold numpy, whose bfloat16
+        # arrays are the bits (uint16): the parts are read from the tensors.
         self.group_parts.append({k: to_float(v) for k, v in self.loss.last_parts.items()})
         if (step + 1) % self.k and step + 1 != len(self.sampler):
             return                          # hapi accumulates: no optimizer step yet
-        loss, count = sum(self.group_losses) / len(self.group_losses), len(self.group_losses)
+        count = len(self.group_parts)
         parts = {k: sum(p[k] for p in self.group_parts) / count for k in self.group_parts[0]}
-        self.group_losses, self.group_parts = [], []
-        if self.session.after_step(loss, parts):
+        self.group_parts = []
+        weighting = self.session.engine.weighting      # the step's loss, over every rank
+        if self.session.after_step(weighting.loss, parts, weighting.count):
             # The step limit: hapi leaves its batch loop when num_iters runs out, which it
             # checks right after this callback.
             self.model.num_iters = 1
@@ -84,21 +87,34 @@ class _Bridge(paddle.callbacks.Callback):
 
 
 class _GroupMean:
-    """The loss divided by the number of micro-batches in the current group. paddle.Model
-    calls it with the outputs and the labels; `feed` makes it the loss fit() was given
-    (or the model's own). `labels`: a training batch's count of labels (firstbatch).
-    The last loss and its parts are kept for the bridge, which owns this object."""
+    """The loss divided by the number of micro-batches in the current group, or its sum
+    for a loss with a count (the engine's `weighting`, which records each micro-batch).
+    paddle.Model calls it with the outputs and the labels; `feed` makes it the loss fit()
+    was given (or the model's own). `fields`: a training batch's counts of inputs and
+    labels (firstbatch), `names` their names when they go to forward by name. The last
+    loss's parts are kept for the bridge, which owns this object."""
 
-    def __init__(self, loss, feed: Feed, labels: int):
-        self.inner, self.feed, self.divisor = loss, feed, 1
+    def __init__(self, loss, feed: Feed, fields: Optional[Tuple[int, int]], weighting: Weighting,
+                 names: Tuple[str, ...] = ()):
+        self.inner, self.feed, self.divisor, self.weighting = loss, feed, 1, weighting
+        self.inputs, labels = fields or (0, 0)
         self.labels = labels if not feed.model_loss else 0
-        self.last, self.last_parts = None, {}
+        self.label_names = names[self.inputs:]
+        self.handed: list = []      # loss="model": the labels the network was handed (`see`)
+        self.last_parts = {}
+
+    def see(self, layer, args) -> None:
+        """The network's forward pre-hook when a model with its own loss has its labels
+        counted (train.loss_count=labels): they reach the network, not this loss."""
+        labels = list(args[self.inputs:])
+        self.handed = Named(labels, self.label_names) if len(self.label_names) == len(labels) else labels
 
     def __call__(self, *args):
         cut = len(args) - self.labels
-        loss, parts = self.feed.loss_of(self.inner, list(args[:cut]), list(args[cut:]))
-        self.last, self.last_parts = loss.detach(), parts    # read as numbers by the bridge (never bf16 bits)
-        return loss / self.divisor if self.divisor > 1 else loss
+        labels = self.handed if self.feed.model_loss else list(args[cut:])
+        loss, parts, count = self.feed.counted_loss(self.inner, list(args[:cut]), labels, self.weighting.ignore_index)
+        self.last_parts = parts     # read as numbers by the bridge (never bf16 bits)
+        return self.weighting.add(loss, count, self.divisor)
 
 
 @contextlib.contextmanager
@@ -158,10 +174,13 @@ def prepared_model(engine: Engine, loss, inputs: int = 1, names: Tuple[str, ...]
 def _fit(session: Session) -> None:
     cfg, fields = session.cfg, session.first.fields
     feed = session.parts.feed
-    loss = _GroupMean(session.parts.loss, feed, fields[1] if fields else 0)
+    weighting = session.engine.weighting
+    loss = _GroupMean(session.parts.loss, feed, fields, weighting, session.first.names)
     # paddle.Model splits a batch by the count of its inputs: the feed's split (the loader
     # yields (inputs, labels), which paddle.Model flattens) hands the network the same fields.
     model = prepared_model(session.engine, loss, feed.hapi_inputs(fields), session.first.names)
+    if feed.model_loss and weighting.ignore_index is not None:     # its labels are counted where they go
+        model.network.register_forward_pre_hook(loss.see)
     loader, sampler = session.loader, session.sampler
     # Without an LRScheduler callback, Model.fit adds LRScheduler(by_step=True), which steps
     # after every micro-batch (config_callbacks in paddle/hapi/callbacks.py): this one,

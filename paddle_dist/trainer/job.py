@@ -38,6 +38,7 @@ from .prepare import Prepared, epochs_of_steps, prepare, replanned
 from .sampling import DataPlan, train_loader
 from .session import Session, SessionSetup
 from .state import Resumed, resume
+from .weighting import ignore_index_of
 
 __all__ = ["Parts", "Result", "fit", "train"]
 
@@ -93,7 +94,8 @@ def _run(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log, p
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
         return _evaluate_only(parts, cfg, env, run_dir, monitor, log, found, precision)
     sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop, cfg.train.accumulate_steps)
-    engine = Engine(parts.model, prepared.optimizer, env, sync, precision, found.scaler_state)
+    engine = Engine(parts.model, prepared.optimizer, env, sync, precision, found.scaler_state,
+                    ignore_index_of(cfg.train))
     outcome.start_lines(log, parts, cfg, env, engine, prepared, first, run_dir, found)
     ledger = LossLedger()
     progress = progress_log.Progress(env, run_dir, prepared.per_epoch, cfg.train.epochs,

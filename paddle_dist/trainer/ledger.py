@@ -4,7 +4,9 @@ asked for (on a GPU every read waits for the queued work, so a read per step wou
 the device every step).
 
 The Session records every step and reads the epoch's losses at the epoch's end and at a
-mid-epoch checkpoint; the progress line reads the steps since its last report.
+mid-epoch checkpoint; the progress line reads the steps since its last report. A mean over
+steps weighs each by its count for a loss with one (Σ sums / Σ counts: weighting.py), else
+each step alike.
 
 Example:
     ledger = LossLedger()
@@ -75,3 +77,32 @@ class LossLedger:
     def epoch_parts(self) -> Dict[str, List[float]]:
         """Their parts, by name."""
         return self.parts_from(self._epoch_from)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the loss has a count (weighting.py): a mean over steps then weighs each
+        step by its count."""
+        return any(count is not None for count in self._counts)
+
+    def weights_from(self, start: int) -> List[float]:
+        """The weights of this run's steps from number `start` on in a mean over them: their
+        counts for a loss with one (one host read), else 1 each."""
+        counts = self._counts[start:]
+        return read_values([1.0 if count is None else count for count in counts])
+
+    def mean_from(self, start: int) -> float:
+        """The loss over this run's steps from number `start` on: Σ sums / Σ counts for a
+        loss with a count, else the mean of the steps' losses (the same bits as before)."""
+        losses = self.losses_from(start)
+        if not self.counted:
+            return sum(losses) / len(losses)
+        weights = self.weights_from(start)
+        return sum(loss * weight for loss, weight in zip(losses, weights)) / sum(weights)
+
+    def epoch_totals(self) -> tuple[float, float, Dict[str, float]]:
+        """(Σ w loss, Σ w, {part: Σ w part}) over the epoch's steps, w a step's count (a loss
+        with one) or 1: the epoch's train loss is Σ w loss / Σ w."""
+        losses, parts = self.epoch_losses(), self.epoch_parts()
+        weights = self.weights_from(self._epoch_from) if self.counted else [1.0] * len(losses)
+        total = sum(loss * weight for loss, weight in zip(losses, weights))
+        return total, sum(weights), {k: sum(v * w for v, w in zip(values, weights)) for k, values in parts.items()}

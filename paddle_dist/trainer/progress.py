@@ -165,8 +165,7 @@ class Progress:
 
     def _report(self, lr: float) -> None:
         start, self._reported = self._reported, self.step_count
-        window = self.ledger.losses_from(start)      # the steps since the last report
-        mean = sum(window) / len(window)
+        mean = self.ledger.mean_from(start)      # the steps since the last report (weighed by their counts)
         speed = self.samples_per_s
         counted = self.ledger.counted_from(start)
         if counted is not None:

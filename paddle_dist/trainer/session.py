@@ -39,6 +39,7 @@ from .randomness import MicroBatchDraws
 from .sampling import PlannedBatchSampler
 from .selection import Best
 from .state import Resumed
+from .weighting import perplexity
 from ..security import private
 
 
@@ -211,11 +212,12 @@ class Session:
     def _epoch_loss(self) -> Tuple[float, float, Dict[str, float]]:
         """(sum, count, {part: sum}) of the epoch's step losses and their parts so far, an
         earlier attempt's included (that attempt may have had another number of ranks): a
-        step's loss is the mean of its ranks' (each the mean of its micro-batches'),
-        summed here in one all-reduce."""
-        losses, parts = self.ledger.epoch_losses(), self.ledger.epoch_parts()
+        step's loss is its loss over every rank (weighting.py), each weighed by its count
+        for a loss with one (the sum is then Σ sums, the count Σ counts), else counted once;
+        the parts, each rank's, are averaged over the ranks here in one all-reduce."""
+        total, weight, parts = self.ledger.epoch_totals()
         names = sorted(parts)
-        summed = all_reduce_sum([sum(losses), len(losses), *(sum(parts[k]) for k in names)], self.env,
+        summed = all_reduce_sum([total, weight, *(parts[k] for k in names)], self.env,
                                 self.monitor.phase) / self.env.world_size
         total, n, named = float(summed[0]), float(summed[1]), dict(zip(names, map(float, summed[2:])))
         if self.pos.epoch == self.resumed_epoch:
@@ -230,6 +232,8 @@ class Session:
         total, n, named = self._epoch_loss()
         metrics: Dict[str, Any] = {"epoch": epoch + 1, "train_loss": float(total / max(n, 1)),
                                    **{f"train_{k}": v / max(n, 1) for k, v in named.items()}}
+        if self.ledger.counted:        # a token loss: its perplexity over the epoch, exp(loss)
+            metrics["train_perplexity"] = perplexity(metrics["train_loss"])
         # paddle.Model's order: the epoch's end, then its evaluation.
         self.events.epoch_end(epoch, {"loss": [metrics["train_loss"]], "lr": float(self.optimizer.get_lr()),
                                       **{k: [v / max(n, 1)] for k, v in named.items()}})
@@ -238,7 +242,8 @@ class Session:
         self.result.history.append(metrics)
         self.progress.epoch_end(epoch, metrics["train_loss"],
                                 {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")},
-                                {k: v / max(n, 1) for k, v in named.items()})
+                                {**{k: v / max(n, 1) for k, v in named.items()},
+                                 **({"perplexity": metrics["train_perplexity"]} if self.ledger.counted else {})})
         if epoch == self.resumed_epoch and self.env.is_main and self.engine.sync.mode != "dataparallel":
             untrained.warn(self.parts.model)      # the job's first epoch
         self.step_scheduler("epoch")

@@ -161,7 +161,8 @@ def test_zero_workers_read_in_this_thread_and_a_failing_sample_says_which():
 def test_exact_shards_take_as_many_exchange_rounds_as_rank_0_has_batches():
     shards = [ExactShardSampler(11, 2, rank, 4) for rank in range(4)]
     assert sorted(i for s in shards for batch in s for i in batch) == list(range(11))
-    assert {s.rounds for s in shards} == {2} and [len(s) for s in shards] == [2, 2, 2, 1]
+    assert {s.rounds for s in shards} == {2} and [len(s) for s in shards] == [2, 2, 1, 1]
+    assert [list(s) for s in shards[:2]] == [[[0, 1], [8, 9]], [[2, 3], [10]]]     # one process's batches, dealt out
 
 
 def test_builtin_accuracy_only_for_classifier_outputs():
