@@ -1,6 +1,7 @@
 """What the tests compare a run with, written once: a reference run made once per module,
 a run's latest checkpoint and records (through paddle_dist.runs.layout, never a path built
-by hand), its final weights, the largest difference between two sets of arrays, a free port.
+by hand), its final weights, the largest difference between two sets of arrays, how a
+command ended (exit code and stderr, run in this process), a free port.
 
 numpy and the standard library only, and paddle_dist.runs (no paddle): the unit tests and
 the integration tests both import it.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional
+from typing import Any, Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -127,6 +128,36 @@ def differing(a: Arrays, b: Arrays) -> List[str]:
     """The keys whose arrays are not bitwise equal (the same keys in both)."""
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     return [k for k in a if not np.array_equal(a[k], b[k])]
+
+
+# ------------------------------------------------------------------ a command's ending
+class Ending(NamedTuple):
+    """How a command run in this process ended: its exit code, the non-empty lines it wrote
+    to stderr, and its stdout."""
+    code: int
+    lines: List[str]
+    out: str
+
+
+def ending(capfd, call: Callable[[], Any]) -> Ending:
+    """Run a command's entry in this process (`call` exits, as options.run does) and say how
+    it ended; its output is read at the file descriptors (what a terminal would show). A
+    bad-input matrix checks its one line this way; one case per command runs as a real
+    process, for the exit-code path.
+
+    Example:
+        done = ending(capfd, lambda: run(train_main, ["-o", "train.epoch=3"]))
+        assert done.code == 2 and len(done.lines) == 1 and "train.epochs" in done.lines[0]
+    """
+    capfd.readouterr()
+    try:
+        call()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    else:
+        raise AssertionError("the command returned instead of exiting")
+    out, err = capfd.readouterr()
+    return Ending(code, [line for line in err.splitlines() if line.strip()], out)
 
 
 # ------------------------------------------------------------------ the machine

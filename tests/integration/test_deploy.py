@@ -14,13 +14,16 @@ import pytest
 import yaml
 from PIL import Image
 
-from paddle_dist import checkpoint, compat, export as export_module, models
+from paddle_dist import checkpoint, compat, export as export_module, models, options, predict
 from paddle_dist.data.datasets import mnist_dataset
 from paddle_dist.data.mnist import load_mnist
 from paddle_dist.runs.layout import Run
 
-from ..oracles import final_weights, latest_checkpoint, max_difference, rank_status, read_metrics
-from .procs import check, run
+from ..oracles import ending, final_weights, latest_checkpoint, max_difference, rank_status, read_metrics
+from .procs import ROOT, check, run
+
+MLP = ROOT / "configs" / "mnist_mlp.yaml"
+
 
 @pytest.fixture(scope="module")
 def demo_run(main_job):
@@ -89,27 +92,33 @@ def test_export_then_predict_gives_the_models_own_answers(demo_run, tmp_path):
                                                    for t in predicted[0]["top"])]
 
 
-def test_bad_input_is_one_line_and_exit_2_and_nothing_is_lost(demo_run, tmp_path):
+def test_bad_input_is_one_line_and_exit_2_and_nothing_is_lost(demo_run, tmp_path, capfd):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    cases = {
+    # One case per command as a real process (the exit-code path), the others in this one.
+    processes = {
         "not found": ["-m", "paddle_dist.export", str(tmp_path / "nowhere")],
-        "already exists": ["-m", "paddle_dist.export", str(demo_run), "--out", str(taken)],
-        "cannot write": ["-m", "paddle_dist.export", str(demo_run), "--out", str(a_file / "out")],
-        "does not fit this model": ["-m", "paddle_dist.export", str(Run(demo_run).checkpoints),
-                                    "-c", "configs/mnist_mlp.yaml", "--out", str(tmp_path / "o")],
-        "no readable deploy.json": ["-m", "paddle_dist.predict", str(tmp_path), str(a_file)],
         "cannot read image": ["-m", "paddle_dist.predict", str(demo_run / "export"), str(a_file)],
+    }
+    here = {
+        "already exists": (export_module.main, [str(demo_run), "--out", str(taken)]),
+        "cannot write": (export_module.main, [str(demo_run), "--out", str(a_file / "out")]),
+        "does not fit this model": (export_module.main, [str(Run(demo_run).checkpoints), "-c", str(MLP),
+                                                         "--out", str(tmp_path / "o")]),
+        "no readable deploy.json": (predict.main, [str(tmp_path), str(a_file)]),
     }
     if not (demo_run / "export").exists():
         check(run(["-m", "paddle_dist.export", str(demo_run)]))
-    for words, argv in cases.items():
+    for words, argv in processes.items():
         result = run(argv, timeout=120)
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and words in err[0], (argv, result.stderr)
+    for words, (main, argv) in here.items():
+        done = ending(capfd, lambda: options.run(main, argv))
+        assert done.code == 2 and len(done.lines) == 1 and words in done.lines[0], (argv, done.lines)
     assert (taken / "keep.txt").read_text() == "mine" and a_file.read_text() == "x"
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
 

@@ -3,7 +3,7 @@ added in a script through sync/transports.py alone (a reducer and a `register` c
 carries a real 2-rank job's gradients through GradSync (the self-test's MLP against its
 one-process replay); a toy data set, added in a script through data/registry.py alone,
 trains through the built-in job; and a name with no entry is one line before any rank
-starts."""
+starts (a transport's in one process: tests/unit/test_train.py)."""
 
 import json
 
@@ -24,15 +24,6 @@ def test_a_transport_of_ones_own_carries_the_gradients(tmp_path):
         assert rank["calls"] == 3 * 5          # 3 steps: the head (flag, presence) and 4 gradients
         assert rank["difference"] <= 1e-6
     assert ranks[0]["digest"] == ranks[1]["digest"]
-
-
-def test_a_transport_with_no_entry_is_one_line_before_any_rank_starts(tmp_path):
-    done = run(["train.py", "-o", "dist.nprocs=2", "-o", "sync.transport=carrier_pigeon",
-                "-o", f"output.run_dir={tmp_path / 'run'}"], timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
-        "error: sync.transport must be one of auto, shm, hierarchical, backend (got 'carrier_pigeon')")
-    assert not (tmp_path / "run").exists()
 
 
 DATASET_SCRIPT = ROOT / "tests" / "integration" / "scripts" / "toy_dataset.py"

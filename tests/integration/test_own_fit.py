@@ -16,9 +16,11 @@ import paddle
 import pytest
 import yaml
 
+from paddle_dist import export, options
 from paddle_dist.runs.layout import Run
+from paddle_dist.train import train_main
 
-from ..oracles import References, max_difference
+from ..oracles import References, ending, max_difference
 from .procs import ROOT, check, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_fit.py")
@@ -110,7 +112,7 @@ def test_a_refusal_comes_before_anything_is_on_disk(tmp_path):
 
 
 # ------------------------------------------------------------------ the run's records
-def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_one(tmp_path):
+def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_one(tmp_path, capfd):
     check(run([SCRIPT, "--out", str(tmp_path), "--root", str(tmp_path / "runs"), "--epochs", "1"],
               timeout=120))
     run_dir = _only_run(tmp_path / "runs")
@@ -126,13 +128,15 @@ def test_the_run_directory_records_the_users_job_and_refuses_to_be_a_built_in_on
     assert "model" not in config and "name" not in config["data"]
     assert "optimizer" not in config["train"] and "lr" not in config["train"]
 
-    again = run(["train.py", "-c", str(Run(run_dir).config)], timeout=60)
-    assert again.returncode == 2
-    assert again.stderr.count("\n") == 1 and "paddle_dist.fit() run" in again.stderr
-    assert "SmallCNN" in again.stderr
-    exported = run(["-m", "paddle_dist.export", str(run_dir)], timeout=60)
-    assert exported.returncode == 2 and exported.stderr.count("\n") == 1
-    assert "paddle_dist.export(net, input_spec, out)" in exported.stderr
+    # The refusals in this process (train.py's and export's exit-code paths: test_train_cli.py,
+    # test_deploy.py).
+    again = ending(capfd, lambda: options.run(train_main, ["-c", str(Run(run_dir).config)]))
+    assert again.code == 2
+    assert len(again.lines) == 1 and "paddle_dist.fit() run" in again.lines[0]
+    assert "SmallCNN" in again.lines[0]
+    exported = ending(capfd, lambda: options.run(export.main, [str(run_dir)]))
+    assert exported.code == 2 and len(exported.lines) == 1
+    assert "paddle_dist.export(net, input_spec, out)" in exported.lines[0]
     assert not (run_dir / "export").exists()
 
 
