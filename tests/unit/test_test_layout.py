@@ -9,7 +9,8 @@ underscores are dropped (__main__.py: test_main.py, _deadline.py: test_deadline.
 package's face (__init__.py: a docstring and re-exports) needs no file of its own. The
 top-level modules (paddle_dist/*.py) are not under this rule; most have tests/unit/test_<module>.py.
 
-The list must stay true: an entry for a module that has a test file, or that is gone, fails.
+The list must stay true: an entry for a module that has a test file, or that is gone, fails
+(a folder's entry, once every module in it has one).
 """
 
 from pathlib import Path
@@ -21,7 +22,8 @@ UNIT = ROOT / "tests" / "unit"
 
 TRAINER_CUT = "trainer/ is being cut by idea (issue 51 item 3): its test files follow the new modules"
 
-# module (relative to paddle_dist/) -> why it has no test file of its name.
+# module (relative to paddle_dist/) -> why it has no test file of its name. A folder ("trainer/")
+# stands for each of its modules that has none.
 WITHOUT_A_TEST_FILE: Dict[str, str] = {
     # No logic: a command's entry that runs another module's main, constants, records.
     "cifar/__main__.py": "`python -m paddle_dist.cifar`: options.run(fake.main); test_fake.py runs it",
@@ -48,20 +50,8 @@ WITHOUT_A_TEST_FILE: Dict[str, str] = {
     "sync/collectives.py": "collectives watched by the hang watchdog: test_grad_sync.py, test_overlap.py and "
                            "the multi-rank integration tests run through them",
     "sync/wiring.py": "the optimizer's wiring: test_grad_sync.py attaches GradSync and closes it",
-    # trainer/: its owner names the files as the package settles.
-    "trainer/callbacks.py": TRAINER_CUT,
-    "trainer/ema.py": TRAINER_CUT,
-    "trainer/evaluation.py": TRAINER_CUT,
-    "trainer/feed.py": TRAINER_CUT,
-    "trainer/firstbatch.py": TRAINER_CUT,
-    "trainer/hapi.py": TRAINER_CUT,
-    "trainer/job.py": TRAINER_CUT,
-    "trainer/keywords.py": TRAINER_CUT,
-    "trainer/loop.py": TRAINER_CUT,
-    "trainer/optim.py": TRAINER_CUT,
-    "trainer/parts.py": TRAINER_CUT,
-    "trainer/selection.py": TRAINER_CUT,
-    "trainer/untrained.py": TRAINER_CUT,
+    # trainer/ while it is cut: every module of it that has no test file yet.
+    "trainer/": TRAINER_CUT,
 }
 
 
@@ -81,8 +71,14 @@ def test_file_of(module: str) -> Path:
 test_file_of.__test__ = False       # a helper, not a test
 
 
+def listed(module: str) -> bool:
+    """Whether WITHOUT_A_TEST_FILE names the module, or a folder above it."""
+    return module in WITHOUT_A_TEST_FILE or any(
+        key.endswith("/") and module.startswith(key) for key in WITHOUT_A_TEST_FILE)
+
+
 def test_every_module_with_logic_has_a_test_file_of_its_name_or_a_reason():
-    missing = [m for m in package_modules() if not test_file_of(m).is_file() and m not in WITHOUT_A_TEST_FILE]
+    missing = [m for m in package_modules() if not test_file_of(m).is_file() and not listed(m)]
     assert not missing, ("modules without a test file: " + ", ".join(
         f"paddle_dist/{m} (add {test_file_of(m).relative_to(ROOT)}, or list it in WITHOUT_A_TEST_FILE "
         "with the reason)" for m in missing))
@@ -90,8 +86,10 @@ def test_every_module_with_logic_has_a_test_file_of_its_name_or_a_reason():
 
 def test_the_list_of_modules_without_a_test_file_is_true():
     modules = set(package_modules())
-    gone = [m for m in WITHOUT_A_TEST_FILE if m not in modules]
+    folders = {key: [m for m in modules if m.startswith(key)] for key in WITHOUT_A_TEST_FILE if key.endswith("/")}
+    gone = [m for m in WITHOUT_A_TEST_FILE if m not in modules and not folders.get(m)]
     tested = [m for m in WITHOUT_A_TEST_FILE if m in modules and test_file_of(m).is_file()]
+    tested += [key for key, inside in folders.items() if inside and all(test_file_of(m).is_file() for m in inside)]
     assert not gone, f"WITHOUT_A_TEST_FILE lists modules that are gone: {', '.join(gone)}"
     assert not tested, f"WITHOUT_A_TEST_FILE lists modules that have a test file now: {', '.join(tested)}"
 
@@ -101,3 +99,4 @@ def test_the_name_rule():
     assert test_file_of("launch/__main__.py") == UNIT / "launch" / "test_main.py"
     assert test_file_of("runtime/_deadline.py") == UNIT / "runtime" / "test_deadline.py"
     assert "checkpoint/io.py" in package_modules() and "checkpoint/__init__.py" not in package_modules()
+    assert listed("cifar/layout.py") and not listed("checkpoint/io.py")
