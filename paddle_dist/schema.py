@@ -109,6 +109,8 @@ class TrainConfig:
                                    # run is bitwise the uninterrupted one (runtime/determinism.py)
     shuffle: bool = True           # order = Paddle's DistributedBatchSampler, seeded by epoch
     drop_last: bool = False
+    group_by_length: bool = False  # batches of samples of similar length (less padding), dealt out by
+                                   # the data plan like any batches (trainer/grouping.py)
     seed: int = 2024               # weights and every other random draw
     max_steps: int = 0             # the run's optimizer steps (a suite's `iters`), over as many epochs
                                    # as they fill; 0 = train.epochs whole epochs

@@ -72,6 +72,7 @@ class Meta:
     epoch_loss: Tuple[Any, ...] = ()   # (sum, count, {part: sum}) of the epoch so far, mid-epoch
     ema_updates: Optional[int] = None
     loss_scaler: Optional[Dict[str, Any]] = None
+    stream: Optional[Dict[str, Any]] = None    # a stream's lanes and their positions (trainer/streams.py)
     extra: Dict[str, Any] = field(default_factory=dict)    # keys of a writer of its own
 
     @classmethod
@@ -90,7 +91,7 @@ class Meta:
                "config_hash": self.config_hash, "history": list(self.history),
                "plan_world": self.plan_world or self.world_size, "plan_accumulate": self.plan_accumulate,
                "epoch_loss": list(self.epoch_loss), "ema_updates": self.ema_updates,
-               "loss_scaler": self.loss_scaler}
+               "loss_scaler": self.loss_scaler, "stream": self.stream}
         kept = {k: v for k, v in out.items() if v is not None and not (k == "epoch_loss" and not v)}
         return {**kept, **self.extra}
 

@@ -27,10 +27,10 @@ from ..runs import rundir
 from ..runtime import monitor as rank_monitor, process
 from ..runtime.env import DistEnv
 from ..sync import GradSync, collectives
-from . import amp, callbacks as callbacklib, firstbatch, hapi, loop, outcome, selection
+from . import amp, callbacks as callbacklib, firstbatch, hapi, loop, outcome, selection, streamplan
 from . import progress as progress_log
 from .engine import Engine
-from .evaluation import EvalSetup, evaluate
+from .evaluation import EvalSetup, evaluate, gather
 from .ledger import LossLedger
 from .own import fit
 from .parts import Parts, Result
@@ -101,7 +101,11 @@ def _run(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log, p
     progress = progress_log.Progress(env, run_dir, prepared.per_epoch, cfg.train.epochs,
                                      cfg.train.batch_size * cfg.train.accumulate_steps, cfg.train.log_every,
                                      prepared.limit, found.start.global_step, bool(cfg.train.max_steps), ledger)
-    loader, sampler = train_loader(parts, cfg, env, found.plan)
+    gathered = lambda mine: gather(mine, env, monitor.phase)   # noqa: E731 - the ranks' data agree
+    if parts.train_data.stream:       # its lanes' positions, gathered from every rank at a checkpoint
+        loader, sampler = streamplan.train_loader(parts, cfg, env, found.plan, found.meta, gathered)
+    else:
+        loader, sampler = train_loader(parts, cfg, env, found.plan, gathered)
     session = Session(SessionSetup(parts=parts, cfg=cfg, env=env, run_dir=run_dir, progress=progress,
                                    ledger=ledger, monitor=monitor, engine=engine, optimizer=prepared.optimizer,
                                    resumed=found, limit=prepared.limit, config_hash=digest, loader=loader,

@@ -4,8 +4,10 @@ through paddle_dist's own sharded, resumable batch sampler.
 A DataLoader given to fit() is taken apart: its dataset, batch size, `drop_last`,
 shuffling, `collate_fn` and workers are kept, and a new DataLoader is built over the same
 dataset with paddle_dist's sampler, so each rank reads its own shard and an epoch can
-start part-way through (exact resume). A DataLoader whose order paddle_dist cannot shard
-(an IterableDataset, a sampler of the user's own) is refused in one line at the call.
+start part-way through (exact resume). A batch sampler of the user's own is kept as the
+epoch's list of batches, which the data plan deals out (sampling.py); an IterableDataset
+is a stream (streams.py). A DataLoader whose order paddle_dist cannot shard (a sampler
+that picks a subset, by weights or with replacement) is refused in one line at the call.
 
 Example:
     source = Source.of(user_loader, "train_data")     # or a Dataset
@@ -14,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from paddle.io.dataloader.collate import default_collate_fn
 from ..security import private
 from ..errors import ConfigError, DataError
 from .badsample import Guarded, GuardedCollate, collate_failure, describe, name_of, raise_noted
+from . import streams
 from .feed import Feed
 
 # The DataLoader settings carried over from a user's loader (besides its workers and collate).
@@ -48,6 +52,12 @@ class Source:
     drop_last: Optional[bool] = None
     shuffle: Optional[bool] = None
     options: Dict[str, Any] = field(default_factory=dict)
+    batch_sampler: Any = None          # a batch sampler of the user's own (its contract: _own_batches)
+
+    @property
+    def stream(self) -> bool:
+        """Whether the data is an IterableDataset (read by streams.py's rule)."""
+        return isinstance(self.dataset, paddle.io.IterableDataset)
 
     @classmethod
     def of(cls, data, what: str) -> Optional["Source"]:
@@ -57,8 +67,7 @@ class Source:
         if isinstance(data, paddle.io.DataLoader):
             return _with_samples(cls._from_loader(data, what), what)
         if isinstance(data, paddle.io.IterableDataset):
-            raise ConfigError(f"fit({what}=...) is an IterableDataset, which paddle_dist cannot "
-                              "shard or resume; give a map-style paddle.io.Dataset (__getitem__, __len__)")
+            return cls(_trainable_stream(data, what))
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             raise ConfigError(f"fit({what}=...) takes a paddle.io.Dataset or a paddle.io.DataLoader, "
                               f"not {type(data).__name__}")
@@ -67,16 +76,17 @@ class Source:
     @classmethod
     def _from_loader(cls, loader, what: str) -> "Source":
         dataset, sampler = loader.dataset, loader.batch_sampler
-        if isinstance(dataset, paddle.io.IterableDataset):
-            raise ConfigError(f"fit({what}=...) is a DataLoader over an IterableDataset, which "
-                              "paddle_dist cannot shard or resume; give a map-style paddle.io.Dataset")
         if sampler is None:
             raise ConfigError(f"fit({what}=...) is a DataLoader without a batch size "
                               "(batch_size=None); give it batch_size=N (per rank)")
+        options = {k: getattr(loader, k) for k in CARRIED if hasattr(loader, k)}
+        if isinstance(dataset, paddle.io.IterableDataset):
+            return cls(_trainable_stream(dataset, what), collate_fn=loader.collate_fn,
+                       num_workers=loader.num_workers, batch_size=sampler.batch_size,
+                       drop_last=bool(loader.drop_last), options=options)
         if type(sampler) not in SHARDABLE:
-            raise ConfigError(f"fit({what}=...) is a DataLoader with its own batch sampler "
-                              f"({type(sampler).__name__}), whose order paddle_dist cannot shard over "
-                              "the ranks; give the DataLoader batch_size= and shuffle= instead, or the dataset")
+            return cls(dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                       options=options, batch_sampler=_own_batches(sampler, what))
         inner = getattr(sampler, "sampler", None)
         if isinstance(sampler, paddle.io.DistributedBatchSampler):
             shuffle = bool(sampler.shuffle)
@@ -88,13 +98,12 @@ class Source:
                               "picks samples paddle_dist's shards would not (a subset, weights, "
                               "replacement); give fit() the dataset you mean (e.g. paddle.io.Subset) "
                               "with shuffle=True or False")
-        options = {k: getattr(loader, k) for k in CARRIED if hasattr(loader, k)}
         return cls(dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
                    batch_size=sampler.batch_size, drop_last=sampler.drop_last, shuffle=bool(shuffle),
                    options=options)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return 0 if self.stream else len(self.dataset)
 
     def loader(self, batch_sampler, feed: Feed, workers: int = 0, batched: bool = True,
                job_dir: str = ""):
@@ -115,7 +124,12 @@ class Source:
         return SplitLoader(batches, feed, folder, own_folder=not job_dir)
 
     def first_batch(self, indices, batched: bool = True):
-        """The batch of `indices`, read and collated in this thread (the check before work)."""
+        """The batch of `indices`, read and collated in this thread (the check before work);
+        of a stream, its first len(indices) samples (of its first shard, if it has shards)."""
+        if self.stream:
+            samples = [sample for _, sample, _ in itertools.islice(
+                streams.lane_items(self.dataset, 0, 1, streams.LanePosition()), len(indices))]
+            return to_tensors((self.collate_fn or default_collate_fn)(samples))
         return next(iter(self._in_thread([indices], batched)))
 
     def gathers(self, batched: bool) -> bool:
@@ -126,6 +140,33 @@ class Source:
         if self.gathers(batched):
             return BatchLoader(self.dataset, batch_sampler)
         return SampleLoader(self.dataset, batch_sampler, self.collate_fn)
+
+
+def _trainable_stream(dataset, what: str):
+    """`dataset`, a stream, as training data; evaluation takes a map-style Dataset."""
+    if what == "eval_data":
+        raise ConfigError(f"fit({what}=...) is an IterableDataset; evaluation counts every sample once at "
+                          "any number of ranks from a map-style paddle.io.Dataset: give the eval set as one "
+                          "(e.g. a list of its sequences)")
+    return dataset
+
+
+def _own_batches(sampler, what: str):
+    """A batch sampler of the user's own, under the contract the data plan deals it by
+    (docs/own_model.md): it gives the epoch's whole list of batches (lists of indices), the
+    same on every rank and for every call in an epoch, set by `set_epoch(epoch)` when it
+    has one; `__len__` is the count of batches."""
+    if what == "eval_data":
+        raise ConfigError(f"fit({what}=...) is a DataLoader with its own batch sampler "
+                          f"({type(sampler).__name__}); evaluation reads every sample once by its own "
+                          "batches: give the eval DataLoader batch_size= instead, or the dataset")
+    try:
+        len(sampler)
+    except TypeError:
+        raise ConfigError(f"fit({what}=...) is a DataLoader whose batch sampler {type(sampler).__name__} has no "
+                          "__len__; give it one (the count of batches of an epoch): paddle_dist deals the "
+                          "epoch's batches over the ranks and counts the steps from it") from None
+    return sampler
 
 
 def _with_samples(source: Source, what: str) -> Source:

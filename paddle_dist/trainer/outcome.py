@@ -22,7 +22,7 @@ from ..runtime.env import DistEnv
 from ..schema import MODEL_TASKS
 from ..security import private
 from ..errors import PeerFailure
-from . import progress as progress_log, schedule
+from . import progress as progress_log, schedule, streams
 from .parts import Parts, Result
 from .selection import Best
 
@@ -55,7 +55,7 @@ def start_lines(log, parts: Parts, cfg: Config, env: DistEnv, engine, prepared, 
     what evaluation computes (`first`: what the check before epoch 1 found); mixed precision."""
     log.info(f"paddle_dist: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, api {cfg.train.api}, {engine.sync.describe()}, "
-             f"{len(parts.train_data)} training samples, {prepared.per_epoch} steps/epoch, run dir {run_dir}")
+             f"{_data(parts.train_data)}, {prepared.per_epoch} steps/epoch, run dir {run_dir}")
     log.info(f"paddle_dist: {prepared.lr_text}")
     if prepared.as_batch_norm:
         log.info(f"paddle_dist: SyncBatchNorm layers ({', '.join(map(repr, prepared.as_batch_norm[:3]))}) run "
@@ -73,6 +73,15 @@ def start_lines(log, parts: Parts, cfg: Config, env: DistEnv, engine, prepared, 
     if precision.enabled:
         log.info(f"paddle_dist: mixed precision {precision.level} in {precision.dtype}"
                  + (f", dynamic loss scale from {precision.loss_scale:g}" if precision.loss_scale else ""))
+
+
+def _data(source) -> str:
+    """The training data in the start line."""
+    if not source.stream:
+        return f"{len(source)} training samples"
+    if streams.sharded(source.dataset):
+        return f"a stream of {len(list(source.dataset.shards()))} shards"
+    return "a stream"
 
 
 def say_ending(exc: BaseException, state: str, log, env: DistEnv, parts: Parts, run_dir: Path,

@@ -27,7 +27,7 @@ from ..errors import ConfigError, PeerFailure
 from . import callbacks as callbacklib
 from .optim import default_loss, optimizer_factory
 from .parts import Parts, Result
-from .sampling import DataPlan, optimizer_steps, total_steps
+from .sampling import DataPlan, check_data, steps_of, total_steps
 from .evaluation import metric_names
 from .feed import MODEL_LOSS, Feed
 from .loading import Source
@@ -151,9 +151,9 @@ def steps(train_data, config: Union[None, str, configlib.Config] = None, epochs:
             cfg = configlib.replace_key(cfg, key, value)
     source = Source.of(train_data, "train_data")
     cfg = _loader_settings(cfg, source, None)
+    check_data(source, cfg)
     world = detect().world_size
-    per_epoch = optimizer_steps(len(source), cfg.train.batch_size, DataPlan(world, cfg.train.accumulate_steps),
-                                cfg.train.drop_last)
+    per_epoch = steps_of(source, cfg, DataPlan(world, cfg.train.accumulate_steps))
     return Steps(per_epoch, total_steps(cfg, per_epoch), world, cfg.train.accumulate_steps)
 
 

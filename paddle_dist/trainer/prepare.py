@@ -29,7 +29,7 @@ from .optim import make_optimizer
 from .own import fit_record
 from .parts import Parts
 from .randomness import describe as describe_randomness
-from .sampling import DataPlan, epochs_for, optimizer_steps, total_steps
+from .sampling import DataPlan, check_data, epochs_for, steps_of, total_steps
 from .schedule import LrPolicy
 
 SCHEDULER_RULES = {"step": "after every optimizer step", "epoch": "after every epoch"}
@@ -55,6 +55,8 @@ def prepare(parts: Parts, cfg: Config, env: DistEnv, precision: amp.AmpPlan) -> 
     if configlib.evaluates_only(cfg) and parts.eval_data is None:
         raise ConfigError("evaluating only needs a test set: pass eval_data to fit()")
     selection.check_monitor(parts, cfg)
+    if not configlib.evaluates_only(cfg):
+        check_data(parts.train_data, cfg)
     replaced = tuple(sync_batch_norm_on_cpu(parts.model, env.device, env.world_size))
     optimizer = make_optimizer(parts.optimizer, parts.model.parameters())
     check_optimizer(optimizer, parts.model, resolve_mode(cfg.sync.mode, env.device, cfg.sync.compress,
@@ -62,8 +64,7 @@ def prepare(parts: Parts, cfg: Config, env: DistEnv, precision: amp.AmpPlan) -> 
     record = fit_record(parts, optimizer) if parts.own else None
     parts.model, optimizer = amp.decorate(parts.model, optimizer, precision)
     agree_on_layout(optimizer, parts.model, env)
-    per_epoch = optimizer_steps(len(parts.train_data), cfg.train.batch_size,
-                                DataPlan(env.world_size, cfg.train.accumulate_steps), cfg.train.drop_last)
+    per_epoch = steps_of(parts.train_data, cfg, DataPlan(env.world_size, cfg.train.accumulate_steps))
     limit = total_steps(cfg, per_epoch)
     policy, text = (None, "") if configlib.evaluates_only(cfg) else \
         lr_policy(cfg, env, optimizer, per_epoch, limit, parts.callbacks)
@@ -86,7 +87,7 @@ def replanned(parts: Parts, cfg: Config, env: DistEnv, prepared: Prepared, plan:
     the steps per epoch, the epochs of train.max_steps and the lr policy (a function of
     the global batch) stay the run's."""
     cfg = configlib.replace_key(cfg, "train.accumulate_steps", plan.per_rank(env.world_size))
-    per_epoch = optimizer_steps(len(parts.train_data), cfg.train.batch_size, plan, cfg.train.drop_last)
+    per_epoch = steps_of(parts.train_data, cfg, plan)
     cfg = epochs_of_steps(cfg, per_epoch)       # the run's steps fill the run's epochs
     limit = total_steps(cfg, per_epoch)
     policy, text = lr_policy(cfg, env, prepared.optimizer, per_epoch, limit, parts.callbacks,

@@ -6,6 +6,10 @@ micro-batches: rank r's batches s*k .. s*k + k - 1 of Paddle's DistributedBatchS
 W ranks (epoch-seeded shuffle, padding, drop_last, as at both API levels). The global
 batch is B x W x k.
 
+The batches may instead come as the epoch's whole list (train.group_by_length, a batch
+sampler of the user's own: grouping.py): plan rank r's are then batches r, r + W, ... of
+the list, and the rest is the same. A stream (streams.py) has a plan of its own kind.
+
 A run continued on W' ranks keeps the plan: the step's W x k micro-batches, in the same
 compositions, are dealt out in order, W x k / W' to each rank (a rank's share of a step is
 its micro-batches, accumulated). The optimizer then sees the gradient of the same samples
@@ -38,6 +42,7 @@ from ..checkpoint.format import Meta
 from ..errors import ConfigError
 from ..runtime.env import DistEnv
 from ..schema import Config
+from .grouping import Dealt, EpochBatches, LengthGrouped, dealt_batches, grouped_batches, lengths_of
 
 
 @dataclass(frozen=True)
@@ -96,16 +101,23 @@ def describe(plan: DataPlan, world: int, batch: int) -> str:
 class PlannedBatchSampler(paddle.io.BatchSampler):
     """This rank's batches under `plan` (module docstring), able to start an epoch
     part-way through (`start`), for exact resume. With `world` equal to the plan's, rank
-    r gets exactly Paddle's DistributedBatchSampler's batches for rank r."""
+    r gets exactly Paddle's DistributedBatchSampler's batches for rank r. `batches`: the
+    epoch's whole list of batches instead (grouping.py), dealt to the plan's ranks;
+    `agree(digest)`: every rank's digest of it (a collective), to refuse a list that
+    differs between the ranks (a batch sampler of the user's own, drawn unseeded)."""
 
     def __init__(self, dataset, batch_size: int, plan: DataPlan, rank: int, world: int,
-                 shuffle: bool, drop_last: bool):
+                 shuffle: bool, drop_last: bool, batches=None, agree: Optional[Callable] = None):
         self.dataset, self.batch_size, self.plan = dataset, batch_size, plan
-        self.rank, self.world = rank, world
-        self.shards = [paddle.io.DistributedBatchSampler(dataset, batch_size=batch_size,
-                                                         num_replicas=plan.world, rank=r,
-                                                         shuffle=shuffle, drop_last=drop_last)
-                       for r in range(plan.world)]
+        self.rank, self.world, self.agree = rank, world, agree
+        self.listed = EpochBatches(batches) if batches is not None else None
+        if self.listed is not None:
+            self.shards = [Dealt(self.listed, plan.world, r, drop_last) for r in range(plan.world)]
+        else:
+            self.shards = [paddle.io.DistributedBatchSampler(dataset, batch_size=batch_size,
+                                                             num_replicas=plan.world, rank=r,
+                                                             shuffle=shuffle, drop_last=drop_last)
+                           for r in range(plan.world)]
         self.epoch, self.skip = 0, 0
         self.skipping = 0             # steps the epoch in progress leaves out
         self._made: dict = {}         # plan rank -> its batches of epoch _epoch_of_shards
@@ -120,6 +132,18 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         self.epoch, self.skip, self.skipping = epoch, steps_done, 0
         if callable(getattr(self.dataset, "set_epoch", None)):   # per-epoch augmentation
             self.dataset.set_epoch(epoch)
+        if self.agree is not None and self.listed is not None:
+            self._agreed(epoch)
+
+    def _agreed(self, epoch: int) -> None:
+        """Every rank made the same list of batches for `epoch` (each deals its share of it)."""
+        made = self.listed.of(epoch)
+        digests = self.agree(hashlib.sha256(repr(made).encode()).hexdigest())
+        if len(set(digests)) > 1:
+            raise ConfigError(f"the batch sampler {type(self.listed.sampler).__name__} gave the ranks different "
+                              f"batches in epoch {epoch + 1} (rank 0's differ from rank "
+                              f"{next(r for r, d in enumerate(digests) if d != digests[0])}'s): draw its order "
+                              "from the epoch set_epoch() gives it, the same on every rank (docs/own_model.md)")
 
     def _shard(self, rank: int) -> List[List[int]]:
         """Plan rank `rank`'s batches of the epoch in progress, made when first needed:
@@ -161,6 +185,10 @@ class PlannedBatchSampler(paddle.io.BatchSampler):
         count = self.plan.world * min(k, len(self.shards[0]) - step * k)
         indices = sorted(i for position in range(count) for i in self._micro(step, position))
         return hashlib.sha256(",".join(map(str, indices)).encode()).hexdigest()[:8]
+
+    def position(self, steps: int) -> None:
+        """A dataset's position is the step counters: nothing more for the checkpoint."""
+        return None
 
     def __len__(self) -> int:
         """Micro-batches this rank takes in the epoch in progress (fewer on a resumed
@@ -228,6 +256,45 @@ def optimizer_steps(num_samples: int, batch_size: int, plan: DataPlan, drop_last
     return -(-micro // plan.accumulate)
 
 
+def batches_per_rank(source, cfg: Config, world: int) -> int:
+    """Each rank's batches of an epoch at `world` ranks: Paddle's DistributedBatchSampler's
+    for a dataset, a list of batches dealt out (grouping.py), 0 for a stream (one epoch of
+    train.max_steps)."""
+    if source.stream:
+        return 0
+    if cfg.train.group_by_length:
+        listed = grouped_batches(len(source), cfg.train.batch_size, cfg.train.drop_last)
+    elif source.batch_sampler is not None:
+        listed = len(source.batch_sampler)
+    else:
+        return steps_per_epoch(len(source), cfg.train.batch_size, world, cfg.train.drop_last)
+    return dealt_batches(listed, world, cfg.train.drop_last)
+
+
+def steps_of(source, cfg: Config, plan: DataPlan) -> int:
+    """Optimizer steps per epoch of `source` under `plan` (a stream: train.max_steps, its
+    one epoch). The one count of steps per epoch (prepare.py, own.steps).
+
+    Example:
+        steps_of(Source.of(dataset, "train_data"), cfg, DataPlan(world=2, accumulate=2))   # 16
+    """
+    if source.stream:
+        return cfg.train.max_steps
+    return -(-batches_per_rank(source, cfg, plan.world) // plan.accumulate)
+
+
+def check_data(source, cfg: Config) -> None:
+    """One line for an order the data cannot have: a stream without train.max_steps, or
+    train.group_by_length over a stream or a batch sampler of the user's own."""
+    if source.stream and not cfg.train.max_steps:
+        raise ConfigError("fit(train_data=...) is a stream (an IterableDataset), which has no length: set the "
+                          "run's optimizer steps with -o train.max_steps=N")
+    if cfg.train.group_by_length and (source.stream or source.batch_sampler is not None):
+        what = "a stream" if source.stream else f"a batch sampler of its own ({type(source.batch_sampler).__name__})"
+        raise ConfigError(f"train.group_by_length makes the batches, but the training data is {what}; "
+                          "drop one of them")
+
+
 def total_steps(cfg: Config, per_epoch: int) -> int:
     """The run's optimizer steps: train.max_steps when set (the suites' `iters`: as many
     epochs as it takes, epochs_for), else train.epochs of `per_epoch`."""
@@ -239,14 +306,21 @@ def epochs_for(cfg: Config, per_epoch: int) -> int:
     return -(-cfg.train.max_steps // max(per_epoch, 1)) if cfg.train.max_steps else cfg.train.epochs
 
 
-def train_loader(parts, cfg: Config, env: DistEnv, plan: Optional[DataPlan] = None):
+def train_loader(parts, cfg: Config, env: DistEnv, plan: Optional[DataPlan] = None,
+                 agree: Optional[Callable] = None):
     """The training batches of this rank, as (inputs, labels), and their sampler: the run's
-    data plan (sampling.py; default: this job's world size and train.accumulate_steps)."""
+    data plan (sampling.py; default: this job's world size and train.accumulate_steps).
+    `agree`: a gather over the ranks, to check a batch sampler of the user's own."""
     plan = plan or DataPlan(env.world_size, cfg.train.accumulate_steps)
     source = parts.train_data
+    batches = source.batch_sampler
+    if cfg.train.group_by_length:
+        batches = LengthGrouped(lengths_of(source.dataset), cfg.train.batch_size, cfg.train.shuffle,
+                                cfg.train.drop_last, cfg.train.seed)
     if not source.gathers(cfg.data.batched):     # a dataset's own batch() seeds its own draws
         source = dataclasses.replace(source, dataset=SeededSamples(source.dataset, cfg.train.seed))
     sampler = PlannedBatchSampler(source.dataset, cfg.train.batch_size, plan, env.global_rank,
-                                  env.world_size, cfg.train.shuffle, cfg.train.drop_last)
+                                  env.world_size, cfg.train.shuffle, cfg.train.drop_last, batches,
+                                  agree if source.batch_sampler is not None else None)
     return source.loader(sampler, parts.feed, cfg.data.num_workers, cfg.data.batched,
                          env.job_dir), sampler

@@ -190,8 +190,11 @@ class Session:
             # attempt 2: from step 6 on 1 rank(s), continuing checkpoint ckpt_000000005
             6\t2\t2\t9f2c41d07a3e5b18
         """
-        if self.cfg.train.log_samples and self.env.is_main and self.run_dir and self.sampler is not None:
+        if not (self.cfg.train.log_samples and self.run_dir and self.sampler is not None):
+            return
+        if self.env.is_main or getattr(self.sampler, "gathers", False):   # a stream's: every rank's items
             digest = self.sampler.step_digest(self.pos.step_in_epoch - 1)
+        if self.env.is_main:
             # Set here, not in __init__: only this method writes the file.
             mark, self.samples_marked = not self.samples_marked, True
             with open(Run(self.run_dir).samples, "a+", opener=private.nofollow) as out:
@@ -310,10 +313,11 @@ class Session:
         (default <run>/checkpoints). Every rank calls it: first the ranks check that
         their weights agree (check_weights), so a checkpoint never keeps diverged ones."""
         self.check_weights(at.global_step)
+        stream = self.sampler.position(at.global_step)     # a stream's lanes: gathered on every rank
         if not (self.env.is_main and self.run_dir):
             return
         averaged = self.ema.weights() if self.ema is not None else None
-        snap = checkpoint.snapshot(self.parts.model, self.optimizer, self.meta(at), averaged)
+        snap = checkpoint.snapshot(self.parts.model, self.optimizer, self.meta(at, stream), averaged)
         self.saver.submit(root or Run(self.run_dir).checkpoints, snap,
                           self.cfg.checkpoint.keep_last if keep_last is None else keep_last,
                           before_write=self.monitor.save_delay(at.global_step))
@@ -326,9 +330,9 @@ class Session:
         best = self.run_dir is not None and written.path.parent == Run(self.run_dir).best
         self.progress.log.info(written.line("best checkpoint" if best else "checkpoint"))
 
-    def meta(self, at: Position) -> Meta:
+    def meta(self, at: Position, stream: Optional[Dict[str, Any]] = None) -> Meta:
         """The checkpoint's record of the run at `at`: every piece that survives a resume
-        gives its state (state.py)."""
+        gives its state (state.py); `stream`: a stream's lanes (streamplan.py)."""
         scaler = self.engine.scaler       # float16: resumed at the scale it had reached
         return Meta(global_step=at.global_step, epoch=at.epoch, step_in_epoch=at.step_in_epoch,
                     world_size=self.env.world_size, model=self.parts.name, api=self.cfg.train.api,
@@ -336,7 +340,7 @@ class Session:
                     plan_world=self.plan.world, plan_accumulate=self.plan.accumulate,
                     epoch_loss=tuple(at.epoch_loss) if at.step_in_epoch else (),
                     ema_updates=self.ema.updates if self.ema is not None else None,
-                    loss_scaler=amp_scaler_state(scaler) if scaler is not None else None)
+                    loss_scaler=amp_scaler_state(scaler) if scaler is not None else None, stream=stream)
 
     def check_weights(self, step: int) -> None:
         """The ranks compare their weights (agreement.check: one collective), once a step:

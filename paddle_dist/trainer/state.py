@@ -30,7 +30,7 @@ from .. import config as configlib
 from ..runtime import process
 from . import sampling
 from .parts import Parts, Position
-from .sampling import DataPlan, steps_per_epoch
+from .sampling import DataPlan, batches_per_rank
 from ..runtime.env import DistEnv
 
 
@@ -99,7 +99,7 @@ def resume(parts: Parts, cfg: configlib.Config, env: DistEnv, run_dir: Path, opt
 
 def batches_at(parts: Parts, cfg: configlib.Config):
     """Per-rank batches of an epoch at a given world size."""
-    return lambda world: steps_per_epoch(len(parts.train_data), cfg.train.batch_size, world, cfg.train.drop_last)
+    return lambda world: batches_per_rank(parts.train_data, cfg, world)
 
 
 def _changes(path: Path, cfg: configlib.Config) -> str:

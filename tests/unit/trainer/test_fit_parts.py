@@ -98,15 +98,27 @@ def test_a_dataloader_is_taken_apart_and_one_that_cannot_be_sharded_is_refused()
     class Mine(paddle.io.BatchSampler):
         pass
 
+    own = Mine(data, batch_size=2)       # the user's batches, dealt out by the plan (grouping.py)
+    assert Source.of(paddle.io.DataLoader(data, batch_sampler=own), "train_data").batch_sampler is own
     with pytest.raises(ConfigError, match="batch sampler .Mine."):
-        Source.of(paddle.io.DataLoader(data, batch_sampler=Mine(data, batch_size=2)), "train_data")
+        Source.of(paddle.io.DataLoader(data, batch_sampler=own), "eval_data")
+
+    class Endless(Mine):
+        def __len__(self):
+            raise TypeError("no length")
+
+    with pytest.raises(ConfigError, match="Endless has no __len__"):
+        Source.of(paddle.io.DataLoader(data, batch_sampler=Endless(data, batch_size=2)), "train_data")
 
     class Stream(paddle.io.IterableDataset):
         def __iter__(self):
             yield np.zeros(3)
 
-    with pytest.raises(ConfigError, match="IterableDataset"):
-        Source.of(Stream(), "train_data")
+    assert Source.of(Stream(), "train_data").stream         # read by streams.py's rule
+    streamed = Source.of(paddle.io.DataLoader(Stream(), batch_size=3, num_workers=2), "train_data")
+    assert (streamed.stream, streamed.batch_size, streamed.num_workers) == (True, 3, 2)
+    with pytest.raises(ConfigError, match="eval_data=.... is an IterableDataset"):
+        Source.of(Stream(), "eval_data")
     with pytest.raises(ConfigError, match="not object"):
         Source.of(object(), "eval_data")
     subset = paddle.io.BatchSampler(sampler=paddle.io.SubsetRandomSampler([0, 1, 2]), batch_size=2)
