@@ -24,7 +24,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -327,6 +327,28 @@ def config_hash(cfg_dict: Dict[str, Any]) -> str:
     Example:
         config_hash(cfg.to_dict())   # -> '3f9a0c1d2b4e5f60'
     """
+    text = json.dumps(_identity(cfg_dict), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def key_digests(cfg_dict: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """(key, 6 hex digits of its value) for every key config_hash covers, in key order: two
+    machines that compare these name the first key in which their configs differ without
+    either sending the other its values (launch/host.py, the machines' meeting).
+
+    Example:
+        dict(key_digests(cfg.to_dict()))["train.lr"]   # -> '9c1e4b'
+    """
+    flat = {}
+    for section, leaves in _identity(cfg_dict).items():
+        for key, value in (leaves.items() if isinstance(leaves, dict) else [("", leaves)]):
+            flat[f"{section}.{key}" if key else section] = value
+    return tuple((key, hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:6])
+                 for key, value in sorted(flat.items()))
+
+
+def _identity(cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """The config without VOLATILE_KEYS: what makes two runs the same experiment."""
     kept = copy.deepcopy(cfg_dict)
     for key in VOLATILE_KEYS:
         section, _, leaf = key.partition(".")
@@ -334,5 +356,4 @@ def config_hash(cfg_dict: Dict[str, Any]) -> str:
             kept.pop(section, None)
         elif isinstance(kept.get(section), dict):
             kept[section].pop(leaf, None)
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return kept

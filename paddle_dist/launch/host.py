@@ -30,7 +30,7 @@ from ..errors import UserError
 from ..runs.topology import Meeting, Node
 from ..security import auth, kvserver, tls
 from .wire import (LENGTH, MAX_FRAME, MAX_NAME, POLL_S, VERSION, Frames, MeetingPlace, NodesMissing,
-                   ProtocolError, deadline_after, encode, job_id, missing_line, split_master)
+                   ProtocolError, deadline_after, encode, job_id, missing_line, other_job, split_master)
 
 HELLO_S = 5.0             # a connection must announce its node within this, or it is dropped
 
@@ -140,9 +140,10 @@ class MeetingHost:
             elif self.token:
                 error = self._proven(peer, message)
                 message = peer.hello
-                error = error or self._refusal(message)      # the rank may have come meanwhile
+                # the rank may have come meanwhile
+                error = error or self._refusal(message) or self._other_job(message)
             else:
-                error = self._refusal(message)
+                error = self._refusal(message) or self._other_job(message)
             if error:
                 self._send(peer, {"error": error})
                 self._forget(peer)
@@ -178,6 +179,12 @@ class MeetingHost:
         if not isinstance(m.get("host", ""), str) or len(m.get("host", "")) > MAX_NAME:
             return f"the host name must be a string of at most {MAX_NAME} characters"
         return ""
+
+    def _other_job(self, m: dict) -> str:
+        """Why a machine is of another job (wire.other_job): asked only once it has proven
+        the token, so that the names of the keys that differ are told to no outsider."""
+        why = other_job(self.place, m.get("config"), m.get("keys"))
+        return f"this machine belongs to another job than node 0's: {why}" if why else ""
 
     def _challenge(self, peer: _Peer, hello: dict) -> str:
         """Answer an announcement with node 0's nonce and its proof of the token; "" once

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
+from .. import config as configlib
 from ..security import auth, credentials, private, rankgate
 from . import jobprocs, mpirun, rendezvous, supervisor
 from .jobspec import JobSpec, attempt_config
@@ -147,7 +148,8 @@ def gate_of(cfg: Config, nprocs: int) -> Optional[rendezvous.MeetingPlace]:
     return rendezvous.MeetingPlace(d.master, d.nnodes, d.node_rank, nprocs, d.rendezvous_timeout,
                                    token_file=d.token_file, tls_ca=d.tls_ca, tls_cert=d.tls_cert, tls_key=d.tls_key,
                                    min_nodes=d.min_nnodes if d.min_nnodes < d.nnodes else 0,
-                                   last_call=d.last_call)
+                                   last_call=d.last_call, config=configlib.config_hash(cfg.to_dict()),
+                                   config_keys=configlib.key_digests(cfg.to_dict()))
 
 
 def python_args(script: str, module: str = "") -> Tuple[str, ...]:

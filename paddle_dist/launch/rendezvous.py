@@ -9,10 +9,15 @@ launcher first meets the others at a small rendezvous of its own, on node 0, at 
 own rendezvous on it (kvserver.py), to the machines that met alone. Node 0's side is in
 host.py; the frames, MeetingPlace and what both sides say are in wire.py.
 
-Protocol (version 2), over TCP. Every message is a frame: a 4-byte big-endian length, then
+Protocol (version 3), over TCP. Every message is a frame: a 4-byte big-endian length, then
 that many bytes (at most MAX_FRAME) of a UTF-8 JSON object. A node (node_rank > 0) connects
-to node 0 and sends `{"v": 2, "node_rank": R, "nnodes": N, "nprocs": P, "host": "name"}`
-("host": its host name, at most MAX_NAME characters, for node 0's reports). Node 0 answers
+to node 0 and sends `{"v": 3, "node_rank": R, "nnodes": N, "nprocs": P, "host": "name",
+"config": hash, "keys": digests}` ("host": its host name, at most MAX_NAME characters, for
+node 0's reports; "config": its config's config_hash, "keys": 6 hex digits of each of its
+keys, in key order: wire.packed_keys). Node 0 refuses a machine whose config is not its
+own, naming the first key that differs, and only once the machine has proven the token
+(it holds one): the token admits a machine of this job, not of another one of the same
+user at the same master. Node 0 answers
 `{"arrived": {"0": [P, "address"], ...}}` each time the set of arrived nodes changes, and at
 the end `{"go": true, "run": "name"}` (every node arrived; node 0 serves Paddle's
 rendezvous on its listener from now on;
@@ -21,7 +26,7 @@ MAX_NAME characters and never a path: every machine then writes under a director
 name, so that all of a job's records carry one name and never join another job's), or
 `{"missing": [R, ...], "arrived": ...}` (its deadline passed), or `{"error": "..."}` (this
 node's announcement was refused: a wrong dist.nnodes, a node_rank already there, another
-version, a wrong job token). With a job token (`dist.token_file`, auth.py) the announcement
+version, a wrong job token, another job's config). With a job token (`dist.token_file`, auth.py) the announcement
 also carries the node's nonce, `"nonce": hex`; node 0 answers it first with
 `{"challenge": its nonce, "proof": HMAC("server", ...)}` and admits the node only after
 its `{"proof": HMAC("client", ...)}` (every node sends a nonce; one with a token refuses
@@ -50,7 +55,8 @@ from ..runs.topology import Meeting, Node
 from ..security import auth, credentials, tls
 from .host import KeptListener, MeetingHost
 from .wire import (CHECK, LENGTH, MAX_FRAME, MAX_NAME, POLL_S, VERSION, Frames, MeetingPlace, NodesMissing,
-                   ProtocolError, deadline_after, encode, job_id, missing_line, plain_name, split_master)
+                   ProtocolError, deadline_after, encode, job_id, missing_line, packed_keys, plain_name,
+                   split_master)
 
 RETRY_S = 0.2             # a node retries connecting to node 0 this often
 
@@ -113,7 +119,8 @@ def _talk(sock: socket.socket, place: MeetingPlace, deadline: float, seen: Optio
     try:
         sock.settimeout(POLL_S)
         sock.sendall(encode({"v": VERSION, "node_rank": place.node_rank, "nnodes": place.nnodes,
-                             "nprocs": place.nprocs, "host": place.host[:MAX_NAME], "nonce": mine}))
+                             "nprocs": place.nprocs, "host": place.host[:MAX_NAME], "nonce": mine,
+                             "config": place.config, "keys": packed_keys(place)}))
         while time.monotonic() < deadline:
             try:
                 data = sock.recv(MAX_FRAME + LENGTH.size)

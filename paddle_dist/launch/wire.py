@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-VERSION = 2
+VERSION = 3
 MAX_FRAME = 4096          # bytes of JSON in one message; a longer one is refused unread
 MAX_NAME = 200            # characters of a host name or run name in a message
 POLL_S = 0.25             # longest wait in a select or recv (signals are handled in between)
@@ -41,6 +41,8 @@ class MeetingPlace:
     tls_key: str = ""
     min_nodes: int = 0        # elastic (dist.min_nnodes): this many may go on without the others,
     last_call: float = 30.0   # this many seconds after they met; 0 = not elastic: all must meet
+    config: str = ""          # the job's config.config_hash: node 0 refuses a machine of another job
+    config_keys: Tuple[Tuple[str, str], ...] = ()   # config.key_digests: which key differs, by name
 
     def enough(self, arrived: int) -> bool:
         """Whether `arrived` machines may go on without the others (elastic)."""
@@ -100,6 +102,33 @@ def decode(body: bytes) -> dict:
     if not isinstance(message, dict):
         raise ProtocolError("not a JSON object")
     return message
+
+
+def packed_keys(place: MeetingPlace) -> str:
+    """The digests of the config's keys, in key order, as one string (the names are the
+    same on every machine of one paddle_dist version, so they need not travel)."""
+    return "".join(digest for _, digest in place.config_keys)
+
+
+def other_job(place: MeetingPlace, config, keys) -> str:
+    """Why a machine whose config hashes to `config` (its digests of each key: `keys`,
+    packed_keys) belongs to another job than `place`'s ("" when it does not).
+
+    Example:
+        other_job(node0_place, "0f3e...", "9c1e4b...")
+        # "its config is not node 0's: train.lr differs (and 1 more key); give every machine the same -c and -o"
+    """
+    if not place.config or config == place.config:
+        return ""
+    fix = "give every machine the same -c and -o"
+    size = len(place.config_keys) * 6
+    if not isinstance(keys, str) or len(keys) != size:
+        return f"its config is not node 0's, and it names other keys (another paddle_dist version?); {fix}"
+    differ = [key for i, (key, digest) in enumerate(place.config_keys) if keys[6 * i:6 * i + 6] != digest]
+    if not differ:
+        return f"its config is not node 0's; {fix}"
+    more = f" (and {len(differ) - 1} more key{'s' * (len(differ) > 2)})" if len(differ) > 1 else ""
+    return f"its config is not node 0's: {differ[0]} differs{more}; {fix}"
 
 
 def job_id(place: MeetingPlace) -> str:

@@ -37,6 +37,11 @@ def test_only_machines_holding_the_job_token_meet(tmp_path):
     assert intruder.returncode == 2, intruder.stderr
     [said] = [line for line in intruder.stderr.splitlines() if line.strip()]
     assert "wrong job token" in said
+    # Issue 53, finding 9: the job's token, and another job's config (of the same user).
+    other_job = run(_node(1, port, tmp_path / "other-job", token) + ["-o", "train.lr=0.5"], timeout=60)
+    assert other_job.returncode == 2, other_job.stderr
+    [said] = [line for line in other_job.stderr.splitlines() if line.strip()]
+    assert "belongs to another job than node 0's: its config is not node 0's: train.lr differs" in said
     assert node0.poll() is None                        # still waiting, for the right machine
     node1 = check(run(_node(1, port, run_dir, token), timeout=120))
     out, err = finish(node0, killer, timeout=120)

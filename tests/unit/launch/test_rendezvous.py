@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from paddle_dist.config import load
+from paddle_dist.config import config_hash, key_digests, load
 from paddle_dist.errors import UserError
 from paddle_dist.launch import launcher, rendezvous
 from paddle_dist.launch.host import KeptListener
@@ -235,7 +235,9 @@ def _plan(overrides, **kwargs):
 def test_a_multi_node_launch_meets_first_with_the_rendezvous_timeout():
     p = _plan(["dist.nnodes=3", "dist.node_rank=2", "dist.master=10.0.0.1:6170", "dist.nprocs=2",
                "dist.rendezvous_timeout=30"])
-    assert p.gate == rendezvous.MeetingPlace("10.0.0.1:6170", 3, 2, 2, 30.0)
+    cfg = load(overrides=["dist.nprocs=2"]).to_dict()        # the job's identity: dist aside
+    assert p.gate == rendezvous.MeetingPlace("10.0.0.1:6170", 3, 2, 2, 30.0, config=config_hash(cfg),
+                                             config_keys=key_digests(cfg))
     assert _plan(["dist.nprocs=2"]).gate is None
     assert _plan(["dist.nnodes=2", "dist.master=10.0.0.1:6170"], always=True).gate is not None
 

@@ -8,10 +8,12 @@ import shutil
 import signal
 import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from paddle_dist.config import config_hash, key_digests, load
 from paddle_dist.security import auth
 from paddle_dist.launch import launcher, rendezvous
 from paddle_dist.errors import UserError
@@ -161,6 +163,30 @@ def test_a_machine_refuses_a_node_0_that_cannot_prove_the_token(tmp_path):
     with pytest.raises(UserError, match="runs without the job token that this machine has"):
         rendezvous.meet(_gate(port, 1, _token_file(tmp_path), timeout=3))
     host.result()
+
+
+def test_the_token_admits_a_machine_of_this_job_only(tmp_path):
+    """Issue 53, finding 9: the token admitted a machine of another job of the same user at
+    the same master (another config trained on as node 1, nothing said). Node 0 compares
+    the configs' digests once the machine has proven the token, names the first key that
+    differs, and goes on waiting for the machine of its job."""
+    token, port = _token_file(tmp_path), launcher.free_port("127.0.0.1")
+    mine, theirs = load().to_dict(), load(None, ["train.lr=0.5", "train.batch_size=7"]).to_dict()
+
+    def place(node_rank, cfg):
+        return replace(_gate(port, node_rank, token), config=config_hash(cfg), config_keys=key_digests(cfg))
+
+    host = _Node(place(0, mine))
+    host.start()
+    _listening(port)
+    with pytest.raises(UserError, match=r"^node 0 at 127.0.0.1:\d+ refused this node: this machine belongs to "
+                                        r"another job than node 0's: its config is not node 0's: train.batch_size "
+                                        r"differs \(and 1 more key\); give every machine the same -c and -o$"):
+        rendezvous.meet(place(1, theirs))
+    assert host.is_alive()                             # still waiting, for its own machine
+    right = _Node(place(1, mine))
+    right.start()
+    assert right.result() is None and host.result() is None
 
 
 def _node_0_waiting(token_file):
