@@ -12,8 +12,8 @@ import pytest
 from paddle_dist import cifar
 from paddle_dist.runs.layout import Run
 
-from ..oracles import rank_statuses, read_metrics
 from .procs import check, run
+from ..oracles import rank_statuses, read_metrics
 
 JOB = ["-c", "configs/cifar10_resnet18.yaml", "-o", "train.batch_size=4", "-o", "train.max_steps=3",
        "-o", "train.epochs=1", "-o", "train.eval_batch_size=8", "-o", "checkpoint.every_epochs=0",
@@ -69,7 +69,7 @@ def test_best_checkpoint_and_early_stop_agree_on_every_rank(tmp_path):
     assert [h["epoch"] for h in metrics["history"]] == [1, 2]
     ranks = statuses(run_dir)
     assert ranks[0]["step"] == ranks[1]["step"] == 2 * 4
-    best = json.loads((run_dir / "best" / "ckpt_000000004" / "meta.json").read_text())
+    best = json.loads((Run(run_dir).best / "ckpt_000000004" / "meta.json").read_text())
     assert best["epoch"] == 1
     assert "early stop after epoch 2" in Run(run_dir).rank_log(0).read_text()
     assert np.isfinite(metrics["test_loss"])

@@ -182,7 +182,7 @@ def test_workers_through_a_kill_and_a_resume_end_bitwise_and_leave_no_shared_mem
         a, b = np.load(clean / name), np.load(killed / name)
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
     last = sorted(Run(clean / "run").checkpoints.glob("ckpt_*"))[-1].name
-    a, b = (np.load(out / "run" / "checkpoints" / last / "ema.npz") for out in (clean, killed))
+    a, b = (np.load(Run(out / "run").checkpoints / last / "ema.npz") for out in (clean, killed))
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
 
 

@@ -19,6 +19,8 @@ from collections import Counter
 
 import pytest
 
+from paddle_dist.runs.layout import Run
+
 from ..oracles import read_metrics
 from .procs import ROOT, check, run
 
@@ -114,7 +116,7 @@ def test_visualdl_serves_the_finished_runs_scalars(finished_run, visualdl):
     assert not missing, f"not served: {sorted(missing)}; served: {tags['tags'][0]}"
 
     served = _api(visualdl, "scalar/list", run=run_name, tag="train/loss")  # [[ms, step, value]]
-    logged = _progress_losses(finished_run / "logs" / "rank0.log")
+    logged = _progress_losses(Run(finished_run).rank_log(0))
     steps = list(range(LOG_EVERY, EPOCHS * STEPS_PER_EPOCH + 1, LOG_EVERY))     # 5, 10, 15, 20
     assert [step for _, step, _ in served] == [step for step, _ in logged] == steps
     assert [v for _, _, v in served] == pytest.approx([v for _, v in logged], abs=5.1e-5)

@@ -80,7 +80,7 @@ def one_step():
 @pytest.fixture
 def saved(tmp_path, one_step):
     net, opt, _ = one_step
-    return ck.save(tmp_path / "checkpoints", net, opt, meta(1))
+    return ck.save(Run(tmp_path).checkpoints, net, opt, meta(1))
 
 
 # ---------------------------------------------------------------- layout
@@ -122,10 +122,10 @@ def test_load_keeps_dtypes_and_shapes(saved, one_step):
 
 def test_load_accepts_a_checkpoint_its_root_or_the_run_dir(tmp_path, one_step):
     net, opt, names = one_step
-    first = ck.save(tmp_path / "checkpoints", net, opt, meta(1))
+    first = ck.save(Run(tmp_path).checkpoints, net, opt, meta(1))
     train_step(net, opt, names)
-    ck.save(tmp_path / "checkpoints", net, opt, meta(2))
-    assert ck.load(tmp_path / "checkpoints").meta["global_step"] == 2   # follows `latest`
+    ck.save(Run(tmp_path).checkpoints, net, opt, meta(2))
+    assert ck.load(Run(tmp_path).checkpoints).meta["global_step"] == 2   # follows `latest`
     assert ck.load(tmp_path).meta["global_step"] == 2
     state = ck.load(first)
     assert state.meta["global_step"] == 1 and state.path == first

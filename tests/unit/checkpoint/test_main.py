@@ -8,6 +8,7 @@ import paddle
 
 from paddle_dist import checkpoint as ck
 from paddle_dist import models
+from paddle_dist.runs.layout import Run
 
 from tests.integration.procs import run
 from tests.unit.checkpoint.test_io import Wrapped, assert_bitwise, meta, new_model, sgd, weights
@@ -39,7 +40,7 @@ def test_cli_bad_path_is_one_line_and_exit_2(tmp_path):
 def test_cli_export_of_a_wrapped_models_checkpoint_is_refused_in_one_line(tmp_path):
     # A fit() run of a built-in LeNet wrapped in a Layer of the user's: every name is 'net.'...
     outer = Wrapped(models.build("lenet", 10))
-    checkpoint = ck.save(tmp_path / "checkpoints", outer, sgd(outer), dict(meta(1), model="lenet"))
+    checkpoint = ck.save(Run(tmp_path).checkpoints, outer, sgd(outer), dict(meta(1), model="lenet"))
     config = str(Path(__file__).resolve().parents[3] / "configs" / "mnist_lenet.yaml")
     result = run(["-m", "paddle_dist.export", str(checkpoint), "-c", config, "--out", str(tmp_path / "out")],
                  timeout=180)

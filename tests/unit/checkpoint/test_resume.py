@@ -8,6 +8,7 @@ from paddle.utils import unique_name
 
 from paddle_dist import checkpoint as ck
 from paddle_dist import compat
+from paddle_dist.runs.layout import Run
 
 from tests.unit.checkpoint.test_io import (Net, Wrapped, arrays, assert_bitwise, fresh_names, meta, new_model,
                                            one_line, sgd, train_step, weights)
@@ -108,11 +109,11 @@ def test_resolve_resume_none_and_auto(tmp_path, one_step):
 
 def test_resolve_resume_paths(tmp_path, one_step):
     net, opt, _ = one_step
-    first = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(1))
-    second = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(2))
+    first = ck.save(Run(tmp_path / "run").checkpoints, net, opt, meta(1))
+    second = ck.save(Run(tmp_path / "run").checkpoints, net, opt, meta(2))
     other_run = tmp_path / "elsewhere"
     assert ck.resolve_resume(str(first), other_run) == first
-    assert ck.resolve_resume(str(tmp_path / "run" / "checkpoints"), other_run) == second
+    assert ck.resolve_resume(str(Run(tmp_path / "run").checkpoints), other_run) == second
     assert ck.resolve_resume(str(tmp_path / "run"), other_run) == second
 
 

@@ -11,6 +11,7 @@ from paddle.utils import unique_name
 
 from paddle_dist import checkpoint as ck
 from paddle_dist import models
+from paddle_dist.runs.layout import Run
 
 from tests.unit.checkpoint.test_io import (Net, Payload, UNPICKLED, Wrapped, assert_bitwise, fresh_names, meta,
                                            new_model, one_line, weights)
@@ -103,10 +104,10 @@ def test_load_weights_of_an_exact_match_are_bitwise_equal(tmp_path, one_step):
     net, opt, _ = one_step
     trained_weights = weights(net)
     file = saved_pdparams(net, tmp_path / "model.pdparams")
-    checkpoint = ck.save(tmp_path / "run" / "checkpoints", net, opt, meta(1))
+    checkpoint = ck.save(Run(tmp_path / "run").checkpoints, net, opt, meta(1))
     exported = ck.export_pdparams(checkpoint, tmp_path / "exported.pdparams")
     for given, loaded in [(file, file), (checkpoint, checkpoint), (tmp_path / "run", checkpoint),
-                          (tmp_path / "run" / "checkpoints", checkpoint), (exported, exported),
+                          (Run(tmp_path / "run").checkpoints, checkpoint), (exported, exported),
                           (str(file), file)]:
         fresh, _, _ = new_model(seed=1)
         assert weights(fresh)["weight"].tobytes() != trained_weights["weight"].tobytes()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from paddle_dist.runs.layout import Run
+from paddle_dist.runs.layout import LATEST, Run, checkpoint_name
 from paddle_dist.runtime import monitor as rank_monitor
 from paddle_dist.runs import listing
 
@@ -32,10 +32,10 @@ def _run_dir(root, name, *ranks, finished=False, checkpoint=None, when=None):
     if finished:
         Run(run_dir).metrics.write_text("{}")
     if checkpoint is not None:
-        folder = run_dir / "checkpoints" / f"ckpt_{checkpoint:09d}"
+        folder = Run(run_dir).checkpoints / checkpoint_name(checkpoint)
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text(json.dumps({"global_step": checkpoint}))
-        (run_dir / "checkpoints" / "latest").write_text(folder.name)
+        (Run(run_dir).checkpoints / LATEST).write_text(folder.name)
     return run_dir
 
 

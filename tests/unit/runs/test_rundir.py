@@ -56,7 +56,7 @@ def test_an_unfinished_run_is_continued_from_where_it_stopped(tmp_path):
     first = choose(cfg_for(tmp_path)).path
     Run(first).status.mkdir()
     Run(first).rank_status(1).write_text('{"rank": 1, "state": "failed"}')
-    (first / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
+    (Run(first).checkpoints / "ckpt_000000010").mkdir(parents=True)
     again = choose(cfg_for(tmp_path, "train.epochs=9", "dist.nprocs=2", "checkpoint.every_steps=5"))
     assert again.path == first and runs(tmp_path) == [first.name]
     assert "continuing the unfinished run" in again.note and "attempt 2" in again.note
@@ -80,7 +80,7 @@ def test_a_diverged_run_is_never_continued_nor_offered(tmp_path):
     Run(first).status.mkdir()
     Run(first).rank_status(0).write_text('{"rank": 0, "state": "diverged", "error": "the ranks\' '
                                                  'weights differ at step 4: ..."}')
-    (first / "checkpoints" / "ckpt_000000002").mkdir(parents=True)
+    (Run(first).checkpoints / "ckpt_000000002").mkdir(parents=True)
     assert rundir.diverged(first).startswith("the ranks' weights differ at step 4")
     assert commands.resume_command(first) == ""
     again = choose(cfg_for(tmp_path))
@@ -218,7 +218,7 @@ def test_resume_command_names_a_run_the_command_would_not_find(tmp_path):
     command = ["python", "train.py", "-o", "checkpoint.resume=none", "--override=output.run_dir=x"]
     path = choose(cfg_for(tmp_path, "checkpoint.resume=none"), command=command).path
     assert shlex.split(commands.resume_command(path)) == ["python", "train.py", "-o", f"output.run_dir={path}"]
-    (path / "checkpoints" / "ckpt_000000010").mkdir(parents=True)
+    (Run(path).checkpoints / "ckpt_000000010").mkdir(parents=True)
     assert shlex.split(commands.resume_command(path))[-2:] == ["-o", "checkpoint.resume=auto"]
     assert commands.resume_command(tmp_path) == ""        # no run.json: nothing to say
 
@@ -372,7 +372,7 @@ def test_a_linked_folder_inside_a_run_is_refused_before_anything_is_written(tmp_
     """Linked checkpoints/ or logs/ in a run of one's own (finding 6), however it is taken."""
     (elsewhere := tmp_path / "elsewhere").mkdir()
     first = choose(cfg_for(tmp_path)).path
-    (first / "checkpoints").symlink_to(elsewhere)
+    Run(first).checkpoints.symlink_to(elsewhere)
     link = rf"^{first}/checkpoints is a symbolic link, and paddle_dist writes no file of a run through one"
     with pytest.raises(UserError, match=link):
         choose(cfg_for(tmp_path))
@@ -381,7 +381,7 @@ def test_a_linked_folder_inside_a_run_is_refused_before_anything_is_written(tmp_
                  lambda: rundir.joined(first), lambda: rundir.node_run_dir(cfg_for(tmp_path), first.name)):
         with pytest.raises(UserError, match=link):
             call()
-    (first / "checkpoints").rename(first / "logs")
+    Run(first).checkpoints.rename(Run(first).logs)
     with pytest.raises(UserError, match=rf"^{first}/logs is a symbolic link"):
         choose(cfg_for(tmp_path))
     assert list(elsewhere.iterdir()) == [] and rundir.read_run(first)["attempts"] == 1
