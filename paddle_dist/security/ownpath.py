@@ -86,7 +86,10 @@ def refuse_links(fd: int, path, depth: int = 16) -> None:
             raise LinkRefused(f"{inside} is a symbolic link, and paddle_dist writes no file of a run "
                               "through one; remove the link")
         if folder and depth > 1:
-            sub = os.open(name, os.O_RDONLY | _DIR, dir_fd=fd)
+            try:
+                sub = os.open(name, os.O_RDONLY | _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                continue                # removed meanwhile (an old checkpoint another rank let go)
             try:
                 refuse_links(sub, inside, depth - 1)
             finally:
