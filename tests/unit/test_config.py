@@ -1,6 +1,7 @@
 """Unit tests for paddle_dist.config: defaults -> YAML file -> -o overrides, typed and validated."""
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from paddle_dist.sync import transports
 import yaml
 
 from paddle_dist import config, config_keys
-from paddle_dist.config import CONFIG_DIR, Config, dump, from_dict, load
+from paddle_dist.config import CONFIG_DIR, Config, config_hash, dump, from_dict, load
 from paddle_dist.config_keys import parse_override
 from paddle_dist.errors import ConfigError
 from paddle_dist.launch import launcher
@@ -443,3 +444,44 @@ def test_a_wrong_range_is_refused_with_the_fix(overrides, says):
     with pytest.raises(ConfigError) as e:
         config.with_overrides(overrides + ["dist.master=10.0.0.1:6170"])
     assert says in str(e.value)
+
+
+# ---------------------------------------------------------------- config_hash (a checkpoint's meta records it)
+HASHED = {"data": {"name": "mnist"}, "model": {"name": "lenet"},
+          "train": {"lr": 0.001, "epochs": 5, "max_steps": 0, "log_every": 20, "seed": 2024},
+          "dist": {"nprocs": 2, "max_restarts": 0},
+          "checkpoint": {"every_epochs": 1, "keep_last": 3, "resume": "auto"},
+          "output": {"root": "runs", "run_dir": ""}, "faults": {"inject": ""}}
+
+
+def changed(dotted, value):
+    cfg = json.loads(json.dumps(HASHED))
+    section, key = dotted.split(".")
+    cfg[section][key] = value
+    return cfg
+
+
+def test_config_hash_is_16_hex_digits_and_stable():
+    digest = config_hash(HASHED)
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert config_hash(json.loads(json.dumps(HASHED, sort_keys=True))) == digest
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("train.epochs", 50), ("train.max_steps", 7), ("train.log_every", 1), ("dist.max_restarts", 3),
+    ("checkpoint.resume", "none"), ("checkpoint.keep_last", 9), ("output.run_dir", "/x"),
+    ("faults.inject", "raise:1:5"), ("dist.nprocs", 3)])
+def test_config_hash_ignores_what_a_resume_may_change(dotted, value):
+    assert config_hash(changed(dotted, value)) == config_hash(HASHED)
+
+
+@pytest.mark.parametrize("dotted, value", [
+    ("train.lr", 0.01), ("train.seed", 1), ("model.name", "mlp"), ("data.name", "cifar10")])
+def test_config_hash_sees_what_changes_training(dotted, value):
+    assert config_hash(changed(dotted, value)) != config_hash(HASHED)
+
+
+def test_config_hash_leaves_its_input_alone():
+    cfg = json.loads(json.dumps(HASHED))
+    config_hash(cfg)
+    assert cfg == HASHED

@@ -2,7 +2,6 @@
 atomically (also from a background thread), pruned, validated, never unpickled. The models,
 states and checks defined here serve the package's other test files too."""
 
-import json
 import threading
 
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 from paddle.utils import unique_name
 
 from paddle_dist import checkpoint as ck
-from paddle_dist.config import config_hash
 from paddle_dist.errors import UserError
 from paddle_dist.runs.layout import Run
 
@@ -436,47 +434,6 @@ def assert_bitwise(a, b):
     assert sorted(a) == sorted(b)
     for key in a:
         assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
-
-
-# ---------------------------------------------------------------- config_hash
-CONFIG = {"data": {"name": "mnist"}, "model": {"name": "lenet"},
-          "train": {"lr": 0.001, "epochs": 5, "max_steps": 0, "log_every": 20, "seed": 2024},
-          "dist": {"nprocs": 2, "max_restarts": 0},
-          "checkpoint": {"every_epochs": 1, "keep_last": 3, "resume": "auto"},
-          "output": {"root": "runs", "run_dir": ""}, "faults": {"inject": ""}}
-
-
-def changed(dotted, value):
-    cfg = json.loads(json.dumps(CONFIG))
-    section, key = dotted.split(".")
-    cfg[section][key] = value
-    return cfg
-
-
-def test_config_hash_is_16_hex_digits_and_stable():
-    digest = config_hash(CONFIG)
-    assert len(digest) == 16 and int(digest, 16) >= 0
-    assert config_hash(json.loads(json.dumps(CONFIG, sort_keys=True))) == digest
-
-
-@pytest.mark.parametrize("dotted, value", [
-    ("train.epochs", 50), ("train.max_steps", 7), ("train.log_every", 1), ("dist.max_restarts", 3),
-    ("checkpoint.resume", "none"), ("checkpoint.keep_last", 9), ("output.run_dir", "/x"),
-    ("faults.inject", "raise:1:5"), ("dist.nprocs", 3)])
-def test_config_hash_ignores_what_a_resume_may_change(dotted, value):
-    assert config_hash(changed(dotted, value)) == config_hash(CONFIG)
-
-
-@pytest.mark.parametrize("dotted, value", [
-    ("train.lr", 0.01), ("train.seed", 1), ("model.name", "mlp"), ("data.name", "cifar10")])
-def test_config_hash_sees_what_changes_training(dotted, value):
-    assert config_hash(changed(dotted, value)) != config_hash(CONFIG)
-
-
-def test_config_hash_leaves_its_input_alone():
-    cfg = json.loads(json.dumps(CONFIG))
-    config_hash(cfg)
-    assert cfg == CONFIG
 
 
 # ---------------------------------------------------------------- export and command line
