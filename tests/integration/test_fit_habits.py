@@ -320,7 +320,7 @@ def test_loss_parts_are_logged_beside_the_total_as_exactly_as_the_total(tmp_path
 ])
 def test_a_bad_sample_names_itself_with_and_without_workers(workers, where, says, tmp_path):
     """A sample's __getitem__ in a worker, a collate function in the rank (the other two
-    pairs take the same paths: tests/unit/trainer/test_fit_parts.py reads in the rank too)."""
+    pairs take the same paths: tests/unit/trainer/test_loading.py reads in the rank too)."""
     done = run([SCRIPT, "bad_sample", str(workers), where], cwd=tmp_path, timeout=180)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
     said = done.stdout + done.stderr

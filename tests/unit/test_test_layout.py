@@ -20,8 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "paddle_dist"
 UNIT = ROOT / "tests" / "unit"
 
-TRAINER_CUT = "trainer/ is being cut by idea (issue 51 item 3): its test files follow the new modules"
-
 # module (relative to paddle_dist/) -> why it has no test file of its name. A folder ("trainer/")
 # stands for each of its modules that has none.
 WITHOUT_A_TEST_FILE: Dict[str, str] = {
@@ -50,8 +48,17 @@ WITHOUT_A_TEST_FILE: Dict[str, str] = {
     "sync/collectives.py": "collectives watched by the hang watchdog: test_grad_sync.py, test_overlap.py and "
                            "the multi-rank integration tests run through them",
     "sync/wiring.py": "the optimizer's wiring: test_grad_sync.py attaches GradSync and closes it",
-    # trainer/ while it is cut: every module of it that has no test file yet.
-    "trainer/": TRAINER_CUT,
+    # The trainer's front ends and composition root: thin over tested modules, run by every job.
+    "trainer/job.py": "train(), the composition root: every fit() and train() job of tests/integration "
+                      "runs it (test_world_size_steps.py, test_whole_state.py, test_replay_matrix.py)",
+    "trainer/loop.py": "the loop's front end, thin over engine.py (test_engine.py) and session.py: every "
+                       "loop job of tests/integration runs it",
+    "trainer/hapi.py": "the paddle.Model front end, thin over engine.py and session.py: every hapi job of "
+                       "tests/integration runs it, and doctor/test_selftest.py its prepared model",
+    "trainer/callbacks.py": "paddle.callbacks.Callback's events: tests/integration/test_fit_habits.py runs "
+                            "users' callbacks (EarlyStopping, an EMA, a recorder) through fit() at both levels",
+    "trainer/untrained.py": "the line for parameters no rank trained needs ranks: tests/integration/"
+                            "test_fit_habits.py trains a model with a branch no batch reaches",
 }
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_dist.errors import DataError
-from paddle_dist.trainer.loading import Source
+from paddle_dist.errors import ConfigError, DataError
+from paddle_dist.trainer.loading import SampleLoader, Source
 
 # A script of one's own whose eval set is empty: a Dataset, or a DataLoader over one.
 SCRIPT = """
@@ -57,3 +57,67 @@ def test_a_script_with_an_empty_eval_set_exits_2_before_its_run_directory(given,
     assert "paddle_dist: error: fit(eval_data=...) has no samples (Points, len 0)" in done.stderr, done.stderr
     assert "epoch 1/1" not in done.stdout + done.stderr      # refused before training
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dataloader_is_taken_apart_and_one_that_cannot_be_sharded_is_refused():
+    data = paddle.io.TensorDataset([paddle.zeros([10, 3]), paddle.zeros([10, 1])])
+    loader = paddle.io.DataLoader(data, batch_size=4, shuffle=True, drop_last=True, num_workers=2,
+                                  collate_fn=lambda samples: samples)
+    source = Source.of(loader, "train_data")
+    assert (source.batch_size, source.shuffle, source.drop_last, source.num_workers) == (4, True, True, 2)
+    assert source.dataset is data and source.collate_fn is loader.collate_fn
+
+    class Mine(paddle.io.BatchSampler):
+        pass
+
+    own = Mine(data, batch_size=2)       # the user's batches, dealt out by the plan (grouping.py)
+    assert Source.of(paddle.io.DataLoader(data, batch_sampler=own), "train_data").batch_sampler is own
+    with pytest.raises(ConfigError, match="batch sampler .Mine."):
+        Source.of(paddle.io.DataLoader(data, batch_sampler=own), "eval_data")
+
+    class Endless(Mine):
+        def __len__(self):
+            raise TypeError("no length")
+
+    with pytest.raises(ConfigError, match="Endless has no __len__"):
+        Source.of(paddle.io.DataLoader(data, batch_sampler=Endless(data, batch_size=2)), "train_data")
+
+    class Stream(paddle.io.IterableDataset):
+        def __iter__(self):
+            yield np.zeros(3)
+
+    assert Source.of(Stream(), "train_data").stream         # read by streams.py's rule
+    streamed = Source.of(paddle.io.DataLoader(Stream(), batch_size=3, num_workers=2), "train_data")
+    assert (streamed.stream, streamed.batch_size, streamed.num_workers) == (True, 3, 2)
+    with pytest.raises(ConfigError, match="eval_data=.... is an IterableDataset"):
+        Source.of(Stream(), "eval_data")
+    with pytest.raises(ConfigError, match="not object"):
+        Source.of(object(), "eval_data")
+    subset = paddle.io.BatchSampler(sampler=paddle.io.SubsetRandomSampler([0, 1, 2]), batch_size=2)
+    with pytest.raises(ConfigError, match="SubsetRandomSampler"):
+        Source.of(paddle.io.DataLoader(data, batch_sampler=subset), "train_data")
+    with pytest.raises(ConfigError, match="batch_size=None"):
+        Source.of(paddle.io.DataLoader(data, batch_size=None), "train_data")
+    shuffled = paddle.io.BatchSampler(sampler=paddle.io.RandomSampler(data), batch_size=2)
+    assert Source.of(paddle.io.DataLoader(data, batch_sampler=shuffled), "train_data").shuffle
+    kept = Source.of(paddle.io.DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True), "x")
+    assert "persistent_workers" not in kept.options      # rebuilt each epoch: no worker outlives it
+
+
+def test_zero_workers_read_in_this_thread_and_a_failing_sample_says_which():
+    class Bad(paddle.io.Dataset):
+        def __getitem__(self, i):
+            if i == 3:
+                raise ValueError("broken file")
+            return np.zeros(2, "float32"), np.int64(i)
+
+        def __len__(self):
+            return 6
+
+    batches = SampleLoader(Bad(), [[0, 1], [2, 3]])
+    first = next(iter(batches))
+    assert isinstance(first[0], paddle.Tensor) and first[1].numpy().tolist() == [0, 1]
+    with pytest.raises(DataError) as raised:
+        list(batches)
+    assert str(raised.value).startswith("reading sample 3 of Bad failed: ValueError: broken file (test_loading.py:")
+    assert isinstance(raised.value.__cause__, ValueError)
