@@ -15,7 +15,7 @@ from paddle_dist.runs.layout import Run
 
 from ..oracles import checkpoint_arrays, latest_checkpoint, max_difference, rank_status, rank_statuses, read_metrics
 from .netns import two_hosts  # noqa: F401  (fixture)
-from .procs import PY, check, run
+from .procs import PY, check, finish, run, start
 
 JOB = ["train.py", "-c", "configs/mnist_mlp.yaml", "-o", "train.batch_size=16", "-o", "train.max_steps=24",
        "-o", "checkpoint.every_steps=5", "-o", "checkpoint.every_epochs=0", "-o", "dist.nprocs=2",
@@ -83,12 +83,48 @@ def _lose_host_b(two_hosts, clean: Path, out: Path, port: int, api: str) -> None
     assert status[0]["weights_sha256"] == status[1]["weights_sha256"]
 
 
+# Another user of host A (uid 65534) who, once node 0 listens at dist.master, tries to
+# listen there too every millisecond, and holds the port once it has it.
+TAKER = """
+import socket, sys, time
+ip, port = sys.argv[1], int(sys.argv[2])
+def listening():
+    rows = open("/proc/net/tcp").read().splitlines()[1:]
+    return any(r.split()[1].endswith(":%04X" % port) and r.split()[3] == "0A" for r in rows)
+while not listening():
+    time.sleep(0.01)
+print("armed", flush=True)
+while True:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((ip, port))
+        s.listen(1)
+    except OSError:
+        s.close()
+        time.sleep(0.001)
+        continue
+    print("took the port", flush=True)
+    time.sleep(3600)
+"""
+
+
 def test_a_machine_of_one_rank_lost_leaves_the_other_to_finish_on_one_rank(two_hosts, tmp_path):
     """2 machines x 1 rank: host A's launcher goes on with its one rank, started as its child
-    like any attempt's ranks, which finishes the run with 2 micro-batches a step."""
-    out = tmp_path / "one"
-    a, b = _both(two_hosts, out, 6183, "-o", "dist.nprocs=1", "-o", "dist.nnodes=1:2",
-                 "-o", "dist.max_restarts=1", "-o", "dist.last_call=2", "-o", "faults.inject=lose:1:12")
+    like any attempt's ranks, which finishes the run with 2 micro-batches a step. Meanwhile
+    another user of host A tries to take dist.master's port (issue 53, finding 7: node 0
+    listened again for each attempt, and whoever took the port in between ended the job):
+    node 0 keeps it for the whole job, and the job is unaffected."""
+    out, port = tmp_path / "one", 6183
+    taker, killer = start(two_hosts.cmd(two_hosts.a, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                      "--", PY, "-S", "-c", TAKER, two_hosts.ip_a, str(port)]), 300)
+    try:
+        a, b = _both(two_hosts, out, port, "-o", "dist.nprocs=1", "-o", "dist.nnodes=1:2",
+                     "-o", "dist.max_restarts=1", "-o", "dist.last_call=2", "-o", "faults.inject=lose:1:12")
+    finally:
+        taker.kill()
+        said, _ = finish(taker, killer)
+    assert said.startswith("armed"), said      # it tried from node 0's first listen (and got the port once the job ended)
     assert b.returncode == -9, (b.returncode, b.stderr[-2000:])
     check(a)
     assert (f"paddle_dist: going on without node_rank 1 ({socket.gethostname()}, {two_hosts.ip_b}): 1 of 2 machines "
