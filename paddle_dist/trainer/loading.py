@@ -126,9 +126,12 @@ class Source:
     def first_batch(self, indices, batched: bool = True):
         """The batch of `indices`, read and collated in this thread (the check before work);
         of a stream, its first len(indices) samples (of its first shard, if it has shards)."""
-        if self.stream:
+        if self.stream:      # a dataset with a position of its own is put back where it was
+            kept = self.dataset.state_dict() if streams.stateful(self.dataset) else None
             samples = [sample for _, sample, _ in itertools.islice(
                 streams.lane_items(self.dataset, 0, 1, streams.LanePosition()), len(indices))]
+            if kept is not None:
+                self.dataset.load_state_dict(kept)
             return to_tensors((self.collate_fn or default_collate_fn)(samples))
         return next(iter(self._in_thread([indices], batched)))
 
