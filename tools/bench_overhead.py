@@ -249,7 +249,7 @@ class Alternating:
 
 
 def worker_main(args) -> int:
-    from paddle_dist.trainer import hapi, loop
+    from paddle_dist.trainer import job
 
     total = args.warmup + args.steps
     marks: List[tuple] = []
@@ -260,14 +260,14 @@ def worker_main(args) -> int:
             built.append(bench_train.RawRecipe(args, total + 1))
         return built[0]
 
-    for module in (loop, hapi):
-        original = module.train_loader
+    # The composition root builds both levels' loader (trainer/job.py): the raw steps go in there.
+    original = job.train_loader
 
-        def alternating(parts, cfg, env, plan=None, _original=original):
-            loader, sampler = _original(parts, cfg, env, plan)
-            return Alternating(loader, raw_factory, marks), sampler
+    def alternating(parts, cfg, env, plan=None, agree=None):
+        loader, sampler = original(parts, cfg, env, plan, agree)
+        return Alternating(loader, raw_factory, marks), sampler
 
-        module.train_loader = alternating
+    job.train_loader = alternating
     run = argparse.Namespace(model=args.model, batch=args.batch, warmup=args.warmup, steps=args.steps,
                              out=str(Path(args.out).with_suffix(".run.json")),
                              overrides=",".join(bench_train.PADDLE_DIST_VARIANTS[args.names[0]]))
