@@ -85,7 +85,7 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
         seed(i, len(group))
         with autocast(precision):
             outputs = feed.outputs(model, inputs, labels)
-            loss, parts, count = feed.counted_loss(loss_fn, outputs, labels, weighting.ignore_index)
+            loss, parts, count = feed.counted_loss(loss_fn, outputs, labels, weighting.ignore_index, inputs)
         part = weighting.add(loss, count, len(group))
         with in_backward():       # mode dataparallel: Paddle's all-reduces run inside it
             (scaler.scale(part) if scaler is not None else part).backward()

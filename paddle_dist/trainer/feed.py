@@ -153,7 +153,7 @@ class Feed:
             return None, (list(outputs[0].values()) if isinstance(outputs[0], dict) else outputs), None
         loss, count = None, None
         if with_loss:
-            loss, _, count = self.counted_loss(loss_fn, outputs, labels, ignore_index)
+            loss, _, count = self.counted_loss(loss_fn, outputs, labels, ignore_index, inputs)
         return loss, (self._rest(outputs) if self.model_loss else outputs), count
 
     def eval_rule(self, with_loss: bool, returns: bool = True) -> str:
@@ -170,12 +170,13 @@ class Feed:
         """(the mean loss, its parts by name, {} without): counted_loss without the count."""
         return self.counted_loss(loss_fn, outputs, labels)[:2]
 
-    def counted_loss(self, loss_fn, outputs: Sequence, labels: Sequence,
-                     ignore_index: Optional[int] = None) -> Tuple[Any, Dict[str, Any], Any]:
+    def counted_loss(self, loss_fn, outputs: Sequence, labels: Sequence, ignore_index: Optional[int] = None,
+                     inputs: Sequence = ()) -> Tuple[Any, Dict[str, Any], Any]:
         """(the mean loss, its parts by name ({} without), its count): `loss_fn(*outputs,
         *labels)`, or the model's own (loss_parts). The count, how many items the mean is
         over (weighting.py), is a returned dict's "count" (never a part); else, with
-        `ignore_index` (train.loss_count=labels), the labels that are not it; else None."""
+        `ignore_index` (train.loss_count=labels), the labels that are not it (the field
+        named `labels` among the labels or the `inputs`, else the first label); else None."""
         returned = loss_fn(*outputs, *labels) if not self.model_loss else _own_loss(outputs[0])
         count = None
         if isinstance(returned, dict) and "count" in returned:
@@ -183,7 +184,7 @@ class Feed:
             count = returned.pop("count")
         loss, parts = loss_parts(returned)
         if count is None and ignore_index is not None:
-            count = counted_labels(labels, ignore_index)
+            count = counted_labels(inputs, labels, ignore_index)
         return loss, parts, count
 
     @staticmethod

@@ -99,20 +99,21 @@ class _GroupMean:
         self.inner, self.feed, self.divisor, self.weighting = loss, feed, 1, weighting
         self.inputs, labels = fields or (0, 0)
         self.labels = labels if not feed.model_loss else 0
-        self.label_names = names[self.inputs:]
-        self.handed: list = []      # loss="model": the labels the network was handed (`see`)
+        self.names = names
+        self.handed: tuple = ((), [])   # loss="model": the inputs and labels the network got (`see`)
         self.last_parts = {}
 
     def see(self, layer, args) -> None:
         """The network's forward pre-hook when a model with its own loss has its labels
         counted (train.loss_count=labels): they reach the network, not this loss."""
-        labels = list(args[self.inputs:])
-        self.handed = Named(labels, self.label_names) if len(self.label_names) == len(labels) else labels
+        given = Named(args, self.names) if len(self.names) == len(args) else list(args)
+        self.handed = (given, list(args[self.inputs:]))
 
     def __call__(self, *args):
         cut = len(args) - self.labels
-        labels = self.handed if self.feed.model_loss else list(args[cut:])
-        loss, parts, count = self.feed.counted_loss(self.inner, list(args[:cut]), labels, self.weighting.ignore_index)
+        inputs, labels = self.handed if self.feed.model_loss else ((), list(args[cut:]))
+        loss, parts, count = self.feed.counted_loss(self.inner, list(args[:cut]), labels,
+                                                    self.weighting.ignore_index, inputs)
         self.last_parts = parts     # read as numbers by the bridge (never bf16 bits)
         return self.weighting.add(loss, count, self.divisor)
 

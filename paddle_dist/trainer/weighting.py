@@ -53,20 +53,26 @@ def ignore_index_of(train) -> Optional[int]:
     return train.ignore_index if train.loss_count == LABELS else None
 
 
-def counted_labels(labels: Sequence, ignore_index: int):
+def counted_labels(inputs: Sequence, labels: Sequence, ignore_index: int):
     """The number of a batch's label entries that are not `ignore_index` (an int64 tensor,
-    never read on the host): of the label named `labels` when the labels have names, else
-    of the first label.
+    never read on the host): of the field named `labels`, among the labels or the inputs
+    (a model with its own loss that takes `labels` by name), else of the first label.
 
     Example:
-        counted_labels([paddle.to_tensor([[5, 7, -100]])], -100)     # Tensor(2)
+        counted_labels([ids], [paddle.to_tensor([[5, 7, -100]])], -100)     # Tensor(2)
     """
+    for fields in (labels, inputs):
+        names = getattr(fields, "names", ())
+        if "labels" in names:
+            return _kept(fields[names.index("labels")], ignore_index)
     if not len(labels):
         raise DataError("train.loss_count=labels, but the batches have no labels to count; give "
-                        "fit() labels= (or a dict sample with a 'labels' key), or return "
+                        "fit() labels= (or dict samples with a 'labels' key), or return "
                         "{'loss': mean, 'count': n} from the loss")
-    names = getattr(labels, "names", ())
-    label = labels[names.index("labels")] if "labels" in names else labels[0]
+    return _kept(labels[0], ignore_index)
+
+
+def _kept(label, ignore_index: int):
     return (label != ignore_index).astype("int64").sum()
 
 

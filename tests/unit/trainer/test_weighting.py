@@ -11,6 +11,7 @@ from paddle_dist.runtime.env import DistEnv
 from paddle_dist.sync.grad_sync import Rider
 from paddle_dist.trainer.engine import joined, step
 from paddle_dist.trainer.feed import Feed
+from paddle_dist.trainer.keywords import Named
 from paddle_dist.trainer.ledger import LossLedger
 from paddle_dist.trainer.weighting import Weighting, counted_labels
 
@@ -105,9 +106,11 @@ def test_the_count_is_no_part_and_labels_can_be_counted():
     loss, parts, count = feed.counted_loss(mean, [net(x)], [y], IGNORE)
     assert parts == {} and int(count) == 4
     assert feed.counted_loss(mean, [net(x)], [y])[2] is None
-    assert int(counted_labels([paddle.to_tensor([[5, 7, IGNORE]])], IGNORE)) == 2
+    assert int(counted_labels([], [paddle.to_tensor([[5, 7, IGNORE]])], IGNORE)) == 2
+    named = Named([x, paddle.to_tensor([[IGNORE, 1]])], ["input_ids", "labels"])    # a model's own loss takes them
+    assert int(counted_labels(named, [], IGNORE)) == 1
     with pytest.raises(DataError, match="no labels to count"):
-        counted_labels([], IGNORE)
+        counted_labels([x], [], IGNORE)
 
 
 def test_a_model_with_its_own_loss_gives_its_count_and_the_metrics_never_see_it():
