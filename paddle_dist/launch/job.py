@@ -198,7 +198,8 @@ def tell_other_nodes(cfg: configlib.Config, script: str, script_args: List[str],
                 kept.pop()
             continue
         kept.append(arg)
-    entry = launcher.python_args("" if module else os.path.relpath(script), module)
+    # The command as the user typed it on node 0 (python_args adds the ranks' safe-path mode).
+    entry = ("-m", module) if module else (os.path.relpath(script),)
     for node in range(1, cfg.dist.nnodes):
         args = kept + ["-o", f"dist.node_rank={node}"]
         print("  " + " ".join(shlex.quote(a) for a in ["python", *entry] + args), flush=True)
