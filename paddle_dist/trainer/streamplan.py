@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import paddle
@@ -104,14 +105,16 @@ class StreamBatches:
     """This rank's batches of the stream from its sampler's start: a DataLoader of the
     user's workers over streams.RankStream (read in this process without workers)."""
 
-    def __init__(self, source, sampler: StreamSampler, batch_size: int, workers: int, job_dir: str = ""):
+    def __init__(self, source, sampler: StreamSampler, batch_size: int, workers: int, job_dir: str = "",
+                 notes: str = ""):
         self.source, self.sampler, self.batch_size = source, sampler, batch_size
-        self.workers, self.job_dir = workers, job_dir
+        self.workers, self.job_dir, self.notes = workers, job_dir, notes
 
     def __iter__(self):
         sampler = self.sampler
         stream = RankStream(self.source.dataset, sampler.layout, sampler.first, sampler.limit,
-                            sampler.positions, self.batch_size, self.source.collate_fn or default_collate_fn)
+                            sampler.positions, self.batch_size, self.source.collate_fn or default_collate_fn,
+                            self.notes)
         if not self.workers:
             return _Noted(((to_tensors(batch), record) for batch, record in stream), sampler)
         options = dict(self.source.options,
@@ -170,5 +173,7 @@ def train_loader(parts, cfg: Config, env: DistEnv, plan: DataPlan, meta: Optiona
     sampler = StreamSampler(layout, cfg.train.max_steps, positions_of(meta, lanes), gather,
                             cfg.train.log_samples)
     workers = cfg.data.num_workers if source.num_workers is None else source.num_workers
-    batches = StreamBatches(source, sampler, cfg.train.batch_size, workers, env.job_dir)
-    return SplitLoader(batches, parts.feed), sampler
+    # A failing sample's description comes back from its worker through a file (badsample.py).
+    notes = env.job_dir or (tempfile.mkdtemp(prefix="paddle_dist-samples-") if workers else "")
+    batches = StreamBatches(source, sampler, cfg.train.batch_size, workers, env.job_dir, notes)
+    return SplitLoader(batches, parts.feed, notes, own_folder=bool(notes) and not env.job_dir), sampler

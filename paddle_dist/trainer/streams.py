@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import paddle
 
 from ..errors import ConfigError, DataError
+from .badsample import _note, collate_failure, describe
 
 Identity = Tuple[int, int, int]      # (pass, shard, index in the shard or the pass)
 
@@ -105,7 +106,9 @@ def lane_items(dataset, lane: int, lanes: int, at: LanePosition) -> Iterator[Tup
         given = False
         for ordinal in range(first, len(shards)):
             _set_epoch(dataset, epoch)
-            for index, sample in enumerate(dataset.read_shard(shards[ordinal])):
+            shard = shards[ordinal]
+            read = _guarded(lambda: dataset.read_shard(shard), lambda i: f"sample {i} of shard {shard!r}", dataset)
+            for index, sample in enumerate(read):
                 if index >= skip:            # skipped within the shard only: read, not kept
                     given = True
                     yield (epoch, lane + ordinal * lanes, index), sample, (epoch, ordinal, index + 1)
@@ -125,13 +128,25 @@ def _whole(dataset, at: LanePosition):
             dataset.load_state_dict(state)
             index, state = skip, None
         given = False
-        for sample in dataset:
+        for sample in _guarded(lambda: iter(dataset), lambda i: f"sample {index} of pass {epoch}", dataset):
             if index >= skip:
                 given = True
                 yield (epoch, 0, index), sample, (epoch, 0, index + 1)
             index += 1
         epoch, skip, empty = epoch + 1, 0, 0 if given else empty + 1
     raise DataError(f"the stream {type(dataset).__name__} gave no sample in a whole pass")
+
+
+def _guarded(open_samples, where, dataset):
+    """The samples `open_samples()` gives; a failure to read one is a DataError naming it
+    (`where(index)`) and the user's line that raised."""
+    index = 0
+    try:
+        for sample in open_samples():
+            yield sample
+            index += 1
+    except Exception as exc:
+        raise DataError(describe(exc, f"reading {where(index)} of {type(dataset).__name__}")) from exc
 
 
 def lane_batches(dataset, lane: int, lanes: int, at: LanePosition, batch_size: int):
@@ -189,13 +204,21 @@ class RankStream(paddle.io.IterableDataset):
     stream's batches) and reads only the lanes those are in."""
 
     def __init__(self, dataset, layout: Layout, first: int, last: int, positions: List[LanePosition],
-                 batch_size: int, collate_fn):
+                 batch_size: int, collate_fn, notes: str = ""):
         self.dataset, self.layout, self.first, self.last = dataset, layout, first, last
         self.positions, self.batch_size, self.collate_fn = positions, batch_size, collate_fn
+        self.notes = notes          # where a worker describes a failure (badsample.py)
 
     def __iter__(self):
         info = paddle.io.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        try:
+            yield from self._batches(*((info.id, info.num_workers) if info is not None else (0, 1)))
+        except DataError as exc:    # a worker's: Paddle shows only its queue killed
+            if info is not None:
+                _note(self.notes, str(exc))
+            raise
+
+    def _batches(self, worker: int, workers: int):
         lanes: Dict[int, Iterator] = {}
         for i, (lane, wanted) in enumerate(self.layout.sequence(self.first, self.last)):
             if i % workers != worker:
@@ -211,4 +234,9 @@ class RankStream(paddle.io.IterableDataset):
                                    "position is ahead of the run's step; this is a bug in paddle_dist")
             # A string: Paddle's workers pass it through as it is.
             record = json.dumps({"lane": lane, "micro": micro, "ids": ids, "after": after.to_dict()})
-            yield self.collate_fn(samples), record
+            try:
+                collated = self.collate_fn(samples)
+            except Exception as exc:
+                named = [f"{shard}:{index}" for _, shard, index in ids]      # shard:index
+                raise DataError(collate_failure(exc, samples, named, self.collate_fn)) from exc
+            yield collated, record

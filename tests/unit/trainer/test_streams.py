@@ -176,3 +176,23 @@ def test_too_few_shards_an_empty_stream_and_a_stream_without_max_steps_are_one_l
     grouped = configlib.with_overrides(["train.max_steps=4", "train.group_by_length=true"])
     with pytest.raises(ConfigError, match="group_by_length makes the batches, but the training data is a stream"):
         check_data(_source(Counting()), grouped)
+
+
+def test_a_sample_that_cannot_be_read_or_collated_names_itself():
+    class Broken(Shards):
+        def read_shard(self, shard):
+            for i, sample in enumerate(super().read_shard(shard)):
+                if (shard, i) == ("s1", 2):
+                    raise ValueError("not text")
+                yield sample
+
+    with pytest.raises(DataError, match=r"reading sample 2 of shard 's1' of Broken failed: ValueError: not text "
+                                        r"\(test_streams.py:\d+, in read_shard\)"):
+        _read(Broken(), world=1, last=3)
+
+    def ragged(samples):
+        return np.stack([np.zeros(len(samples) + int(s[0]) % 2) for s in samples])
+
+    with pytest.raises(DataError, match=r"collating samples 0:0, 0:1 with ragged failed: ValueError"):
+        list(StreamBatches(Source(Shards(), collate_fn=ragged), StreamSampler(
+            Layout(1, 1, 0, 1, 1), 1, [LanePosition()], lambda m: [m]), BATCH, 0))
