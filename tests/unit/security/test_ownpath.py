@@ -165,3 +165,17 @@ def test_the_fix_named_in_the_line_is_the_callers(tmp_path):
     (tmp_path / "log").symlink_to(tmp_path)
     with pytest.raises(ownpath.NotOwn, match=r"\(--log_dir DIR\)$"):
         ownpath.open_dir(tmp_path / "log", "--log_dir")
+
+
+@as_root
+def test_a_directory_another_user_makes_between_the_look_and_mkdir_is_refused(shared, monkeypatch):
+    """The race of finding 9: they win it (their mkdir first), and theirs is refused, not taken."""
+    real = os.mkdir
+
+    def raced(name, mode=0o777, *, dir_fd=None):
+        real(name, 0o777, dir_fd=dir_fd)
+        os.chown(name, NOBODY, NOBODY, dir_fd=dir_fd)
+        raise FileExistsError(name)
+    monkeypatch.setattr(os, "mkdir", raced)
+    with pytest.raises(ownpath.NotOwn, match=r"run is not yours alone \(it belongs to user nobody"):
+        opened(shared / "run", create=True)
