@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import selectors
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
@@ -57,6 +58,7 @@ class MeetingHost:
         self.arrived: Dict[int, Tuple[int, str]] = {0: (place.nprocs, split_master(place.master)[0])}
         self.hosts: Dict[int, str] = {0: place.host}
         self.peers: Dict[socket.socket, _Peer] = {}
+        self.dropped: set = set()          # node_ranks whose connection a flood pushed out (said once)
         self.selector = selectors.DefaultSelector()
 
     def serve(self) -> Meeting:
@@ -109,7 +111,12 @@ class MeetingHost:
             if not waiting:
                 sock.close()
                 return
-            self._forget(min(waiting, key=lambda p: p.since))  # the oldest not admitted
+            # The oldest of those that said nothing yet, else the oldest not admitted, which
+            # may be a machine of the job in the middle of its proof: that one is said.
+            victim = min(waiting, key=lambda p: (p.hello is not None, p.since))
+            if victim.hello is not None:
+                self._say_dropped(victim)
+            self._forget(victim)
 
         sock.setblocking(False)
         shake = tls.Accepting(self.context, sock) if self.context else None
@@ -221,6 +228,17 @@ class MeetingHost:
             self._forget(peer)
         elif state == "done":
             peer.handshake = None
+
+    def _say_dropped(self, peer: _Peer) -> None:
+        """One line (once per node_rank) for an announced machine dropped to make room."""
+        rank = peer.hello.get("node_rank")
+        if rank in self.dropped:
+            return
+        self.dropped.add(rank)
+        print(f"paddle_dist: node 0 dropped the connection of node_rank {rank} from {peer.address} before it "
+              f"proved the job token, to make room: {len(self.peers)} connections wait at dist.master "
+              f"{self.place.master}, more than {self.place.nnodes} machines make (a connection flood?); "
+              "that machine connects again until the meeting's deadline", file=sys.stderr, flush=True)
 
     def _drop_silent(self, now: float) -> None:
         for peer in list(self.peers.values()):

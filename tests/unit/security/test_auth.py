@@ -272,6 +272,29 @@ def test_200_connections_that_hold_do_not_keep_a_machine_out(with_token, tmp_pat
             sock.close()
 
 
+def test_a_machine_dropped_by_a_flood_is_said(tmp_path, capsys):
+    """Issue 53, finding 9: a flood could push a machine's connection out in the middle of
+    its proof, and node 0 said nothing. Silent connections go first; a machine that has
+    announced itself goes only when nothing else waits, and node 0 says so in one line."""
+    path = _token_file(tmp_path)
+    port, host, hello = _node_0_waiting(path)
+    machine, _ = _exchange(port, hello)            # node_rank 1, its proof not sent yet
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+    announced = [_exchange(port, dict(hello, nonce=auth.nonce()))[0] for _ in range(8)]
+    assert "dropped" not in capsys.readouterr().err          # the silent ones made room
+    announced += [_exchange(port, dict(hello, nonce=auth.nonce()))[0] for _ in range(30)]
+    assert _answer_of(machine) is None                       # now it had to go ...
+    said = capsys.readouterr().err.splitlines()
+    assert [line for line in said if "dropped" in line] == [   # ... and is said, once
+        f"paddle_dist: node 0 dropped the connection of node_rank 1 from 127.0.0.1 before it proved the job "
+        f"token, to make room: 24 connections wait at dist.master 127.0.0.1:{port}, more than 2 machines make "
+        "(a connection flood?); that machine connects again until the meeting's deadline"]
+    for sock in silent + announced + [machine]:
+        sock.close()
+    assert rendezvous.meet(_gate(port, 1, path)).nodes[1].nprocs == 1
+    assert host.result() is None
+
+
 def test_random_frames_huge_lengths_and_cut_frames_leave_node_0_serving(tmp_path):
     """10^4 random frames (random lengths and bytes), a 4 GiB length prefix and a frame cut
     short: each connection is dropped, nothing escapes, and the right machine then joins."""
