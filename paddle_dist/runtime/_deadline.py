@@ -48,11 +48,13 @@ def _load() -> None:
         from .. import procfs
         from ..runs.status import FAILED, HUNG, RankStatus
     except ImportError:
-        # Run as a script: its own folder is on sys.path. What it and the modules beside it
-        # import sits above it (procfs.py), in security/ (storewire.py) and in runs/ (the
-        # record's type).
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        sys.path[1:1] = [package, os.path.join(package, "security"), os.path.join(package, "runs")]
+        # Run as a script. Its own folder is on sys.path only without Python's safe-path
+        # mode (-P, PYTHONSAFEPATH, which the ranks' children inherit), so it goes first
+        # here, with what it and the modules beside it import: above it (procfs.py), in
+        # security/ (storewire.py) and in runs/ (the record's type). All are paddle_dist's.
+        here = os.path.dirname(os.path.abspath(__file__))
+        package = os.path.dirname(here)
+        sys.path[0:0] = [here, package, os.path.join(package, "security"), os.path.join(package, "runs")]
         import gloocheck
         import procfs
         import watchdog

@@ -37,7 +37,9 @@ import time
 try:
     from . import auth
 except ImportError:            # run as a script: auth sits beside it, and what auth imports above it
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # (its own folder is on sys.path only without Python's safe-path mode, which ranks inherit)
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[0:0] = [_here, os.path.dirname(_here)]
     import auth
 
 GATE = "PADDLE_DIST_GATE"
