@@ -50,7 +50,7 @@ class Result:
     """What `fit` returns on every rank."""
 
     run_dir: Optional[Path]
-    losses: List[float] = field(default_factory=list)      # this rank's loss per step (this run)
+    losses: List[float] = field(default_factory=list)      # each step's loss over every rank (this run)
     history: List[Dict[str, float]] = field(default_factory=list)  # per epoch, same on all ranks
     samples_per_s: float = 0.0
     tokens_per_s: Optional[float] = None   # the loss's count per second over all ranks (tokens/s), if it has one
@@ -74,9 +74,10 @@ class Result:
 @dataclass
 class Position:
     """Where training stands: the epoch in progress and the steps already done;
-    `epoch_loss`: the sum of the step losses (each the mean over its ranks) and the count
-    of the steps of the epoch in progress that an earlier attempt ran, and the sums of the
-    loss's parts by name, so that a resumed epoch's train loss still covers the whole epoch."""
+    `epoch_loss`: the sum of the step losses (each over every rank) and the count of the
+    steps of the epoch in progress that an earlier attempt ran (for a loss with a count,
+    weighing each step by its count: Σ sums and Σ counts), and the sums of the loss's parts
+    by name, so that a resumed epoch's train loss still covers the whole epoch."""
 
     epoch: int = 0
     step_in_epoch: int = 0

@@ -132,3 +132,18 @@ def test_the_eval_loss_is_one_processes_at_any_world_size(runs, token_lm):
         assert metrics["eval_loss"] == pytest.approx(want, rel=1e-9), world
         assert metrics["eval_perplexity"] == pytest.approx(math.exp(want), rel=1e-9), world
         assert metrics["eval_count"] == token_lm.EVAL_SAMPLES
+
+
+@pytest.mark.parametrize("mode", ["overlap", "dataparallel", "backend"])
+def test_every_sync_mode_trains_on_the_token_mean(mode, runs, replays, tmp_path):
+    """Where the exchange carries no rider (the count's own all-reduce, once per step)."""
+    sync = {"overlap": ["sync.mode=overlap"], "dataparallel": ["sync.mode=dataparallel"],
+            "backend": ["sync.mode=fused", "sync.transport=backend"]}[mode]
+    check(run(["-m", "paddle_dist.launch", "--nprocs", "2", "--log_dir", str(tmp_path / "log"), SCRIPT,
+               "--out", str(tmp_path), *[f"--override={o}" for o in sync]], cwd=tmp_path, timeout=300))
+    for api in APIS:
+        mine = _weights(tmp_path, api, 0)[1]
+        assert max_difference(mine, _weights(tmp_path, api, 1)[1]) == 0.0, api
+        assert max_difference(mine, replays[2][0]) <= TOLERANCE, api
+        assert _result(tmp_path, api, 0)["losses"] == pytest.approx(replays[2][1], rel=1e-5), api
+        assert f"sync {mode if mode != 'backend' else 'fused'}" in Run(tmp_path / api).rank_log(0).read_text()

@@ -1,7 +1,7 @@
 """A small causal language model trained through paddle_dist.fit() with a token-mean loss,
 as a language-model user writes it, and the one-process replay it must equal.
 
-    python -m paddle_dist.launch --nprocs W token_lm.py --out DIR [--ref RUN_DIR]
+    python -m paddle_dist.launch --nprocs W token_lm.py --out DIR [--ref RUN_DIR] [--override K=V]
 
 Variable-length sequences of byte-like tokens, padded per batch (labels -100 on the
 padding), AdamW, global-norm clipping at 1.0; 40 steps of 16 sequences: W ranks x 4/W
@@ -103,7 +103,7 @@ def loader(paddle, data, batch):
     return paddle.io.DataLoader(data, batch_size=batch, shuffle=False, collate_fn=pad)
 
 
-def _fit(out: Path, api: str, world: int):
+def _fit(out: Path, api: str, world: int, extra=()):
     import paddle
 
     import paddle_dist
@@ -111,7 +111,8 @@ def _fit(out: Path, api: str, world: int):
     cfg = paddle_dist.load_config(overrides=[
         f"train.api={api}", "train.epochs=1", "train.shuffle=false", "train.log_samples=true",
         f"train.accumulate_steps={GLOBAL // MICRO // world}", "train.log_every=5",
-        "train.seed=11", f"output.run_dir={out / api}", *(["train.loss_count=labels"] if api == "hapi" else [])])
+        "train.seed=11", f"output.run_dir={out / api}", *(["train.loss_count=labels"] if api == "hapi" else []),
+        *extra])
     env = paddle_dist.setup(cfg)
     net = make_model(paddle)
     initial = {f"initial/{k}": v.numpy() for k, v in net.state_dict().items()} if env.is_main else {}
@@ -214,11 +215,12 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--apis", default="loop,hapi")
     parser.add_argument("--ref", default="")
+    parser.add_argument("--override", action="append", default=[], help="K=V for both fits' config")
     args = parser.parse_args()
     import paddle_dist
 
     world = paddle_dist.detect().world_size
     for name in args.apis.split(","):
-        _fit(Path(args.out), name, world)
+        _fit(Path(args.out), name, world, args.override)
     if args.ref:
         _evaluate(Path(args.out), Path(args.ref))

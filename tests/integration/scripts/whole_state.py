@@ -10,8 +10,9 @@ and (as chosen) an EMA.
 --callback-ema suite: the script keeps its own EMA in a callback, as PaddleDetection's
 ModelEMA: every floating entry of the state_dict (BatchNorm statistics included), with
 its decay warm-up, swapped into the model at on_eval_begin and out at on_eval_end.
---callback-ema per-rank: the same, but its decay follows the rank's own batch loss (an
-"adaptive" EMA): each rank's averages are then its own.
+--callback-ema per-rank: the same, but its decay depends on the rank (an EMA of each
+rank's own making; the batch losses in the logs are the step's over all ranks): each
+rank's averages are then its own.
 --dropout P: a Dropout(P) before the head's Linear (as BiSeNetV2's head has one).
 paddle_dist's train.ema_decay / train.ema_warmup come through -o of the launcher.
 
@@ -81,8 +82,8 @@ class ModelEMA(paddle.callbacks.Callback):
 
     def on_train_batch_end(self, step, logs=None):
         d = min(self.decay, (1 + self.step) / (10 + self.step))
-        if self.per_rank:         # follows this rank's own batch: the ranks' averages drift apart
-            d = min(0.99, d + float(np.asarray(logs["loss"]).reshape(-1)[0]) * 1e-3)
+        if self.per_rank:         # the rank's own decay: the ranks' averages drift apart
+            d = min(0.99, d + (1 + paddle.distributed.get_rank()) * 1e-3)
         self.step += 1
         for k, v in self.net.state_dict().items():
             if np.issubdtype(self.shadow[k].dtype, np.floating):
