@@ -288,7 +288,7 @@ def check_data(source, cfg: Config) -> None:
     train.group_by_length over a stream or a batch sampler of the user's own."""
     if source.stream and not cfg.train.max_steps:
         raise ConfigError("fit(train_data=...) is a stream (an IterableDataset), which has no length: set the "
-                          "run's optimizer steps with -o train.max_steps=N")
+                          "run's optimizer steps, e.g. -o train.max_steps=1000")
     if cfg.train.group_by_length and (source.stream or source.batch_sampler is not None):
         what = "a stream" if source.stream else f"a batch sampler of its own ({type(source.batch_sampler).__name__})"
         raise ConfigError(f"train.group_by_length makes the batches, but the training data is {what}; "

@@ -113,5 +113,5 @@ def test_a_stream_without_max_steps_is_one_line_and_exit_2(corpus, tmp_path):
     done = run([SCRIPT, "train", str(corpus), str(tmp_path)], cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "is a stream (an IterableDataset), which has no length: set the run's optimizer steps with " \
-           "-o train.max_steps=N" in done.stderr
+           "e.g. -o train.max_steps=1000" in done.stderr
     assert "Traceback" not in done.stderr

@@ -171,7 +171,7 @@ def test_too_few_shards_an_empty_stream_and_a_stream_without_max_steps_are_one_l
     with pytest.raises(DataError, match="gave no sample in a whole pass"):
         next(lane_items(Empty(), 0, 1, LanePosition()))
     cfg = configlib.with_overrides([])
-    with pytest.raises(ConfigError, match="set the run's optimizer steps with -o train.max_steps=N"):
+    with pytest.raises(ConfigError, match="set the run's optimizer steps, e.g. -o train.max_steps=1000"):
         check_data(_source(Counting()), cfg)
     grouped = configlib.with_overrides(["train.max_steps=4", "train.group_by_length=true"])
     with pytest.raises(ConfigError, match="group_by_length makes the batches, but the training data is a stream"):
