@@ -57,6 +57,8 @@ WITHOUT_A_TEST_FILE: Dict[str, str] = {
                        "tests/integration runs it, and doctor/test_selftest.py its prepared model",
     "trainer/callbacks.py": "paddle.callbacks.Callback's events: tests/integration/test_fit_habits.py runs "
                             "users' callbacks (EarlyStopping, an EMA, a recorder) through fit() at both levels",
+    "trainer/streamplan.py": "a stream's reader under the plan: tests/unit/trainer/test_streams.py reads "
+                             "streams.py's lanes through it (every test there runs both)",
     "trainer/untrained.py": "the line for parameters no rank trained needs ranks: tests/integration/"
                             "test_fit_habits.py trains a model with a branch no batch reaches",
 }
