@@ -44,22 +44,3 @@ def test_tokens_per_s_is_the_losss_count_over_all_ranks_per_second_beside_sample
     plain.step(0.1)
     assert plain.tokens_per_s is None            # a loss without a count: no tokens/s
 
-
-def test_a_batch_longer_than_the_models_declared_length_is_warned_once(caplog):
-    import logging
-    from types import SimpleNamespace
-
-    from paddle_dist.trainer.lengths import LengthWatch
-
-    class Lm(paddle.nn.Layer):
-        config = SimpleNamespace(max_position_embeddings=8, max_length=20)   # generation's max_length: not it
-
-    watch = LengthWatch.of(Lm())
-    assert (watch.limit, watch.said) == (8, "config.max_position_embeddings")
-    with caplog.at_level(logging.WARNING, logger="paddle_dist"):
-        watch.see([paddle.zeros([2, 8], "int64")])
-        for _ in range(3):
-            watch.see([paddle.zeros([2, 9], "int64")])
-    said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 1 and "length 9" in said[0] and "config.max_position_embeddings = 8" in said[0]
-    assert LengthWatch.of(paddle.nn.Linear(2, 2)).limit is None
