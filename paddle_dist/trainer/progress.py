@@ -114,9 +114,9 @@ class Progress:
         self._mark = (0, 0.0, 0.0)            # (steps, train time, comm time) at the last report
         self.writer = _visualdl_writer(run_dir) if env.is_main and run_dir else None
         self.grad_norm = None     # an ema.MeasuredClip: its last norm is printed at each report
-        # The loss's count (tokens) of this run's steps up to the last report, over every
+        # The loss's count (tokens) of this run's first `_counted_steps` steps, over every
         # rank, and their training time; None for a loss without a count.
-        self.counted, self._counted_time = None, 0.0
+        self.counted, self._counted_time, self._counted_steps = None, 0.0, 0
 
     def epoch_begin(self, epoch: int, done: int = 0) -> None:
         """Start the clock for `epoch`, of which `done` steps were already done (resume)."""
@@ -159,18 +159,27 @@ class Progress:
 
     @property
     def tokens_per_s(self) -> Optional[float]:
-        """The loss's count per second over this run's steps up to the last report, over
-        every rank (tokens/s for a token loss); None for a loss without a count."""
+        """The loss's count per second over all of this run's steps so far, over every rank
+        (tokens/s for a token loss); None for a loss without a count. The steps since the
+        last report are counted when asked: a run that train.max_steps ends between two
+        lines gives metrics.json the count of every step over the time of every step."""
+        self._count()
         return self.counted / self._counted_time if self.counted is not None and self._counted_time else None
+
+    def _count(self) -> None:
+        """Add the counts of the steps not counted yet (one host read for all of them)."""
+        if self.ledger is None or self._counted_steps >= self.step_count:
+            return
+        counted = self.ledger.counted_from(self._counted_steps)
+        self._counted_steps = self.step_count
+        if counted is not None:
+            self.counted, self._counted_time = (self.counted or 0.0) + counted, self.train_time
 
     def _report(self, lr: float) -> None:
         start, self._reported = self._reported, self.step_count
         mean = self.ledger.mean_from(start)      # the steps since the last report (weighed by their counts)
         speed = self.samples_per_s
-        counted = self.ledger.counted_from(start)
-        if counted is not None:
-            self.counted, self._counted_time = (self.counted or 0.0) + counted, self.train_time
-        tokens = f" {self.tokens_per_s:,.0f} tokens/s" if counted is not None and self.tokens_per_s else ""
+        tokens = f" {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
         remaining = self.total_steps - self.start_step - self.step_count
         eta = remaining * self.global_batch / speed if speed else 0
         norm = ""

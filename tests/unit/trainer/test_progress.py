@@ -44,3 +44,22 @@ def test_tokens_per_s_is_the_losss_count_over_all_ranks_per_second_beside_sample
     plain.step(0.1)
     assert plain.tokens_per_s is None            # a loss without a count: no tokens/s
 
+
+
+def test_tokens_per_s_counts_the_steps_after_the_last_line_when_max_steps_ends_the_run_mid_epoch():
+    """train.max_steps=5 in an epoch of 10 steps, a line every 2: the last line covers 4
+    steps, metrics.json's tokens/s (the run's Result) covers all 5, over the time of all 5."""
+    from paddle_dist.runtime.env import DistEnv
+    from paddle_dist.trainer.ledger import LossLedger
+    from paddle_dist.trainer.progress import Progress
+
+    ledger = LossLedger()
+    progress = Progress(DistEnv(), None, steps_per_epoch=10, epochs=1, batch_size=8, log_every=2,
+                        total_steps=5, by_steps=True, ledger=ledger)
+    progress.epoch_begin(0)
+    for step in range(5):
+        ledger.record(1.0, {}, paddle.to_tensor(100 * (step + 1)))
+        progress.step(0.1)
+    assert progress._counted_steps == 4            # the last line, after step 4, counted 1,000
+    assert progress.tokens_per_s == 1500 / progress.train_time
+    assert progress.counted == 1500 and progress.samples_per_s == 5 * 8 / progress.train_time
