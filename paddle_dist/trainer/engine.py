@@ -17,7 +17,7 @@ optimizer step at both levels.
 
 Example:
     engine = Engine(net, optimizer, env, GradSync.from_config(env, cfg.sync), precision)
-    result = engine.step(engine.wrapped(), group, feed, loss_fn)    # StepResult(loss, parts)
+    result = engine.step(engine.wrapped(), group, feed, loss_fn)    # StepResult(loss, parts, count)
     engine.after_update()
     engine.close()
 """

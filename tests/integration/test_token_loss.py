@@ -118,9 +118,13 @@ def test_the_reported_losses_are_the_global_ones(runs, replays, token_lm):
             metrics = results[0]["metrics"]
             assert metrics["train_loss"] == pytest.approx(np.dot(steps, counts) / sum(counts), rel=1e-5)
             assert metrics["train_perplexity"] == pytest.approx(math.exp(metrics["train_loss"]), rel=1e-12)
-            # The progress line at step 40: its last 5 steps, Σ sums / Σ counts.
-            [logged] = re.findall(r"step 40/40 loss ([\d.]+)", Run(out / api).rank_log(0).read_text())
-            assert float(logged) == pytest.approx(np.dot(steps[35:], counts[35:]) / sum(counts[35:]), abs=5.1e-5)
+            # Every progress line (every 5 steps): its steps' loss, Σ sums / Σ counts.
+            logged = re.findall(r"step (\d+)/40 loss ([\d.]+)", Run(out / api).rank_log(0).read_text())
+            assert [int(step) for step, _ in logged] == list(range(5, 41, 5)), (world, api)
+            for step, loss in logged:
+                window = slice(int(step) - 5, int(step))
+                want = np.dot(steps[window], counts[window]) / sum(counts[window])
+                assert float(loss) == pytest.approx(want, abs=5.1e-5), (world, api, step)
 
 
 def test_the_eval_loss_is_one_processes_at_any_world_size(runs, token_lm):
