@@ -11,7 +11,9 @@ biases and embeddings, warm-up then cosine, clipping at 1.0.
 
 The stream declares its shards (the files), so every micro-batch of a step reads files of
 its own and fit() resumes it mid-stream on any number of ranks (docs/own_model.md,
-"Streams"); `train.max_steps` is the run's length. The loss's count makes every step's
+"Streams"); `train.max_steps` is the run's length. The eval set is a stream of other files,
+evaluated whole (every sequence once, each file cut into batches of 32, the files dealt
+over the ranks): its loss is the token mean over all of it, with its perplexity. The loss's count makes every step's
 gradient that of Σ NLL / Σ tokens over all its micro-batches of all ranks (weighting.py).
 
     python docs/examples/causal_lm.py                                     # one process
@@ -30,7 +32,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-STEPS, BATCH, WARMUP, LR = 40, 8, 4, 3e-3
+STEPS, BATCH, EVAL_BATCH, WARMUP, LR = 40, 8, 32, 4, 3e-3
 IGNORE = -100                      # labels the loss leaves out: padding
 DOCS = Path(__file__).resolve().parents[1]
 
@@ -84,19 +86,6 @@ class TextFiles(paddle.io.IterableDataset):
     def __iter__(self):
         for path in self.files:
             yield from self.read_shard(path)
-
-
-class HeldOut(paddle.io.Dataset):
-    """The evaluation sequences (a few files, read once)."""
-
-    def __init__(self, files, limit=256, shifted=False):
-        self.samples = [sample(p, shifted) for f in files for p in sequences(f)][:limit]
-
-    def __getitem__(self, i):
-        return self.samples[i]
-
-    def __len__(self):
-        return len(self.samples)
 
 
 def pad(samples):
@@ -170,7 +159,7 @@ def build(pattern=None):
     net = CausalLM(LMConfig())
     train_files, eval_files = corpus(pattern)
     train_loader = paddle.io.DataLoader(TextFiles(train_files), batch_size=BATCH, collate_fn=pad)
-    eval_loader = paddle.io.DataLoader(HeldOut(eval_files), batch_size=32, collate_fn=pad)
+    eval_loader = paddle.io.DataLoader(TextFiles(eval_files), batch_size=EVAL_BATCH, collate_fn=pad)
     return net, train_loader, eval_loader, next_byte_loss, optimizer(net)
 
 
@@ -186,7 +175,7 @@ def build_llama(pattern=None):
     net = LlamaForCausalLM(config)
     train_files, eval_files = corpus(pattern)
     train_loader = paddle.io.DataLoader(TextFiles(train_files, shifted=True), batch_size=BATCH, collate_fn=pad)
-    eval_loader = paddle.io.DataLoader(HeldOut(eval_files, shifted=True), batch_size=32, collate_fn=pad)
+    eval_loader = paddle.io.DataLoader(TextFiles(eval_files, shifted=True), batch_size=EVAL_BATCH, collate_fn=pad)
     return net, train_loader, eval_loader, "model", optimizer(net)
 
 

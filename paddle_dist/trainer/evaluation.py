@@ -11,7 +11,9 @@ by its samples. A `paddle.metric.Metric` of the user's is not a sum paddle_dist 
 ranks exchange those results batch by batch, and every rank feeds every rank's results to
 its own metric in rank order (`update()` gets numpy, as under paddle.Model): the batches'
 order in one process. So each metric sees each sample once, whatever it accumulates, and
-never an average of per-rank values.
+never an average of per-rank values. A stream (an IterableDataset) is cut and dealt by
+evalstream.py's rule, and the exchange goes on while any rank has a batch; with shards the
+metrics see the batches round by round, in rank order, rather than in one process's order.
 
 Example:
     found = evaluate(EvalSetup(net, source, feed, loss_fn, [paddle.metric.Accuracy()], batch_size=500), env)
@@ -20,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
@@ -28,7 +31,10 @@ import paddle
 import paddle.distributed as dist
 
 from ..compat import state_tensors
+from ..errors import DataError
 from ..sync.grad_sync import collective
+from . import evalstream
+from .badsample import name_of
 from .feed import Feed, batch_size_of, describe
 from .progress import read_values
 from .weighting import ignore_index_of, perplexity
@@ -184,15 +190,16 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     net, metrics, events, phase, amp = setup.net, setup.metrics, setup.events, setup.phase, setup.amp
     was_training = net.training
     net.eval()
-    sampler = ExactShardSampler(len(setup.source), setup.batch_size, env.global_rank, env.world_size)
-    batches = iter(setup.source.loader(sampler, setup.feed, setup.workers, setup.batched, env.job_dir))
+    batches, rounds = _batches(setup, env)
     for metric in metrics:
         metric.reset()
     try:
         loss_sum = weights = counted = correct = count = lossless = 0.0
         accuracy = setup.task == "classification" and not metrics
-        for step in range(sampler.rounds):
+        for step in range(rounds) if rounds is not None else itertools.count():
             batch, results = next(batches, None), None
+            if batch is None and rounds is None and not metrics:
+                break             # a stream's last batch of this rank: nothing to exchange
             if batch is not None:
                 inputs, labels = batch
                 if events is not None:
@@ -212,7 +219,10 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
                     correct += float(hits) if accuracy else 0.0
                 results = [computed(m, outputs, labels) for m in metrics]
             if metrics:
-                for found in gather(results, env, phase):
+                every = gather(results, env, phase)
+                if rounds is None and all(found is None for found in every):
+                    break         # a stream: no rank had a batch this round
+                for found in every:
                     for metric, args in zip(metrics, found or ()):
                         metric.update(*args)
             if batch is not None and events is not None:
@@ -227,6 +237,9 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     sums = all_reduce_sum([loss_sum, correct, count, 0.0 if accuracy or count == 0 else 1.0, lossless,
                            weights, counted], env, phase)
     loss_sum, correct, count, refused, lossless, weights, counted = (float(v) for v in sums)
+    if not count and setup.source.stream:     # a Dataset without samples is refused by Source.of
+        raise DataError(f"fit(eval_data=...) gave no samples ({name_of(setup.source.dataset)}, a stream): its "
+                        "evaluation would report 0 on 0 samples; give it samples, or leave eval_data out")
     found: Dict[str, Any] = {"count": int(count)} if lossless else \
         {"loss": loss_sum / max(weights, 1), "count": int(count)}
     if counted and not lossless:
@@ -236,6 +249,19 @@ def evaluate(setup: EvalSetup, env: DistEnv) -> Dict[str, Any]:
     for metric in metrics:
         found.update(zip_values(metric))
     return found
+
+
+def _batches(setup: EvalSetup, env: DistEnv):
+    """This rank's batches (inputs, labels) and the rounds of exchange every rank joins:
+    a dataset's batches r, r + W, ... of one process's (ExactShardSampler), or a stream's
+    by evalstream.py's rule, whose rounds (None) go on while any rank has a batch."""
+    source = setup.source
+    if source.stream:
+        loader = evalstream.eval_loader(source, setup.batch_size, env.global_rank, env.world_size, setup.feed,
+                                        setup.workers, env.job_dir)
+        return iter(loader), None
+    sampler = ExactShardSampler(len(source), setup.batch_size, env.global_rank, env.world_size)
+    return iter(source.loader(sampler, setup.feed, setup.workers, setup.batched, env.job_dir)), sampler.rounds
 
 
 def computed(metric, outputs: Sequence, labels: Sequence) -> list:

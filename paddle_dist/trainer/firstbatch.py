@@ -68,9 +68,10 @@ def check(parts, cfg: Config, env: DistEnv, precision: AmpPlan, train: bool = Tr
             size = min(cfg.train.batch_size, len(parts.train_data))
             indices = list(range(rank, len(parts.train_data), world))[:size] or [0]
             fields, names = _run(parts, parts.train_data, indices, "training", precision, cfg.data.batched, True)
-        if parts.eval_data is not None and len(parts.eval_data):
+        if parts.eval_data is not None and (parts.eval_data.stream or len(parts.eval_data)):
             size = min(cfg.train.eval_batch_size, EVAL_SAMPLES)
-            indices = list(range(rank, len(parts.eval_data), world))[:size] or [0]
+            # (Of a stream, its first len(indices) samples: source.first_batch.)
+            indices = list(range(rank, len(parts.eval_data), world))[:size] or list(range(size))
             returns = _run(parts, parts.eval_data, indices, "evaluation", precision, cfg.data.batched, False,
                            cfg.train.eval_loss)
     for metric in parts.metrics:

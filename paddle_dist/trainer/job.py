@@ -143,7 +143,8 @@ def _check_reached(session: Session) -> None:
 def _evaluate_only(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log,
                    found: Resumed, precision: amp.AmpPlan) -> Result:
     """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
-    log.info(f"paddle_dist: evaluating {found.path} on {len(parts.eval_data)} test samples "
+    held = "the eval stream" if parts.eval_data.stream else f"{len(parts.eval_data)} test samples"
+    log.info(f"paddle_dist: evaluating {found.path} on {held} "
              f"with {env.world_size} rank(s); nothing is trained")
     setup = EvalSetup.of(parts, cfg, amp=precision, beat=monitor.beat, phase=monitor.phase)
     evaluated = evaluate(setup, env)

@@ -6,7 +6,7 @@ shuffling, `collate_fn` and workers are kept, and a new DataLoader is built over
 dataset with paddle_dist's sampler, so each rank reads its own shard and an epoch can
 start part-way through (exact resume). A batch sampler of the user's own is kept as the
 epoch's list of batches, which the data plan deals out (sampling.py); an IterableDataset
-is a stream (streams.py). A DataLoader whose order paddle_dist cannot shard (a sampler
+is a stream (streams.py; as an eval set, evalstream.py). A DataLoader whose order paddle_dist cannot shard (a sampler
 that picks a subset, by weights or with replacement) is refused in one line at the call.
 
 Example:
@@ -67,7 +67,7 @@ class Source:
         if isinstance(data, paddle.io.DataLoader):
             return _with_samples(cls._from_loader(data, what), what)
         if isinstance(data, paddle.io.IterableDataset):
-            return cls(_trainable_stream(data, what))
+            return cls(data)
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             raise ConfigError(f"fit({what}=...) takes a paddle.io.Dataset or a paddle.io.DataLoader, "
                               f"not {type(data).__name__}")
@@ -81,7 +81,7 @@ class Source:
                               "(batch_size=None); give it batch_size=N (per rank)")
         options = {k: getattr(loader, k) for k in CARRIED if hasattr(loader, k)}
         if isinstance(dataset, paddle.io.IterableDataset):
-            return cls(_trainable_stream(dataset, what), collate_fn=loader.collate_fn,
+            return cls(dataset, collate_fn=loader.collate_fn,
                        num_workers=loader.num_workers, batch_size=sampler.batch_size,
                        drop_last=bool(loader.drop_last), options=options)
         if type(sampler) not in SHARDABLE:
@@ -145,15 +145,6 @@ class Source:
         return SampleLoader(self.dataset, batch_sampler, self.collate_fn)
 
 
-def _trainable_stream(dataset, what: str):
-    """`dataset`, a stream, as training data; evaluation takes a map-style Dataset."""
-    if what == "eval_data":
-        raise ConfigError(f"fit({what}=...) is an IterableDataset; evaluation counts every sample once at "
-                          "any number of ranks from a map-style paddle.io.Dataset: give the eval set as one "
-                          "(e.g. a list of its sequences)")
-    return dataset
-
-
 def _own_batches(sampler, what: str):
     """A batch sampler of the user's own, under the contract the data plan deals it by
     (docs/own_model.md): it gives the epoch's whole list of batches (lists of indices), the
@@ -179,7 +170,7 @@ def _with_samples(source: Source, what: str) -> Source:
     Example:
         _with_samples(Source(Nothing()), "eval_data")   # DataError: ... has no samples ...
     """
-    if what == "eval_data" and len(source) == 0:
+    if what == "eval_data" and not source.stream and len(source) == 0:
         raise DataError(f"fit({what}=...) has no samples ({name_of(source.dataset)}, len 0): its "
                         "evaluation would report 0 on 0 samples and pick the best checkpoint from that; "
                         f"give it a dataset with samples, or leave {what} out to train without evaluation")

@@ -262,7 +262,9 @@ class Session:
         """The exact evaluation of the test set, between the callbacks' eval begin and end."""
         parts, cfg = self.parts, self.cfg
         names = ["loss", *metric_names(parts.metrics)]
-        rounds = exchange_rounds(len(parts.eval_data), cfg.train.eval_batch_size, self.env.world_size)
+        # A stream's rounds are known at its end only (evaluation.py): hapi's None, "unknown".
+        rounds = None if parts.eval_data.stream else \
+            exchange_rounds(len(parts.eval_data), cfg.train.eval_batch_size, self.env.world_size)
         self.events.eval_begin({"steps": rounds, "metrics": names})
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
             # What each rank evaluates with, its callbacks' swaps included, must be one model.

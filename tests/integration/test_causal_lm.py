@@ -7,11 +7,14 @@ the step's micro-batches by the documented stream rule (docs/own_model.md, "Stre
 lane l of the step's W x k reads files l, l + L, ... in order, B sequences at a time) and
 trains on the token mean, Σ NLL over every byte that is not padding / their count, with
 the example's own AdamW, schedule and clipping. Its log and metrics.json say tokens/s and
-each checkpoint's size and write time.
+each checkpoint's size and write time. Its eval set is a stream of files, evaluated whole
+at the end: the eval loss and perplexity in metrics.json, at 1, 2 and 4 ranks, are one
+process's over the whole stream with the run's final weights, to 1e-9 relative.
 """
 
 import importlib.util
 import itertools
+import math
 import re
 
 import numpy as np
@@ -90,6 +93,38 @@ def train(tmp_path, api: str, ranks: int, accumulate: int, *extra: str):
     return out, done
 
 
+def one_process_eval(weights, llama: bool = False):
+    """(token-mean NLL, sequences) of the example's eval stream in one process, by the rule
+    fit() evaluates a stream by (docs/own_model.md, "Streams"): its files in order, each cut
+    into batches of EVAL_BATCH, each batch's mean weighed by its count of tokens."""
+    lm = example()
+    net = (lm.build_llama if llama else lm.build)()[0]
+    net.set_state_dict(weights)
+    net.eval()
+    nll = tokens = sequences = 0
+    with paddle.no_grad():
+        for path in lm.corpus()[1]:
+            samples = [lm.sample(piece, shifted=llama) for piece in lm.sequences(path)]
+            for start in range(0, len(samples), lm.EVAL_BATCH):
+                batch = lm.pad(samples[start:start + lm.EVAL_BATCH])
+                ids, mask, labels = (paddle.to_tensor(batch[k]) for k in ("input_ids", "attention_mask", "labels"))
+                found = lm.next_byte_loss(net(ids, attention_mask=mask), labels)
+                nll, tokens = nll + float(found["loss"]) * int(found["count"]), tokens + int(found["count"])
+                sequences += len(ids)
+    return nll / tokens, sequences
+
+
+def assert_evaluated(out, what: str):
+    """The run's last eval loss and perplexity (metrics.json) against one process over the
+    whole eval stream with the run's final weights."""
+    found = read_metrics(out)["history"][-1]
+    want, sequences = one_process_eval(checkpoint.load(out).model)
+    print(f"{what}: eval loss {found['eval_loss']!r}, one process {want!r}")
+    assert found["eval_count"] == sequences, what
+    assert found["eval_loss"] == pytest.approx(want, rel=1e-9), what
+    assert found["eval_perplexity"] == pytest.approx(math.exp(want), rel=1e-9), what
+
+
 def assert_replayed(out, want, what: str):
     trained = checkpoint.load(out).model
     worst = max(float(np.max(np.abs(trained[k] - want[k]))) for k in want)
@@ -99,8 +134,10 @@ def assert_replayed(out, want, what: str):
 @pytest.mark.parametrize("api,ranks,accumulate", [("loop", 2, 2), ("hapi", 2, 2), ("loop", 4, 1), ("hapi", 1, 4)])
 def test_the_example_trains_what_one_process_on_the_union_of_its_micro_batches_trains(tmp_path, api, ranks,
                                                                                       accumulate):
+    """Its final weights are the replay's; its eval stream's loss is one process's on them."""
     out, done = train(tmp_path, api, ranks, accumulate)
     assert_replayed(out, replayed(), f"{api} {ranks}x{accumulate}")
+    assert_evaluated(out, f"{api} {ranks}x{accumulate}")
     metrics = read_metrics(out)
     assert metrics["steps"] == 40 and metrics["tokens_per_s"] > 0
     progress = [line for line in done.stdout.splitlines() if " samples/s " in line and "eta" in line]

@@ -1,4 +1,5 @@
-"""Exact evaluation (trainer/evaluation.py): shards, the built-in accuracy, metric names, autocast, values not bits."""
+"""Exact evaluation (trainer/evaluation.py): shards, streams at any number of ranks, the built-in
+accuracy, metric names, autocast, values not bits."""
 
 import numpy as np
 import paddle
@@ -108,3 +109,73 @@ def test_bfloat16_losses_and_metric_outputs_are_read_as_values_not_bits():
 
     pred, label = computed(Scores(), [paddle.to_tensor([[0.25, 0.75]])], [paddle.to_tensor([[1]])])
     assert pred.dtype == np.float32 and pred.tolist() == [[0.25, 0.75]] and label.tolist() == [[1]]
+
+
+def test_a_stream_is_evaluated_as_one_process_evaluates_it_at_any_number_of_ranks(monkeypatch):
+    """Ranks in threads, their collectives a barrier: uneven shards (one empty) leave ranks
+    with fewer batches, or none, which still join the metrics' exchange until no rank has
+    a batch; the loss, the built-in accuracy and a Metric are one process's."""
+    import threading
+    from types import SimpleNamespace
+
+    from paddle_dist.trainer import evaluation
+    from paddle_dist.trainer.evaluation import EvalSetup, evaluate
+
+    class Shards(paddle.io.IterableDataset):
+        def shards(self):
+            return ["a", "b", "c", "d"]
+
+        def read_shard(self, shard):
+            rng = np.random.RandomState(ord(shard))
+            for _ in range({"a": 7, "b": 2, "c": 0, "d": 5}[shard]):
+                yield rng.randn(3).astype("float32"), np.array([rng.randint(2)], "int64")
+
+    def run(world, metrics):
+        slots, barrier, found = [None] * world, threading.Barrier(world), [None] * world
+
+        def gather(obj, env, phase=None):
+            slots[env.global_rank] = obj
+            barrier.wait()
+            every = list(slots)
+            barrier.wait()
+            return every
+
+        monkeypatch.setattr(evaluation, "gather", gather)
+        monkeypatch.setattr(evaluation, "all_reduce_sum", lambda values, env, phase=None: np.sum(
+            gather(np.asarray(values, "float64"), env), axis=0))
+
+        def rank(r):
+            env = SimpleNamespace(global_rank=r, world_size=world, is_distributed=True, job_dir="")
+            found[r] = evaluate(EvalSetup(net, Source.of(Shards(), "eval_data"), Feed(net),
+                                          paddle.nn.CrossEntropyLoss(), [m() for m in metrics], batch_size=2), env)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        return found
+
+    paddle.seed(0)
+    net = paddle.nn.Linear(3, 2)
+    for metrics in ((), (paddle.metric.Accuracy,)):
+        want = run(1, metrics)[0]
+        assert want["count"] == 14
+        for world in (2, 3, 4, 5):
+            assert run(world, metrics) == [want] * world, (world, metrics)
+
+
+def test_a_stream_without_samples_is_said_in_one_line():
+    from types import SimpleNamespace
+
+    from paddle_dist.errors import DataError
+    from paddle_dist.trainer.evaluation import EvalSetup, evaluate
+
+    class Nothing(paddle.io.IterableDataset):
+        def __iter__(self):
+            return iter(())
+
+    net = paddle.nn.Linear(3, 2)
+    env = SimpleNamespace(global_rank=0, world_size=1, is_distributed=False, job_dir="")
+    with pytest.raises(DataError, match=r"eval_data=\.\.\.\) gave no samples \(Nothing, a stream\)"):
+        evaluate(EvalSetup(net, Source.of(Nothing(), "eval_data"), Feed(net), paddle.nn.CrossEntropyLoss()), env)

@@ -89,8 +89,9 @@ def test_a_dataloader_is_taken_apart_and_one_that_cannot_be_sharded_is_refused()
     assert Source.of(Stream(), "train_data").stream         # read by streams.py's rule
     streamed = Source.of(paddle.io.DataLoader(Stream(), batch_size=3, num_workers=2), "train_data")
     assert (streamed.stream, streamed.batch_size, streamed.num_workers) == (True, 3, 2)
-    with pytest.raises(ConfigError, match="eval_data=.... is an IterableDataset"):
-        Source.of(Stream(), "eval_data")
+    assert Source.of(Stream(), "eval_data").stream           # evaluated by evalstream.py's rule
+    evaluated = Source.of(paddle.io.DataLoader(Stream(), batch_size=4), "eval_data")
+    assert (evaluated.stream, evaluated.batch_size) == (True, 4)
     with pytest.raises(ConfigError, match="not object"):
         Source.of(object(), "eval_data")
     subset = paddle.io.BatchSampler(sampler=paddle.io.SubsetRandomSampler([0, 1, 2]), batch_size=2)
