@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from ..oracles import rank_status
 
 KILL_AT = 3          # rank 0's 3rd backward()
 
@@ -65,6 +64,8 @@ def test_a_peer_killed_mid_backward_is_a_peer_failure(transport, tmp_path):
     assert result.returncode != 0
     # The survivor recorded a Python PeerFailure for step 3 (it had done 2): it was neither
     # aborted from C++ nor left waiting.
+    from ..oracles import rank_status       # here: this file also runs as the ranks' script
+
     survivor = rank_status(tmp_path, 0)
     assert survivor["state"] == "stopped", survivor
     assert survivor["error_type"] == "PeerFailure", survivor
