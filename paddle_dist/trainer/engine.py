@@ -47,11 +47,13 @@ class StepResult:
     """What one optimizer step produced: its loss over every rank and micro-batch (a number,
     or a detached float64 device tensor, read on the host only when needed: on a GPU every
     read waits for the queued work; weighting.py), the means of the loss's parts by name
-    (this rank's), and the step's count over every rank (None for a plain loss)."""
+    (this rank's), and the step's count over every rank (None for a plain loss). `local`:
+    the loss is this rank's alone (a plain loss whose exchange carried no rider)."""
 
     loss: Any
     parts: Dict[str, Any] = field(default_factory=dict)
     count: Any = None
+    local: bool = False
 
 
 def no_seed(index: int, share: int) -> None:
@@ -101,7 +103,8 @@ def step(model, loss_fn, group, optimizer, precision: AmpPlan = AmpPlan(), scale
         average()
         optimizer.step()
     optimizer.clear_grad()
-    return StepResult(weighting.loss, {name: value / len(group) for name, value in named.items()}, weighting.count)
+    return StepResult(weighting.loss, {name: value / len(group) for name, value in named.items()}, weighting.count,
+                      weighting.local)
 
 
 class Engine:

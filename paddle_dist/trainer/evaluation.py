@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..sync.grad_sync import collective
 from . import evalstream
 from .badsample import name_of
 from .feed import Feed, batch_size_of, describe
+from .parts import Result
 from .progress import read_values
 from .weighting import ignore_index_of, perplexity
 from ..runtime.env import DistEnv
@@ -43,6 +45,7 @@ from ..schema import Config
 
 if TYPE_CHECKING:
     from .amp import AmpPlan
+    from .state import Resumed
     from .callbacks import Events
     from .loading import Source
 
@@ -292,3 +295,16 @@ def _numpy(value):
 
 def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def evaluate_only(parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log,
+                  found: "Resumed", precision: "AmpPlan") -> Result:
+    """A run that evaluates only (--eval-only): the resumed weights on the test set (exact
+    counts on any number of ranks), as the run's one entry of history."""
+    held = "the eval stream" if parts.eval_data.stream else f"{len(parts.eval_data)} test samples"
+    log.info(f"paddle_dist: evaluating {found.path} on {held} "
+             f"with {env.world_size} rank(s); nothing is trained")
+    setup = EvalSetup.of(parts, cfg, amp=precision, beat=monitor.beat, phase=monitor.phase)
+    evaluated = evaluate(setup, env)
+    metrics = {"epoch": found.start.epoch, **{f"eval_{k}": v for k, v in evaluated.items()}}
+    return Result(run_dir=run_dir, history=[metrics], steps=found.start.global_step, resumed_from=found.path)

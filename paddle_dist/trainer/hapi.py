@@ -20,7 +20,7 @@ from paddle.static import InputSpec
 
 from .amp import install_autocast
 from ..runtime.process import quiet_paddle
-from ..sync import disable_reducer
+from ..sync.wiring import building
 from .engine import Engine
 from .session import Session
 from .feed import Feed, to_float, widened
@@ -75,7 +75,7 @@ class _Bridge(paddle.callbacks.Callback):
         parts = {k: sum(p[k] for p in self.group_parts) / count for k in self.group_parts[0]}
         self.group_parts = []
         weighting = self.session.engine.weighting      # the step's loss, over every rank
-        if self.session.after_step(weighting.loss, parts, weighting.count):
+        if self.session.after_step(weighting.loss, parts, weighting.count, weighting.local):
             # The step limit: hapi leaves its batch loop when num_iters runs out, which it
             # checks right after this callback.
             self.model.num_iters = 1
@@ -118,26 +118,6 @@ class _GroupMean:
         return self.weighting.add(loss, count, self.divisor)
 
 
-@contextlib.contextmanager
-def finding_unused_parameters(find: bool = True):
-    """paddle.Model builds its DataParallel itself, without find_unused_parameters: a
-    parameter that one rank's batch did not reach would be averaged on the others only.
-    While the Model is built, paddle.DataParallel takes sync.find_unused_parameters (as
-    sync.wrap does). A second DataParallel over the same parameters instead would give
-    them two reducers, whose hooks crash backward() (SIGSEGV, Paddle 3.3.1)."""
-    plain = paddle.DataParallel
-
-    class FindingUnused(plain):
-        def __init__(self, layers, strategy=None, **kwargs):
-            super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": find})
-
-    paddle.DataParallel = FindingUnused
-    try:
-        yield
-    finally:
-        paddle.DataParallel = plain
-
-
 def run(session: Session) -> None:
     with quiet_paddle():
         _fit(session)
@@ -145,21 +125,18 @@ def run(session: Session) -> None:
 
 def prepared_model(engine: Engine, loss, inputs: int = 1, names: Tuple[str, ...] = ()) -> paddle.Model:
     """The engine's network in a prepared paddle.Model as the hapi trainer runs it (the
-    self-test's hapi rows run it too): paddle.Model's DataParallel with its reducer on only
-    for sync.mode=dataparallel (then with find_unused_parameters), the optimizer already
+    self-test's hapi rows run it too): paddle.Model's DataParallel as sync.wrap builds it
+    (Paddle's reducer only for sync.mode=dataparallel, sync/wiring.py), the optimizer already
     averaging (GradSync attached), the plan's autocast in the network's forward hooks, and
     the engine's scaler (amp.SyncedScaler) as hapi's loss scaler. `inputs`: the count of
     the network's inputs, by which paddle.Model splits a batch; `names`: what the network
     calls them, when a dict batch's fields go to it by name (keywords.ByName)."""
     net, optimizer, env, sync = engine.net, engine.optimizer, engine.env, engine.sync
     precision, scaler = engine.precision, engine.scaler
-    reducer_on = env.is_distributed and sync.mode == "dataparallel"
     specs = [InputSpec([None], name=f"input{i}") for i in range(inputs)]
-    with finding_unused_parameters(sync.find_unused) if reducer_on else contextlib.nullcontext():
+    with building(sync) if env.is_distributed else contextlib.nullcontext():
         # paddle.Model calls its network by position: ByName calls net with the names.
         model = paddle.Model(ByName(net, names) if names else net, inputs=specs)
-    if env.is_distributed and not reducer_on:
-        disable_reducer(model._adapter.ddp_model)
     # hapi's own autocast knows float16 O1 only: the plan's autocast runs in the network's
     # forward hooks, and hapi's AMP level is used just for its loss-scaling path (float16).
     scaling = {"level": "O1", "init_loss_scaling": precision.loss_scale} if scaler else None

@@ -30,14 +30,14 @@ from ..sync import GradSync, collectives
 from . import amp, callbacks as callbacklib, firstbatch, hapi, loop, outcome, selection, streamplan
 from . import progress as progress_log
 from .engine import Engine
-from .evaluation import EvalSetup, evaluate, gather
+from .evaluation import all_reduce_sum, evaluate_only, gather
 from .ledger import LossLedger
 from .own import fit
 from .parts import Parts, Result
 from .prepare import Prepared, epochs_of_steps, prepare, replanned
 from .sampling import DataPlan, train_loader
 from .session import Session, SessionSetup
-from .state import Resumed, resume
+from .state import resume
 from .weighting import ignore_index_of
 
 __all__ = ["Parts", "Result", "fit", "train"]
@@ -92,7 +92,7 @@ def _run(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log, p
     selection.agree_on_metrics(parts, env, monitor.phase)
     first = firstbatch.check(parts, cfg, env, precision, train=not configlib.evaluates_only(cfg))
     if configlib.evaluates_only(cfg):            # no gradients: no sync to open
-        return _evaluate_only(parts, cfg, env, run_dir, monitor, log, found, precision)
+        return evaluate_only(parts, cfg, env, run_dir, monitor, log, found, precision)
     sync = GradSync.from_config(env, cfg.sync, monitor.phase, monitor.want_stop, cfg.train.accumulate_steps)
     engine = Engine(parts.model, prepared.optimizer, env, sync, precision, found.scaler_state,
                     ignore_index_of(cfg.train))
@@ -100,7 +100,8 @@ def _run(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log, p
     ledger = LossLedger()
     progress = progress_log.Progress(env, run_dir, prepared.per_epoch, cfg.train.epochs,
                                      cfg.train.batch_size * cfg.train.accumulate_steps, cfg.train.log_every,
-                                     prepared.limit, found.start.global_step, bool(cfg.train.max_steps), ledger)
+                                     prepared.limit, found.start.global_step, bool(cfg.train.max_steps), ledger,
+                                     lambda value: float(all_reduce_sum([value], env, monitor.phase)[0]) / env.world_size)
     gathered = lambda mine: gather(mine, env, monitor.phase)   # noqa: E731 - the ranks' data agree
     if parts.train_data.stream:       # its lanes' positions, gathered from every rank at a checkpoint
         loader, sampler = streamplan.train_loader(parts, cfg, env, found.plan, found.meta, gathered)
@@ -139,14 +140,3 @@ def _check_reached(session: Session) -> None:
                            f"its {session.cfg.train.epochs} epoch(s) ran out first; this is a bug in "
                            "paddle_dist's step count, please report it with the run's config.yaml")
 
-
-def _evaluate_only(parts: Parts, cfg: Config, env: DistEnv, run_dir: Path, monitor, log,
-                   found: Resumed, precision: amp.AmpPlan) -> Result:
-    """Evaluate the resumed weights on the test set (exact counts on any number of ranks)."""
-    held = "the eval stream" if parts.eval_data.stream else f"{len(parts.eval_data)} test samples"
-    log.info(f"paddle_dist: evaluating {found.path} on {held} "
-             f"with {env.world_size} rank(s); nothing is trained")
-    setup = EvalSetup.of(parts, cfg, amp=precision, beat=monitor.beat, phase=monitor.phase)
-    evaluated = evaluate(setup, env)
-    metrics = {"epoch": found.start.epoch, **{f"eval_{k}": v for k, v in evaluated.items()}}
-    return Result(run_dir=run_dir, history=[metrics], steps=found.start.global_step, resumed_from=found.path)

@@ -30,14 +30,21 @@ class LossLedger:
         self._pending: list = []              # losses of the steps after those, not read yet
         self._parts: List[Dict[str, Any]] = []   # each step's loss parts (unread tensors or numbers)
         self._counts: list = []               # each step's count over every rank, or None
+        self._local: List[bool] = []          # each step's loss is one rank's (weighting.py)
         self._epoch_from = 0                  # this run's steps before the epoch in progress
 
-    def record(self, loss, parts: Dict[str, Any], count=None) -> None:
+    def record(self, loss, parts: Dict[str, Any], count=None, local: bool = False) -> None:
         """A step's mean loss (a device tensor, left unread, or a number), its parts and
-        its count over every rank (likewise; None for a loss without one)."""
+        its count over every rank (likewise; None for a loss without one); `local`: the
+        loss is this rank's alone (a plain loss: the report takes the ranks' mean)."""
         self._pending.append(loss)
         self._parts.append(parts or {})
         self._counts.append(count)
+        self._local.append(local)
+
+    def local_from(self, start: int) -> bool:
+        """Whether a step's loss from number `start` on is one rank's alone."""
+        return any(self._local[start:])
 
     def counted_from(self, start: int) -> Optional[float]:
         """The sum of the counts of this run's steps from number `start` on (one host read),

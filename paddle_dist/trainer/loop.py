@@ -27,7 +27,7 @@ def run(session: Session) -> None:
         for group in groups(session.loader, k):
             session.before_step()
             result = engine.step(model, group, parts.feed, parts.loss, session.seed_micro_batch)
-            if session.after_step(result.loss, result.parts, result.count):
+            if session.after_step(result.loss, result.parts, result.count, result.local):
                 break
         session.end_epoch(epoch)
         if session.done:

@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import paddle
 
@@ -101,8 +101,11 @@ class Progress:
 
     def __init__(self, env: DistEnv, run_dir: Optional[Path], steps_per_epoch: int, epochs: int,
                  batch_size: int, log_every: int, total_steps: Optional[int] = None,
-                 start_step: int = 0, by_steps: bool = False, ledger=None):
-        self.env, self.log, self.ledger = env, get(), ledger
+                 start_step: int = 0, by_steps: bool = False, ledger=None,
+                 over_ranks: Callable[[float], float] = lambda value: value):
+        # over_ranks: the ranks' mean of a number (a collective every rank calls at its
+        # reports, which fall on the same steps): a plain loss's window is each rank's own.
+        self.env, self.log, self.ledger, self.over_ranks = env, get(), ledger, over_ranks
         self.steps_per_epoch, self.epochs, self.log_every = steps_per_epoch, epochs, log_every
         self.global_batch = batch_size * env.world_size
         self.total_steps = total_steps or steps_per_epoch * epochs
@@ -178,6 +181,8 @@ class Progress:
     def _report(self, lr: float) -> None:
         start, self._reported = self._reported, self.step_count
         mean = self.ledger.mean_from(start)      # the steps since the last report (weighed by their counts)
+        if self.ledger.local_from(start):
+            mean = self.over_ranks(mean)
         speed = self.samples_per_s
         tokens = f" {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
         remaining = self.total_steps - self.start_step - self.step_count

@@ -133,11 +133,12 @@ class Session:
         (randomness.py)."""
         self.draws.seed(self.pos.global_step, index, share)
 
-    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None, count=None) -> bool:
+    def after_step(self, loss, parts: Optional[Dict[str, Any]] = None, count=None, local: bool = False) -> bool:
         """Bookkeeping after an optimizer step; True when the step limit is reached.
         `loss`: the step's mean loss, a device tensor (left unread) or a number; `parts`:
         the means of its parts by name (feed.loss_parts), likewise; `count`: the loss's
-        count over every rank (StepResult.count: tokens), likewise, or None."""
+        count over every rank (StepResult.count: tokens), likewise, or None; `local`: the
+        loss is this rank's alone (StepResult.local)."""
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self._log_samples()
@@ -150,7 +151,7 @@ class Session:
         sync = self.engine.sync
         measurable = self.env.is_distributed and sync.mode != "dataparallel"
         lr = float(self.optimizer.get_lr())
-        self.ledger.record(loss, parts or {}, count)
+        self.ledger.record(loss, parts or {}, count, local)
         self.progress.step(lr, sync.comm_seconds if measurable else None)
         if self.events:       # hapi's logs hold numbers: the loss is read here (a host wait)
             self.events.batch_end(self.pos.step_in_epoch - 1, {
@@ -248,7 +249,7 @@ class Session:
                                 {**{k: v / max(n, 1) for k, v in named.items()},
                                  **({"perplexity": metrics["train_perplexity"]} if self.ledger.counted else {})})
         if epoch == self.resumed_epoch and self.env.is_main and self.engine.sync.mode != "dataparallel":
-            untrained.warn(self.parts.model)      # the job's first epoch
+            untrained.warn(self.parts.model, self.engine.sync.tables.rows)      # the job's first epoch
         self.step_scheduler("epoch")
         every = self.cfg.checkpoint.every_epochs
         at = Position(epoch=epoch + 1, global_step=self.pos.global_step)
@@ -351,7 +352,7 @@ class Session:
         if self.checked_at != step:
             self.checked_at = step
             agreement.check(self.parts.model, self.env, step, self.monitor.phase,
-                            self.ema.shadow if self.ema is not None else None)
+                            self.ema.shadow if self.ema is not None else None, self.engine.sync.tables.explain)
 
     def _stop_for_preemption(self) -> None:
         self._save_mid_epoch()

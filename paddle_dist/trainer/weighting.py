@@ -95,6 +95,7 @@ class Weighting:
         self._counts: List[Any] = []
         self.loss: Any = None
         self.count: Any = None
+        self.local = False                      # `loss` is this rank's alone (a plain loss, no rider)
 
     def add(self, loss, count, group: int = 1):
         """Record a micro-batch's mean `loss` and its `count` (None: a plain loss), one of
@@ -138,10 +139,12 @@ class Weighting:
 
     def take(self, mean: Optional[np.ndarray]) -> None:
         """After the gradients' average: the ranks' mean (count, sum) the exchange carried,
-        or None (then one all-reduce of them here; none in a job of one process)."""
+        or None (then one all-reduce of them here for a loss with a count; none in a job of one
+        process, nor for a plain loss, whose step loss is then this rank's: `local`)."""
         if not self._sums:          # no micro-batch recorded (a step of the self-test)
             self.loss = self.count = None
             return
+        self.local = False
         if mean is not None and self.env.is_distributed:
             count, total = float(mean[0]), float(mean[1])
             # The ranks' mean count x W is an integer: rounded back from float32.
@@ -150,7 +153,11 @@ class Weighting:
             factor = paddle.to_tensor(1.0 / count, dtype="float32") if self.counted else None
         else:
             summed = self._local()
-            if self.env.is_distributed:
+            # A plain loss needs no count to train: its step's loss stays this rank's here,
+            # and the progress line takes the ranks' mean at its reports (Progress.over_ranks),
+            # not one all-reduce per step (one costs 1.6-2.7 ms on 2 CPU ranks: benchmarks.md).
+            self.local = self.env.is_distributed and not self.counted
+            if self.env.is_distributed and self.counted:
                 collective(dist.all_reduce, summed, phase=self.phase, what="all-reduce of the loss's count")
             self.count = summed[0] if self.counted else None
             self.loss = summed[1] / summed[0]

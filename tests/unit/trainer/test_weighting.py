@@ -156,3 +156,28 @@ def test_the_ledger_weighs_steps_by_their_counts():
     plain.record(2.0, {})
     plain.record(4.0, {})
     assert plain.mean_from(0) == 3.0 and plain.epoch_totals()[:2] == (6.0, 2.0) and not plain.counted
+
+
+def test_a_plain_loss_adds_no_collective_per_step_and_its_reports_take_the_ranks_mean(monkeypatch):
+    """Without a rider to carry it (modes overlap, dataparallel, the backend's buckets), a
+    plain loss's step loss stays the rank's: no all-reduce per step; the progress line's
+    window is averaged over the ranks at its reports only (Progress.over_ranks)."""
+    from paddle_dist.runtime.env import DistEnv
+    from paddle_dist.trainer import weighting as module
+    from paddle_dist.trainer.ledger import LossLedger
+
+    called = []
+    monkeypatch.setattr(module, "collective", lambda *a, **k: called.append(a))
+    w = module.Weighting(DistEnv(world_size=2, global_rank=0))
+    w.rider([])
+    w.add(paddle.to_tensor(0.5), None)
+    w.take(None)
+    assert called == [] and w.local and float(w.loss) == 0.5 and w.count is None
+    counted = module.Weighting(DistEnv(world_size=2, global_rank=0))
+    counted.rider([])
+    counted.add(paddle.to_tensor(0.5), 4)
+    counted.take(None)
+    assert len(called) == 1 and not counted.local          # a count is needed to train: exchanged
+    ledger = LossLedger()
+    ledger.record(0.5, {}, None, local=True)
+    assert ledger.local_from(0) and not LossLedger().local_from(0)
