@@ -3,7 +3,8 @@ BatchNorm's running statistics, kept equal on every rank.
 
 - grad_sync: `GradSync`, the averaging before the optimizer's update, its modes;
 - checks: the mode a config runs as, the layout every rank must share, what is refused;
-- wiring: the optimizer's class and paddle.DataParallel, its reducer on or off;
+- wiring: the optimizer's class and paddle.DataParallel (or no reducer at all);
+- sparse: tables whose gradients come as rows, exchanged as rows in every mode;
 - overlap: buckets sent during backward(); reducers, shm: the CPU transports;
 - collectives: collective calls that fail as a `PeerFailure` and that the watchdog sees;
 - batchstats: BatchNorm's running statistics, one update per optimizer step from every
@@ -22,11 +23,11 @@ tests start dozens). Its public names import their module when first used.
 
 import importlib
 
-__all__ = ["GradSync", "agree_on_layout", "check_optimizer", "collective", "disable_reducer",
-           "first_line", "resolve_mode", "wrap"]
+__all__ = ["GradSync", "agree_on_layout", "check_optimizer", "collective", "first_line",
+           "resolve_mode", "wrap"]
 _HOME = {"agree_on_layout": "checks", "check_optimizer": "checks", "resolve_mode": "checks",
          "collective": "collectives", "first_line": "collectives",
-         "GradSync": "grad_sync", "disable_reducer": "wiring", "wrap": "wiring"}
+         "GradSync": "grad_sync", "wrap": "wiring"}
 
 
 def __getattr__(name):

@@ -121,10 +121,3 @@ def check_optimizer(optimizer, net=None, mode: str = "auto") -> None:
     if isinstance(optimizer, getattr(paddle.optimizer, "LBFGS", ())):
         raise ConfigError("paddle.optimizer.LBFGS evaluates the loss and its gradients again inside "
                           "step(closure), which data parallelism cannot average; use another optimizer")
-    if net is None or mode == "dataparallel":
-        return
-    for name, layer in net.named_sublayers(include_self=True):
-        if isinstance(layer, paddle.nn.Embedding) and getattr(layer, "_sparse", False):
-            raise ConfigError(f"embedding '{name or type(net).__name__}' has sparse=True: its gradient "
-                              "holds only the looked-up rows, which paddle_dist's exchange does not "
-                              "average; build it with sparse=False, or use sync.mode=dataparallel")

@@ -24,18 +24,17 @@ ranks; a difference is an error naming the parameter, never a sum of misaligned 
 - on the CPU reducers, a rider's float32 values (`Rider`: BatchNorm's sums, batchstats.py;
   the loss's count, trainer/weighting.py), averaged like the gradients and handed to its
   `take`: no exchange of their own (elsewhere `take(None)` follows the average).
+Sparse tables (gradients as rows) travel before it, as rows, in every mode (sparse.py).
 
 Modes (config `sync.mode`):
 - `overlap`: buckets of gradients leave during backward() as they fill, on a
   communication thread (CPU) or NCCL's stream (GPUs): overlap.py.
 - `fused`: everything in one exchange (or `bucket_mb`-sized buffers) at the step.
-- `auto` (default): on CPUs, fused when every rank is on this machine (shared memory is
-  faster than the thread's hand-off), overlap otherwise; on GPUs, dataparallel
-  (`resolve_mode`).
-- `dataparallel`: Paddle's own reducer inside backward(), built with
-  `sync.find_unused_parameters` (default true). On NCCL this is what Paddle tests; the
-  overlap exchange over NCCL has not been measured on GPUs, so it is there to be chosen
-  (`sync.mode=overlap`), not the default.
+- `auto` (default): on CPUs, fused when every rank is on this machine, overlap otherwise;
+  on GPUs, dataparallel (`resolve_mode`).
+- `dataparallel`: Paddle's own reducer inside backward() (`sync.find_unused_parameters`,
+  default true), given only Paddle's own layers' parameters (sparse.py); on NCCL it is
+  what Paddle tests, so GPUs run it unless `sync.mode=overlap` is chosen.
 
 Transports (`sync.transport`, CPU): shared memory on one machine, shared memory within
 hosts plus the backend between them (`hierarchical`), or the backend: reducers.py.
@@ -47,7 +46,7 @@ Example:
     sync = GradSync.from_config(env, cfg.sync, monitor.phase)
     agree_on_layout(optimizer, net, env)   # before anything starts; collective (checks.py)
     sync.attach(optimizer, net)     # before the first step; collective
-    model = wrap(net, env, sync)    # DataParallel with its reducer off (wiring.py)
+    model = wrap(net, env, sync)    # rank 0's weights broadcast, no reducer (wiring.py)
     ...; optimizer.step(); if sync.stop_requested: ...
 """
 
@@ -62,7 +61,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from . import reducers, transports
+from . import reducers, sparse, transports
 from .checks import resolve_mode, stop_check_interval, trainable
 from .collectives import collective, first_line
 from ..errors import ConfigError, PeerFailure
@@ -96,8 +95,9 @@ class GradSync:
     `attach(optimizer, net)` installs it and sets up the transport (collective). Per step:
     `arm(final)` before each backward() (only needed with accumulation: the last
     micro-batch's is final); the optimizer's `step()`/`minimize()` then average.
-    mode "dataparallel": paddle.DataParallel's reducer has already averaged them in
-    backward(); only the stop flag is exchanged, about once a second (`stop_check_interval`).
+    mode "dataparallel": paddle.DataParallel's reducer has averaged those it was given in
+    backward(); the rest (sparse.py) and the stop flag travel here, or only the stop flag,
+    about once a second (`stop_check_interval`).
     """
 
     def __init__(self, env: DistEnv, phase: Optional[Callable[[str], contextlib.AbstractContextManager]] = None,
@@ -113,16 +113,14 @@ class GradSync:
         self.find_unused = find_unused   # mode dataparallel: Paddle's find_unused_parameters
         self.reducer = None       # CPU float32 transport (reducers.py); None: Paddle tensors
         self.overlap: Optional[Overlap] = None
-        self.optimizer, self.names = None, {}
+        self.optimizer, self.names, self.tables = None, {}, sparse.Tables(env, [])
         self.params: list = []    # the exchange's layout: the trainable parameters at attach
-        self.stop_requested = False
+        self.stop_requested = self.averaged_early = False
         self.steps = 0          # optimizer steps seen
         self.calls = 0          # exchanges: all-reduce calls, or shared-memory rounds
         self.comm_seconds = 0.0  # time the step waited for the exchanges
-        self.averaged_early = False
         # Values that travel with the gradients where they can (Rider, module docstring).
-        self.rider: Optional[Rider] = None
-        self.rider_size = 0
+        self.rider, self.rider_size = None, 0     # Optional[Rider], its size
         self._late_flag = LateFlag()   # GPUs: the stop flag, read late and seldom
         self._next_check, self._checked = 1, (0, time.perf_counter())   # (step, time)
 
@@ -143,8 +141,9 @@ class GradSync:
         self.optimizer, self.params = optimizer, trainable(optimizer)
         self.names = {id(p): name for name, p in net.named_parameters()} if net is not None else {}
         install(optimizer, self)
+        self.tables = sparse.Tables(self.env, self.params, net, self.phase, self.name_of)
         if self.env.is_distributed and self.mode != "dataparallel":
-            self._setup(self.params)
+            self._setup(self.tables.dense_of(self.params))
 
     def name_of(self, param) -> str:
         return self.names.get(id(param), param.name)
@@ -166,7 +165,8 @@ class GradSync:
             exchange = ThreadExchange(self.reducer, scale) if cpu else \
                 AsyncExchange(self.env.world_size, wire=HALF.get(self.compress))
             cap = self.bucket_bytes or int(DEFAULT_BUCKET_MB * 2 ** 20)
-            self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps)
+            self.overlap = Overlap(params, exchange, cap, self._stop_value, self.accumulate_steps,
+                                   self.tables.uncertain)
 
     def _resolve_mode(self) -> str:
         """overlap / fused for mode auto (and fused where overlap cannot run)."""
@@ -205,12 +205,9 @@ class GradSync:
     def before_update(self) -> None:
         """What the optimizer's step() and minimize() do first: average the gradients in
         place (unless a loss scaler has had them averaged already, `average_now`)."""
-        if self.averaged_early:
-            self.averaged_early = False
-            return
-        self._check_unchanged()
-        with paddle.no_grad():
-            self._timed_average()
+        if not self.averaged_early:
+            self.average_now()
+        self.averaged_early = False
 
     def average_now(self, optimizer=None) -> None:
         """Average the gradients now, in place, before the optimizer step (which then
@@ -244,21 +241,24 @@ class GradSync:
     def average(self) -> None:
         """Average every trainable parameter's gradient over the ranks, in place."""
         self.steps += 1
+        self.tables.exchange(self.optimizer, self.overlap)     # sparse tables' rows first
         if not self.env.is_distributed:
             self.stop_requested = bool(self._stop_value())
             if self.rider is not None:          # the mean of one rank: its own values
                 self.rider.take(np.asarray(self.rider.give(), dtype=np.float32))
             return
         if self.mode == "dataparallel":
-            if self.steps >= self._next_check:
+            if self.tables.kept_dense:         # what Paddle's reducer was not given (sparse.py)
+                self.stop_requested = self._reduce_buckets(self.tables.kept_dense, self._stop_value()) > 0
+            elif self.steps >= self._next_check:
                 self._check_stop(self._stop_value())
         elif self.overlap is not None:
             self._finish_overlap()
         elif self.reducer is not None:
-            self.stop_requested = self._reduce_cpu(self.params, self._stop_value()) > 0
+            self.stop_requested = self._reduce_cpu(self.tables.dense_of(self.params), self._stop_value()) > 0
             return                # the rider's values rode with the gradients
         else:
-            self.stop_requested = self._reduce_buckets(self.params, self._stop_value()) > 0
+            self.stop_requested = self._reduce_buckets(self.tables.dense_of(self.params), self._stop_value()) > 0
         if self.rider is not None:
             self.rider.take(None)
 

@@ -43,6 +43,7 @@ import paddle.distributed as dist
 from .. import compat
 from ..errors import CommThreadError, PeerFailure
 from .collectives import first_line
+from .sparse import is_rows
 
 MIN_BUCKETS = 4           # a small model is still cut in about this many buckets
 THREAD_CHECK_S = 0.5      # how often a waiting step checks that the sync thread still runs
@@ -78,8 +79,11 @@ class Overlap:
     """Bucket bookkeeping: which parameters are ready, which buckets have left."""
 
     def __init__(self, params, exchange, cap_bytes: int, stop: Callable[[], float] = lambda: 0.0,
-                 accumulate_steps: int = 1):
+                 accumulate_steps: int = 1, held=()):
         self.buckets = plan_buckets(params, cap_bytes)
+        # Parameters that may come as rows (sparse.py): their buckets wait for the step
+        # until the first exchange settles which ones do (`drop`).
+        self.held = set(held)
         self.nbytes = sum(int(p.size) * p.element_size() for bucket in self.buckets for p in bucket)
         self.exchange = exchange
         self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
@@ -103,9 +107,9 @@ class Overlap:
         self.armed = final
 
     def _on_ready(self, param) -> None:
-        if not self.armed or self.closed:
-            return
-        i = self.index[id(param)]
+        i = self.index.get(id(param))
+        if not self.armed or self.closed or i is None or id(param) in self.held or is_rows(param.grad):
+            return                    # a table's rows never go into a bucket (sparse.py)
         self.ready[i].add(id(param))
         while self.launched < len(self.buckets) and \
                 len(self.ready[self.launched]) == len(self.buckets[self.launched]):
@@ -115,6 +119,26 @@ class Overlap:
         i = self.launched
         self.exchange.submit(self.buckets[i], self.stop() if i == 0 else None)
         self.launched += 1
+
+    def drop(self, params) -> None:
+        """Take `params` (found to come as rows, sparse.py) out of the buckets not sent yet,
+        which hold every held parameter, and hold nothing more. Every rank drops the same."""
+        ids, self.held = {id(p) for p in params}, set()
+        if not ids:
+            return
+        rest = [[p for p in bucket if id(p) not in ids] for bucket in self.buckets[self.launched:]]
+        ready = [r - ids for r, bucket in zip(self.ready[self.launched:], rest) if bucket]
+        self.buckets = self.buckets[:self.launched] + [bucket for bucket in rest if bucket]
+        self.ready = self.ready[:self.launched] + ready
+        self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.nbytes = sum(int(p.size) * p.element_size() for bucket in self.buckets for p in bucket)
+        self.exchange.reserve([len(b) + sum(int(p.size) for p in b) + (i == 0)
+                               for i, b in enumerate(self.buckets) if i >= self.launched])
+
+    def drain(self) -> None:
+        """Wait for the buckets sent so far, before the main thread's own collectives over
+        the same process group (sparse.py): the thread's and its must not interleave."""
+        getattr(self.exchange, "idle", lambda: None)()
 
     def finish(self) -> float:
         """Launch the buckets backward() has not (all of them when no armed backward ran),
@@ -234,6 +258,12 @@ class ThreadExchange:
         for params, grads, present in lacking:
             give_missing(params, grads, present)
         return float(self.flag[0])
+
+    def idle(self) -> None:
+        """Wait for the submitted buckets (Overlap.drain); a failure is `wait`'s to raise."""
+        with self.cond:
+            while self.outstanding and self.thread.is_alive():
+                self.cond.wait(THREAD_CHECK_S)
 
     def close(self) -> None:
         """Let the thread end. An idle one ends at once; one still inside a collective (the

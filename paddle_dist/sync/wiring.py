@@ -1,22 +1,30 @@
 """Where the averaging plugs into Paddle: the optimizer's class and paddle.DataParallel.
 
 `install` gives an optimizer object a subclass of its own class whose step() and
-minimize() call its GradSync first (`uninstall` gives it back); `wrap` builds the
-DataParallel a loop trains, with Paddle's in-backward reducer off unless
-sync.mode=dataparallel (`disable_reducer`, which the hapi trainer calls on paddle.Model's own).
+minimize() call its GradSync first (`uninstall` gives it back); `wrap` builds what a loop
+trains: with sync.mode=dataparallel a paddle.DataParallel whose reducer is given only the
+parameters of Paddle's own layers (`kept_from_reducer`), otherwise `Replicated`: rank 0's
+weights broadcast and no reducer at all. A reducer switched off still has its hooks on
+every parameter, and those die with SIGSEGV on a table whose gradient comes as rows
+(sparse.py). `building(sync)` makes paddle.Model's own DataParallel the same.
 
 Example:
     install(optimizer, grad_sync)         # GradSync.attach does this
-    model = wrap(net, env, grad_sync)     # DataParallel with its reducer off
+    model = wrap(net, env, grad_sync)     # Replicated(net), or DataParallel (dataparallel)
+    with building(grad_sync):
+        model = paddle.Model(net)         # hapi: paddle.Model builds its DataParallel itself
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import paddle
+import paddle.distributed as dist
 
 from .checks import trainable
+from .collectives import collective
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
@@ -64,23 +72,72 @@ def uninstall(optimizer, sync) -> None:
 
 
 def wrap(net, env: DistEnv, sync):
-    """`paddle.DataParallel(net)` (which broadcasts rank 0's weights), with its in-backward
-    reducer switched off unless sync.mode=dataparallel, where it also averages the
-    gradients of parameters some rank's batch did not reach (sync.find_unused_parameters);
-    `net` itself on a single process."""
+    """What a loop trains (module docstring): `net` itself on a single process; with
+    sync.mode=dataparallel paddle.DataParallel over Paddle's own layers' parameters, which
+    also averages those some rank's batch did not reach (sync.find_unused_parameters);
+    else `Replicated(net)`."""
     if not env.is_distributed:
         return net
-    if sync.mode == "dataparallel":
-        return paddle.DataParallel(net, find_unused_parameters=sync.find_unused)
-    model = paddle.DataParallel(net)
-    disable_reducer(model)
-    return model
+    with building(sync):
+        return paddle.DataParallel(net)
 
 
-def disable_reducer(data_parallel) -> None:
-    """Stop paddle.DataParallel's in-backward all-reduce; GradSync does the averaging.
+class Replicated(paddle.nn.Layer):
+    """paddle.DataParallel's one other job, without its reducer: rank 0's parameters and
+    buffers broadcast to every rank when built (Paddle's own `sync_params_buffers`);
+    forward is the network's. GradSync averages the gradients."""
 
-    (Were this ever ignored by a future Paddle, results stay correct: averaging gradients
-    that are already equal on every rank leaves them unchanged.)
-    """
-    data_parallel.grad_need_sync = False
+    def __init__(self, layers, strategy=None, **kwargs):
+        super().__init__()
+        self._layers = layers
+        from paddle.distributed.parallel import sync_params_buffers
+        collective(sync_params_buffers, layers, fuse_params=False, what="broadcast of rank 0's weights")
+
+    def forward(self, *inputs, **kwargs):
+        return self._layers(*inputs, **kwargs)
+
+
+@contextlib.contextmanager
+def building(sync):
+    """While inside, `paddle.DataParallel(net, ...)` builds what `wrap` gives (module
+    docstring): for paddle.Model, which builds its own. A second DataParallel over the
+    same parameters instead would give them two reducers, whose hooks crash backward()
+    (SIGSEGV, Paddle 3.3.1)."""
+    plain = paddle.DataParallel
+    kept = sync.tables.kept if sync.tables is not None else []
+
+    class Built(plain):
+        def __new__(cls, layers, *args, **kwargs):
+            if sync.mode != "dataparallel" or len(kept) == len(trainable_of(layers)):
+                return Replicated(layers)
+            return super().__new__(cls)
+
+        def __init__(self, layers, strategy=None, **kwargs):
+            with kept_from_reducer(kept):
+                super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": sync.find_unused})
+            for p in kept:     # Paddle broadcasts only what its reducer holds
+                collective(dist.broadcast, p.detach(), 0, what="broadcast of rank 0's weights")
+
+    paddle.DataParallel = Built
+    try:
+        yield
+    finally:
+        paddle.DataParallel = plain
+
+
+def trainable_of(net) -> list:
+    return [p for p in net.parameters() if not p.stop_gradient]
+
+
+@contextlib.contextmanager
+def kept_from_reducer(params):
+    """paddle.DataParallel built inside leaves `params` to paddle_dist: Paddle reads
+    `no_sync` only while it builds the reducer and broadcasts the weights."""
+    for p in params:
+        p.no_sync = True
+    try:
+        yield
+    finally:
+        for p in params:
+            del p.no_sync
+

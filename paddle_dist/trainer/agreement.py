@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -112,15 +112,18 @@ def rank_words(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(words)
 
 
-def check(model, env: DistEnv, step: int, phase=None, averages: Optional[Mapping[str, object]] = None) -> None:
+def check(model, env: DistEnv, step: int, phase=None, averages: Optional[Mapping[str, object]] = None,
+          explain: Callable[[str], str] = lambda where: "") -> None:
     """Compare this rank's weights, buffers and `averages` (the moving averages, by name)
     with every other rank's (one all-gather: every rank must call it at the same point);
-    raise errors.Diverged when they differ. Nothing to compare in a job of one process."""
+    raise errors.Diverged when they differ. Nothing to compare in a job of one process.
+    `explain(where)`: the likely cause when the first tensor that differs is one of a kind
+    (a sparse table: sync/sparse.py's Tables.explain), else ''."""
     named = {f"moving average of {key}": value for key, value in (averages or {}).items()}
     where = _compare(model, env, step, phase, named)
     if where:
         raise Diverged(f"the ranks' weights differ at step {step}: {where}; "
-                       "data parallelism broke (docs/faults.md)")
+                       + (explain(where) or "data parallelism broke (docs/faults.md)"))
 
 
 def check_evaluated(model, env: DistEnv, step: int, phase=None) -> None:

@@ -8,7 +8,8 @@ on any rank at any step. Such a parameter keeps its initial value for the whole 
 silently: a branch the loss never reaches, or layers under Paddle's `recompute` in its
 reentrant mode, whose inputs need no gradient (a frozen stem before a recomputed
 backbone). Rank 0 names them in one warning line. (In sync.mode=dataparallel Paddle's
-reducer may fill unused gradients with zeros: nothing is named there.)
+reducer may fill unused gradients with zeros: nothing is named there.) A sparse table's
+gradient (rows, sync/sparse.py) is released by clear_grad: its None says nothing.
 
 Example:
     line = never_trained(net)    # '' or 'trainable parameters got no gradient ...'
@@ -24,11 +25,12 @@ import paddle
 SHOWN = 4           # names in the line; the rest are counted
 
 
-def never_trained(net: paddle.nn.Layer) -> str:
+def never_trained(net: paddle.nn.Layer, tables=()) -> str:
     """The warning line for `net`'s trainable parameters without a gradient now (at the
-    end of the first epoch), or "" when every one has one."""
+    end of the first epoch), or "" when every one has one; `tables` (sparse ones) aside."""
+    aside = {id(p) for p in tables}
     names: List[str] = [name for name, p in net.named_parameters()
-                        if not p.stop_gradient and p.grad is None]
+                        if not p.stop_gradient and p.grad is None and id(p) not in aside]
     if not names:
         return ""
     total = sum(1 for p in net.parameters() if not p.stop_gradient)
@@ -40,8 +42,8 @@ def never_trained(net: paddle.nn.Layer) -> str:
             "to stay fixed should have stop_gradient=True")
 
 
-def warn(net: paddle.nn.Layer) -> None:
-    """Log never_trained(net)'s line, if any, as a warning."""
-    line = never_trained(net)
+def warn(net: paddle.nn.Layer, tables=()) -> None:
+    """Log never_trained(net, tables)'s line, if any, as a warning."""
+    line = never_trained(net, tables)
     if line:
         logging.getLogger("paddle_dist").warning(f"paddle_dist: {line}")

@@ -98,6 +98,22 @@ def test_with_accumulation_only_the_armed_backward_sends():
     assert len(rec.submitted) == 8
 
 
+
+def test_a_held_parameter_waits_for_the_step_and_a_table_dropped_never_travels():
+    """A parameter that may come as rows (sync/sparse.py) holds its bucket until the first
+    exchange; dropped (it came as rows), the buckets left go without it."""
+    net, rec = _net(), Recorder()
+    w1, b1, w2, b2 = net.parameters()
+    ov = overlap.Overlap([w1, b1, w2, b2], rec, cap_bytes=1 << 20, stop=lambda: 1.0, held={id(b1)})
+    _backward(net)
+    assert [names for names, _ in rec.submitted] == [[b2.name], [w2.name]]   # b1's bucket waits
+    ov.drop([b1])
+    assert _names(ov.buckets) == [[b2.name], [w2.name], [w1.name]] and rec.sizes[-1] == 1 + 128
+    ov.finish()
+    assert [names for names, _ in rec.submitted][2:] == [[w1.name]]
+    _backward(net)                                 # from now on nothing is held
+    assert [names for names, _ in rec.submitted][3:] == [[b2.name], [w2.name], [w1.name]]
+
 class Halver:
     """A reducer whose 'other rank' holds the same arrays: the mean is the array itself;
     records the thread it ran on."""
