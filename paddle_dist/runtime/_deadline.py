@@ -6,12 +6,13 @@ rendezvous while it waits for peers; a C or CUDA call that never returns), and t
 thread of the rank itself can run to notice the time.
 
 Usage:
-    python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK [STORE WORLD]]
+    python _deadline.py PID SECONDS MESSAGE [STATUS_FILE RANK [STORE WORLD [SOCKETS]]]
         after SECONDS, print MESSAGE, record it in STATUS_FILE and end PID: SIGQUIT, which
         the rank made _exit(3) (monitor.deadline), then SIGKILL if it is still there. When
         something outside the job took part in gloo's connections (gloocheck.py, given
-        Paddle's STORE as host:port and the job's WORLD), that is printed and recorded
-        instead, as a breach (exit 6).
+        Paddle's STORE as host:port and the job's WORLD; SOCKETS: the inodes of the
+        sockets PID held before, comma-separated), that is printed and recorded instead,
+        as a breach (exit 6).
     python _deadline.py --heartbeat PID BEAT_FILE SECONDS STATUS_FILE RANK STACK_FILE LOG FOLDER WORLD BEAT_FD STACK_FD
         the hang watchdog: BEAT_FILE is the rank's heartbeat (monitor.Heartbeat), BEAT_FD and
         STACK_FD the descriptors of it and of STACK_FILE, handed on by the rank (the names
@@ -68,15 +69,18 @@ POLL_S = 1.0
 STACK_WAIT_S = 3.0
 QUIT_WAIT_S = 3.0
 GRACE_S = STACK_WAIT_S + 3 * POLL_S    # time for the watchdog of a rank to blame to act first
+# Rank 0 holds Paddle's store: ended, it takes the store with it, and the watchdogs of the
+# other ranks, whose deadlines pass a little later, could no longer read their gloo keys.
+STORE_KEPT_S = 5.0
 
 
 def main(pid: int, seconds: float, message: str, status_file: str = "", rank: str = "0",
-         store: str = "", world: str = "0") -> int:
+         store: str = "", world: str = "0", sockets: str = "") -> int:
     if _stdin_closed(seconds):
         return 0
     _load()
     error, kind, code = message, "RendezvousTimeout", EXIT_RENDEZVOUS
-    seen = _outsiders(pid, int(rank), store, int(world))
+    seen = _outsiders(pid, int(rank), store, int(world), sockets.split(","))
     if seen:
         error, kind, code = f"rank {rank}: the process group did not form: {seen[0]}", "SecurityError", EXIT_SECURITY
         sys.stderr.write(f"{SECURITY_LINE}{error}; the job was stopped (docs/security.md)\n")
@@ -88,19 +92,23 @@ def main(pid: int, seconds: float, message: str, status_file: str = "", rank: st
 
         RankStatus(int(rank), pid=pid, host=socket.gethostname(), state=FAILED, step=0, time=time.time(),
                    error_type=kind, error=error, exit_code=code).write(status_file)
-    _end(pid)
+    if rank == "0" and store and int(world) > 1 and not seen:
+        _stdin_closed(STORE_KEPT_S)         # or until the rank has ended (its end closes the pipe)
+    if not procfs.is_zombie(pid):
+        _end(pid)
     return 0
 
 
-def _outsiders(pid: int, rank: int, store: str, world: int) -> list:
-    """What outside the job holds up the rendezvous of rank `rank` (process `pid`), as
-    gloocheck.outsiders sees it from Paddle's `store` ("host:port") and this machine's
-    sockets; [] when nothing, or when it cannot tell."""
+def _outsiders(pid: int, rank: int, store: str, world: int, before: list) -> list:
+    """What outside the job holds up the rendezvous of rank `rank` (process `pid`, which
+    held the sockets `before` until then), as gloocheck.outsiders sees it from Paddle's
+    `store` ("host:port") and this machine's sockets; [] when nothing, or when it cannot
+    tell."""
     host, _, port = store.rpartition(":")
     if not (host and port.isdigit() and world > 0):
         return []
     try:
-        return gloocheck.outsiders(host, int(port), world, rank, pid)
+        return gloocheck.outsiders(host, int(port), world, rank, pid, before=before)
     except Exception:          # noqa: BLE001  (the deadline's own line must come out whatever happens)
         return []
 
@@ -204,4 +212,4 @@ if __name__ == "__main__":
         pid_, beat_, seconds_, status_, rank_, stack_, log_, folder_, world_, beat_fd_, stack_fd_ = sys.argv[2:13]
         sys.exit(watch(int(pid_), beat_, float(seconds_), status_, rank_, stack_, log_, folder_, int(world_),
                        int(beat_fd_), int(stack_fd_)))
-    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:8]))
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *sys.argv[4:9]))

@@ -46,6 +46,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
+from .. import procfs
 from ..errors import EXIT_PREEMPTED, EXIT_RENDEZVOUS, exit_code_of
 from ..runs import status
 from ..runs.layout import Run
@@ -329,16 +330,18 @@ def deadline(seconds: float, message: str, status_file: Optional[Path] = None, r
     `_exit(3)` on Linux, so the shell sees 3 however the rank was started. The rank's
     status file, when given, records the failure for the launcher's report. `store`
     ("host:port" of Paddle's store) and `world`: where the watchdog looks for something
-    outside the job that holds the rendezvous up (gloocheck.py).
+    outside the job that holds the rendezvous up (gloocheck.py), given the sockets this
+    process holds now: a listener of gloo's is one opened later.
     """
     if not seconds:
         yield
         return
     script = Path(__file__).with_name("_deadline.py")
     previous = _exit_on_sigquit()
+    held = ",".join(sorted(procfs.socket_inodes())) if store else ""
     watchdog_proc = subprocess.Popen([sys.executable, "-S", str(script), str(os.getpid()), str(seconds), message,
-                                      str(status_file or ""), str(rank), store, str(world)], stdin=subprocess.PIPE,
-                                     preexec_fn=os.setpgrp)
+                                      str(status_file or ""), str(rank), store, str(world), held],
+                                     stdin=subprocess.PIPE, preexec_fn=os.setpgrp)
     try:
         yield
     finally:

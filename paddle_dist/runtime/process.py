@@ -65,8 +65,8 @@ def setup(cfg: Config) -> envlib.DistEnv:
                     wait_for_store(*varlib.store_endpoint())
                 try:
                     dist.init_parallel_env()
-                except Exception:
-                    _name_outsiders(env)
+                except Exception as error:
+                    _name_outsiders(env, error)
                     raise
             _attest(env, cfg)
         _ENV = env
@@ -91,12 +91,13 @@ def wait_for_store(host: str, port: int) -> None:
             time.sleep(0.01)
 
 
-def _name_outsiders(env: envlib.DistEnv) -> None:
-    """The process group failed to form: when something outside the job took part in
-    gloo's connections here (gloocheck.py), end the rank for that (exit 6), in one line."""
+def _name_outsiders(env: envlib.DistEnv, error: Exception) -> None:
+    """The process group failed to form (Paddle's `error`): when something outside the job
+    took part in gloo's connections here (gloocheck.py), end the rank for that (exit 6), in
+    one line."""
     host, port = varlib.store_endpoint()
     try:
-        seen = gloocheck.outsiders(host, port, env.world_size, env.global_rank)
+        seen = gloocheck.outsiders(host, port, env.world_size, env.global_rank, error=str(error))
     except Exception:        # noqa: BLE001  (never hide Paddle's own error behind the check's)
         seen = []
     if seen:

@@ -8,6 +8,8 @@ reaches changes what the job does, and what it can change is named:
 - a verdict it forges in Paddle's store ends the job with the security code (6), named as
   the root cause;
 - a connection to the job's listeners at start-up is named (or changes nothing);
+- a gloo address it rewrites in the store at start-up, to a port nobody listens on, ends
+  the job with the security code, naming the key;
 - it can read nothing of the run directory;
 and what a launcher killed with SIGKILL left there (its token) is removed by the next
 `python -m paddle_dist.runs --clean`."""
@@ -125,6 +127,32 @@ def test_a_forged_verdict_ends_the_job_with_the_security_code(machine, open_root
     # Whichever rank the launcher saw end first: rank 1 read the forgery, or rank 0 found it.
     assert ("does not prove this rank's token" in cause or
             "a verdict was in Paddle's store" in cause and "before rank 0 wrote its own" in cause), err
+
+
+# serial: the other user must rewrite the key between its publication and the peer's read
+# of it (Paddle's store client takes about 40 ms a request); under load it may not.
+@pytest.mark.serial
+@pytest.mark.parametrize("port, options", [(256, ()), (65279, ("dist.rendezvous_timeout=8",))],
+                         ids=["peer-refused", "both-wait"])
+def test_a_gloo_key_rewritten_at_start_up_ends_the_job_with_the_security_code(machine, open_root, port, options):
+    """The other user gives the rank of two that waits for its peer another gloo address in
+    Paddle's store, on a port nobody listens on (no process of theirs to see): the peer is
+    refused there and names the key at once, or (a higher port) both ranks wait and the
+    rank's own watchdog names it at the rendezvous deadline. Either way exit 6, the key,
+    both addresses and the rank as the root cause."""
+    outsider = _outsider(machine, "rewrite", str(port))
+    proc, killer = _job(machine, open_root / "run", "train.max_steps=10", *options)
+    try:
+        out, err = finish(proc, killer, timeout=150)
+    finally:
+        rewrote = _said(outsider)
+    key = rewrote["rewritten"]
+    assert key in ("0", "1"), rewrote
+    assert proc.returncode == 6, (rewrote, err)
+    cause = _root_cause(err)
+    assert f"gloo's key '{key}' in Paddle's store gives 127.0.0.1:{port} as rank {key}'s address" in cause, err
+    assert f"listens on 127.0.0.1:{rewrote['ports'][key]}," in cause, err
+    assert cause.endswith("something outside the job rewrote the key; the job was stopped (docs/security.md)"), err
 
 
 @pytest.mark.compat          # gloo's start-up, as each Paddle version builds it

@@ -12,6 +12,8 @@ Usage:
     outsider.py forge                       a verdict "ok" in the job's store (the new listener bound
                                             to every address)
     outsider.py poke                        a bare connection to every new listener, kept open
+    outsider.py rewrite [PORT]              gloo's address key of one rank of two in the job's store,
+                                            to PORT (256), which nobody listens on
     outsider.py read PATH...                which of PATHs it can read
 """
 
@@ -119,6 +121,31 @@ def forge() -> None:
     say(forged=None)
 
 
+def rewrite(port: int = 256) -> None:
+    """As soon as both ranks of a job of two have published their gloo address (keys `0` and
+    `1`), give the one that waits for its peer `port` instead, which nobody listens on.
+    gloo decides which side of a pair connects from the addresses: the higher IPv4 address,
+    then the higher port as the machine reads its stored bytes (little-endian here). 256
+    (stored 01 00) makes the peer the one to connect, and it is refused there, while the
+    rank keeps listening where nothing comes; 65279 (FE FF) makes both wait."""
+    before = listeners(True)
+    while stdin_open():
+        new = listeners(True) - before
+        if new:
+            with storewire.Connection(*sorted(new)[0], timeout=60, deadline=time.monotonic() + 60) as store:
+                values = {key: store.get(key) for key in ("0", "1")}
+                key = min(values, key=lambda k: (values[k][4:8], struct.unpack("<H", values[k][2:4])))
+                value = bytearray(values[key])
+                value[2:4] = struct.pack(">H", port)
+                store.set(key, bytes(value))
+                store.check(key)
+                say(rewritten=key, ports={k: struct.unpack(">H", v[2:4])[0] for k, v in values.items()})
+                while stdin_open(1.0):
+                    pass
+            return
+    say(rewritten=None)
+
+
 def poke() -> None:
     before, held = listeners(False), []
     while stdin_open():
@@ -158,5 +185,7 @@ if __name__ == "__main__":
         forge()
     elif action == "poke":
         poke()
+    elif action == "rewrite":
+        rewrite(*map(int, args))
     elif action == "read":
         read(args)
