@@ -89,6 +89,8 @@ bench: $(STAMP)
 		tools/allreduce_perf.py -b 1K -e 64M -f 4 --transport $$t --json $(BENCH_OUT)/allreduce_$$t.json; done
 	for m in lenet mlp; do $(PY) tools/bench_overhead.py --model $$m \
 		--variants paddle_dist_dpsync,paddle_dist_hapi_dpsync --json $(BENCH_OUT)/overhead_$$m.json; done
+	$(PY) tools/bench_tokens.py --variants fit,fit_mean,fit_hapi,fit_dpsync --launches 2 --steps 200 \
+		--eval-every 40 --json $(BENCH_OUT)/tokens.json
 	$(PY) tools/bench_startup.py --runs 10 --json $(BENCH_OUT)/startup.json
 	$(PY) tools/bench_batchstats.py --nprocs 2 --pairs 6 --json $(BENCH_OUT)/batchstats.json
 	$(PY) tools/bench_sync_buffers.py --nprocs 2 --chunks 30 --chunk 20 --batch 32 --json $(BENCH_OUT)/sync_buffers.json

@@ -223,3 +223,50 @@ def test_bench_batchstats_times_a_job_with_and_one_without_batchnorms_sync(tmp_p
     found = json.loads(out.read_text())
     assert (found["nprocs"], len(found["pairs"])) == (2, 1) and found["median_ratio"] > 0
     assert "2 ranks: median ratio" in result.stdout
+
+
+def test_bench_tokens_pairs_fit_with_a_plain_loop_on_the_same_stream_and_times_both_evaluations(tmp_path):
+    out = tmp_path / "tokens.json"
+    result = check(run(["tools/bench_tokens.py", "--steps", "4", "--warmup", "2", "--chunk", "2",
+                        "--launches", "1", "--eval-every", "2", "--variants", "fit,fit_mean",
+                        "--json", str(out)], timeout=300))
+    found = json.loads(out.read_text())["variants"]
+    assert set(found) == {"fit", "fit_mean"}
+    for name, v in found.items():
+        assert v["chunks"] == 2, name                   # 4 timed step pairs in chunks of 2
+        assert v["tokens_per_s"] > 0 and v["plain_tokens_per_s"] > 0, name
+        assert abs(v["tokens_per_s"] / v["plain_tokens_per_s"] - v["ratio_overall"]) < 1e-9, name
+        # Evaluations after steps 4, 6 and the last (7) are timed; after 2, a warm-up step, not.
+        assert v["eval_pairs"] == 3 and v["eval_ms"] > 0 and v["plain_eval_ms"] > 0, name
+        assert len(v["per_job_other_ranks"][0]) == 1, name          # rank 1's view
+    # The plain evaluation ran fit()'s batches: the same token-mean loss.
+    assert found["fit"]["eval_loss_rel_diff"] < 1e-9
+    assert "the token count's exchange: fit against fit_mean" in result.stdout
+    assert "| fit |" in result.stdout and "| fit_mean |" in result.stdout
+
+
+def test_bench_tokens_refuses_bad_input_with_one_line():
+    _refuses("bench_tokens", ["--variants", "nope"])
+
+
+def test_compare_paddleformers_needs_paddleformers_and_says_so_in_one_line():
+    import importlib.util
+
+    if importlib.util.find_spec("paddleformers") is not None:
+        pytest.skip("paddleformers is installed here: the comparison itself runs below")
+    result = run(["tools/compare_paddleformers.py"], timeout=60)
+    assert result.returncode == 2 and "paddleformers is not installed" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_compare_paddleformers_trains_the_same_micro_batches_on_both_sides(tmp_path):
+    """Each side's final weights are its rule's one-process replay: fit()'s the token mean's,
+    PaddleFormers' Trainer's the mean of the micro-batches' means (so both saw the same data)."""
+    pytest.importorskip("paddleformers")
+    out = tmp_path / "pf.json"
+    check(run(["tools/compare_paddleformers.py", "--pairs", "1", "--json", str(out)], timeout=600))
+    found = json.loads(out.read_text())
+    assert found["paddle_dist"]["to_token_mean_replay"] < 1e-6
+    assert found["paddleformers"]["to_mean_of_means_replay"] < 1e-6
+    for side in ("paddle_dist", "paddleformers"):
+        assert len(found[side]["losses"]) == found["steps"] and found[side]["tokens_per_s"][0] > 0, side
