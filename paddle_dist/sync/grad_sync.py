@@ -154,8 +154,8 @@ class GradSync:
         # A CPU job's compress is bf16 or none (transports.check refuses fp16 on gloo);
         # the registry says which transport sends it (transports.carrier).
         if cpu and float32:
-            # + the stop flag, one presence number per parameter and the rider's values
-            count = sum(int(p.size) for p in params) + 1 + len(params) + self.rider_size
+            # + the stop flag, one presence number per parameter, the rider's values, room for rows
+            count = max(sum(int(p.size) for p in params) + 1 + len(params) + self.rider_size, self.tables.room(self.env.world_size))
             self.reducer = reducers.open_reducer(self.env, self.transport, count, self.phase, self.compress)
         self.mode = self._resolve_mode()
         if self.mode == "fused" and self.reducer is not None and not self.reducer.transport.fused:
@@ -241,7 +241,7 @@ class GradSync:
     def average(self) -> None:
         """Average every trainable parameter's gradient over the ranks, in place."""
         self.steps += 1
-        self.tables.exchange(self.optimizer, self.overlap)     # sparse tables' rows first
+        self.tables.exchange(self.optimizer, self.overlap, None if self.compress != "none" else self.reducer)
         if not self.env.is_distributed:
             self.stop_requested = bool(self._stop_value())
             if self.rider is not None:          # the mean of one rank: its own values

@@ -16,9 +16,9 @@ its hooks copy every gradient as a dense tensor and die with SIGSEGV
   (sync.mode=dataparallel) is given only the parameters of Paddle's own layers, never a
   table (`Tables.kept`, wiring.py); the other modes build no reducer at all.
 - **the exchange** (`Tables.exchange`, before the dense one): each rank merges its rows
-  (a repeated row's values summed), the ranks all-gather the counts and then the row ids
-  and values of every table in one buffer (two collectives for all tables), and every rank
-  sums them by row in rank order and divides by the number of ranks: the same bits on
+  (a repeated row's values summed), the ranks all-gather every table's row count, ids and
+  values in one buffer of a size they agree on (one collective per step for all tables; a
+  second when some rank's rows outgrow that size), and every rank sums them by row in rank order and divides by the number of ranks: the same bits on
   every rank, the gradient of one process on the union of the ranks' batches, and bytes
   proportional to the rows looked up. A failed peer is a PeerFailure (collectives.py).
 - **the optimizer**: SGD and Adam/AdamW(lazy_mode=True) update only the rows given
@@ -35,20 +35,24 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .collectives import collective
-from ..errors import ConfigError
+from .collectives import collective, first_line
+from ..errors import ConfigError, PeerFailure
 
 if TYPE_CHECKING:     # runtime/ is above this module (docs/architecture.md)
     from ..runtime.env import DistEnv
 
 _VT = paddle.base.core.VarDesc.VarType
 DENSE = getattr(_VT, "DENSE_TENSOR", None) or _VT.LOD_TENSOR      # 3.x / 2.6
+# The CPU reducer's round is sized to carry this many rows of each table from every rank
+# at once (`Tables.room`): more travel in several rounds.
+ROOM_ROWS = 16384
 ROWS = _VT.SELECTED_ROWS
 
 
@@ -98,8 +102,12 @@ def merged(rows: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray
         return rows.astype(np.int64), values
     order = np.argsort(rows, kind="stable")
     rows, values = rows[order], values[order]
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    return rows[starts].astype(np.int64), np.add.reduceat(values, starts, axis=0)
+    first = np.r_[True, rows[1:] != rows[:-1]]
+    out = values[first]
+    if not first.all():            # a row's later values added to its first, in order
+        repeats = np.flatnonzero(~first)
+        np.add.at(out, np.cumsum(first)[repeats] - 1, values[repeats])
+    return rows[first].astype(np.int64), out
 
 
 def set_rows(param, rows: np.ndarray, values: np.ndarray) -> None:
@@ -148,13 +156,20 @@ def local_rows(param, name: str) -> Tuple[np.ndarray, np.ndarray]:
     return merged(np.asarray(grad.rows(), dtype=np.int64), values.reshape(len(values), width))
 
 
-def pack(tables: Iterable[Tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Row ids (int64) and values of every table, as one int32 buffer: for each table its
-    ids' words, then its values' words."""
+def pack(tables: Iterable[Tuple[np.ndarray, np.ndarray]], word=np.int32) -> np.ndarray:
+    """Row ids and values of every table in one buffer of 4-byte words: for each table two
+    words per id, then its values. `word` int32: the bits as they are (for an all-gather);
+    float32 (float32 tables): each id as two float32 integers below 2^24 (id = hi 2^24 + lo),
+    exact through a sum with zeros (an all-reduce: `Tables._gather`)."""
     parts = []
     for rows, values in tables:
-        parts += [rows.astype(np.int64).view(np.int32), np.ascontiguousarray(values).view(np.int32).ravel()]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        rows = rows.astype(np.int64)
+        if word == np.float32:
+            parts += [np.stack([rows >> 24, rows & 0xFFFFFF], axis=1).astype(np.float32).ravel(),
+                      np.ascontiguousarray(values, dtype=np.float32).ravel()]
+        else:
+            parts += [rows.view(np.int32), np.ascontiguousarray(values).view(np.int32).ravel()]
+    return np.concatenate(parts) if parts else np.zeros(0, word)
 
 
 def unpack(buffer: np.ndarray, counts, shapes) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -162,7 +177,11 @@ def unpack(buffer: np.ndarray, counts, shapes) -> List[Tuple[np.ndarray, np.ndar
     out, at = [], 0
     for n, (width, dtype) in zip(counts, shapes):
         n = int(n)
-        rows = buffer[at:at + 2 * n].view(np.int64)
+        if buffer.dtype == np.float32:
+            ids = buffer[at:at + 2 * n].reshape(n, 2).astype(np.int64)
+            rows = (ids[:, 0] << 24) + ids[:, 1]
+        else:
+            rows = buffer[at:at + 2 * n].view(np.int64)
         at += 2 * n
         words = n * width * np.dtype(dtype).itemsize // 4
         out.append((rows, buffer[at:at + words].view(dtype).reshape(n, width)))
@@ -188,6 +207,12 @@ class Tables:
         self.settled = not self.params
         self.mode = ""                 # how the optimizer updates the tables (optimizer_mode)
         self.sent_bytes = 0            # the rows' bytes this rank has sent, over all steps
+        self.capacity = 0              # words of rows every rank sends (`_rows_of_ranks`)
+        self.reducer = None            # GradSync's CPU reducer, if any: the rows travel through it
+
+    def room(self, world: int) -> int:
+        """Floats a round of the CPU reducer should hold for the tables' rows (ROOM_ROWS)."""
+        return world * sum(min(int(p.shape[0]), ROOM_ROWS) * (2 + int(np.prod(p.shape[1:]))) for p in self.kept)
 
     def dense_of(self, params) -> list:
         """`params` but the tables: what the dense exchange carries."""
@@ -199,9 +224,11 @@ class Tables:
         """The dense parameters Paddle's reducer is not given (sync.mode=dataparallel)."""
         return self.dense_of(self.kept)
 
-    def exchange(self, optimizer, overlap=None) -> None:
+    def exchange(self, optimizer, overlap=None, reducer=None) -> None:
         """At every step, before the dense exchange: settle which parameters come as rows
-        (the first time), then average the tables' rows in place (module docstring)."""
+        (the first time), then average the tables' rows in place (module docstring).
+        `reducer`: the dense exchange's CPU reducer (reducers.py), which then carries them."""
+        self.reducer = reducer
         if not self.env.is_distributed:
             self._own_rows(optimizer)
             return
@@ -261,18 +288,13 @@ class Tables:
         self.unseen = [p for p in self.unseen if p.grad is None]       # seen dense: dense for good
 
     def _average(self, optimizer) -> None:
-        """All-gather every table's rows (counts first), sum by row, divide by the ranks."""
+        """All-gather every table's rows, sum by row, divide by the ranks (`_rows_of_ranks`)."""
         local = [local_rows(p, self.name_of(p)) for p in self.rows]
         shapes = [(int(np.prod(p.shape[1:])), values.dtype) for p, (_, values) in zip(self.rows, local)]
-        counts = self._gather(np.array([len(rows) for rows, _ in local], np.int64), "sparse rows' counts")
+        counts, buffers = self._rows_of_ranks(local, shapes)
         if not counts.any():
             return                 # no rank looked a table up: no gradient, as in one process
-        words = (counts * np.array([2 + w * np.dtype(t).itemsize // 4 for w, t in shapes])).sum(axis=1)
-        buffer = np.zeros(int(words.max()), np.int32)
-        mine = pack(local)
-        buffer[:len(mine)] = mine
-        self.sent_bytes += buffer.nbytes
-        ranks = [unpack(b, c, shapes) for b, c in zip(self._gather(buffer, "sparse rows"), counts)]
+        ranks = [unpack(b, c, shapes) for b, c in zip(buffers, counts)]
         dense = not keeps_rows(optimizer)
         for i, p in enumerate(self.rows):
             if not counts[:, i].any():
@@ -282,8 +304,46 @@ class Tables:
             values = values / values.dtype.type(self.env.world_size)
             (set_dense if dense else set_rows)(p, rows, values)
 
+    def _rows_of_ranks(self, local, shapes):
+        """Every rank's (counts per table, packed rows) in one all-gather of a buffer of
+        `capacity` words after the counts, the same size on every rank; when some rank's
+        rows do not fit, every rank sees it in the counts, and all send again with a
+        capacity that fits (the first step: the counts alone first). The capacity follows
+        the largest need with a quarter to spare, so the bytes stay proportional to the rows."""
+        word = np.float32 if self.reducer is not None and all(t == np.float32 for _, t in shapes) else np.int32
+        mine = pack(local, word)
+        words = np.array([2 + w * np.dtype(t).itemsize // 4 for w, t in shapes])
+        for _ in range(2):
+            buffer = np.zeros(len(local) + self.capacity, word)
+            buffer[:len(local)] = [len(rows) for rows, _ in local]
+            fits = len(mine) <= self.capacity
+            if fits:
+                buffer[len(local):len(local) + len(mine)] = mine
+            self.sent_bytes += buffer.nbytes
+            got = self._gather(buffer, "sparse rows")
+            counts = got[:, :len(local)].astype(np.int64)
+            need = int((counts * words).sum(axis=1).max())
+            if need <= self.capacity:
+                if 4 * need < self.capacity:        # far too roomy now: shrink for the next step
+                    self.capacity = need + need // 4
+                return counts, got[:, len(local):]
+            self.capacity = need + need // 4
+        raise AssertionError("sparse rows: the capacity agreed on did not fit")
+
     def _gather(self, array: np.ndarray, what: str) -> np.ndarray:
-        """The ranks' `array`s (the same shape on each), stacked in rank order."""
+        """The ranks' `array`s (the same shape on each), stacked in rank order: float32 ones
+        through the CPU reducer, as a sum of each rank's slot and everyone else's zeros
+        (exact: x + 0 is x, and the sum is the same bits on every rank), else all-gathered."""
+        if array.dtype == np.float32 and self.reducer is not None:
+            slots = np.zeros((self.env.world_size, len(array)), np.float32)
+            slots[self.env.global_rank] = array
+            guard = self.phase("comm", "all-reduce", slots.nbytes) if self.phase else contextlib.nullcontext()
+            with guard:
+                try:
+                    self.reducer.all_reduce([slots.reshape(-1)], 1.0)
+                except RuntimeError as exc:            # gloo's error, or shm.PeerGone
+                    raise PeerFailure(f"{what} all-reduce failed: {first_line(exc)}") from exc
+            return slots
         parts: list = []
         collective(dist.all_gather, parts, paddle.to_tensor(array), phase=self.phase, what=f"{what} all-gather")
         return np.stack([t.numpy() for t in parts])

@@ -41,3 +41,7 @@ def test_bench_link_refuses_bad_input_with_one_line(capfd, tool):
 def test_bench_loader_refuses_bad_input_with_one_line(capfd, tool):
     _refuses(capfd, tool("bench_loader"), "bench_loader",
              (["--frameworks", "paddle,paddle"], ["--workers", "-1"], ["--workers", "2,2"], ["--images", "1"]))
+
+
+def test_bench_sparse_refuses_bad_input_with_one_line(capfd, tool):
+    _refuses(capfd, tool("bench_sparse"), "bench_sparse", (["--variants", "raw,nope"], ["--rows", "0"]))

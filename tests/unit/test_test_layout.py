@@ -47,7 +47,8 @@ WITHOUT_A_TEST_FILE: Dict[str, str] = {
                              "to a real store",
     "sync/collectives.py": "collectives watched by the hang watchdog: test_grad_sync.py, test_overlap.py and "
                            "the multi-rank integration tests run through them",
-    "sync/wiring.py": "the optimizer's wiring: test_grad_sync.py attaches GradSync and closes it",
+    "sync/wiring.py": "the optimizer's wiring: test_grad_sync.py attaches GradSync and closes it; what "
+                      "DataParallel is built (a broadcast): tests/integration/test_sparse_tables.py in every mode",
     # The trainer's front ends and composition root: thin over tested modules, run by every job.
     "trainer/job.py": "train(), the composition root: every fit() and train() job of tests/integration "
                       "runs it (test_world_size_steps.py, test_whole_state.py, test_replay_matrix.py)",

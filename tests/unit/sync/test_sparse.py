@@ -61,6 +61,39 @@ def test_packed_tables_come_back_as_they_went():
         assert np.array_equal(rows, r) and np.array_equal(values, v) and values.dtype == v.dtype
 
 
+def test_float32_words_carry_ids_exactly_through_a_sum_with_zeros():
+    tables = [(np.array([3, 2**40 + 5, 16_777_217], np.int64), np.arange(6, dtype="float32").reshape(3, 2))]
+    buffer = sparse.pack(tables, np.float32)
+    assert buffer.dtype == np.float32 and buffer.size == 3 * (2 + 2)
+    summed = buffer + np.zeros_like(buffer)
+    [(rows, values)] = sparse.unpack(summed, [3], [(2, np.dtype("float32"))])
+    assert rows.tolist() == [3, 2**40 + 5, 16_777_217] and np.array_equal(values, tables[0][1])
+
+
+class Slots:
+    """A CPU reducer of 2 ranks whose other rank sends what this one sends."""
+
+    def all_reduce(self, arrays, scale=1.0):
+        both = arrays[0].reshape(2, -1)
+        both[1] = both[0]
+        return 1
+
+
+def test_through_the_cpu_reducer_the_rows_are_those_of_the_all_gather(monkeypatch):
+    results = []
+    for reducer in (None, Slots()):
+        net = Model()
+        env = _two_ranks(monkeypatch, [])
+        env.global_rank = 0
+        params = list(net.parameters())
+        tables = sparse.Tables(env, params, net)
+        _backward(net)
+        tables.exchange(paddle.optimizer.SGD(0.1, parameters=params), None, reducer)
+        results.append([(p.grad.rows(), p.grad.numpy()) for p in tables.rows])
+    for (rows, values), (rows2, values2) in zip(*results):
+        assert rows == rows2 and np.array_equal(values, values2)
+
+
 def test_tables_are_found_before_and_at_the_first_backward():
     net = Model()
     params = list(net.parameters())
