@@ -18,7 +18,10 @@ with dense tables (`adam/dense/...`, no rows anywhere) differs from its replay a
 
 import argparse
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +141,26 @@ def train_rows(out: Path, names) -> None:
     np.savez(out / f"rank{rank}.npz", **weights)
 
 
+RESUME_EPOCHS = 12        # 72 steps, a checkpoint every 6
+
+
+def resume_job(out: Path) -> None:
+    """One run of the CTR model in the default mode with Adam(lazy_mode=True) and its own
+    tables too, checkpointed every 6 steps; each rank writes its final weights."""
+    import paddle
+
+    import paddle_dist
+
+    cfg = paddle_dist.load_config(overrides=[
+        f"train.batch_size={BATCH}", f"train.epochs={RESUME_EPOCHS}", "checkpoint.every_steps=6",
+        "train.log_every=1", f"output.run_dir={out}/run"])
+    net = make_net(paddle, False)
+    net.add_sublayer("own", make_net(paddle, True).wide)      # a table of its own as well
+    paddle_dist.fit(net, make_data(paddle), config=cfg, loss=paddle.nn.BCEWithLogitsLoss(),
+                    optimizer=make_optimizer(paddle, "adam_lazy", net))
+    np.savez(out / f"rank{paddle.distributed.get_rank()}.npz", **{k: v.numpy() for k, v in net.state_dict().items()})
+
+
 # ----------------------------------------------------------------- the replay
 def replay(name: str, initial, world: int):
     """One process: the row's optimizer on the union of the ranks' batches of each step
@@ -179,7 +202,10 @@ def densify(paddle, net) -> None:
 
 # ----------------------------------------------------------------- the tests
 if __package__:
-    from .procs import check, run
+    from paddle_dist.runs.layout import Run
+
+    from ..oracles import rank_status
+    from .procs import check, finish, run, start
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -225,10 +251,41 @@ def test_a_table_whose_gradient_is_released_is_not_named_untrained(two_ranks):
     assert log.count("outputs in") == len(ROWS) and "got no gradient" not in log
 
 
+def _resume_command(out: Path):
+    return ["-m", "paddle_dist.launch", "--nprocs", "2", SCRIPT, "--out", str(out), "--resume-job"]
+
+
+def test_a_killed_run_continued_by_the_same_command_ends_bitwise(tmp_path):
+    """SIGKILL rank 1 after the first checkpoint: rank 0 stops on a PeerFailure (no SIGABRT),
+    and the same command continues the run to the uninterrupted run's bits."""
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    check(run(_resume_command(clean), timeout=300))
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    proc, killer = start(_resume_command(killed), limit=300)
+    latest = killed / "run" / "checkpoints" / "latest"
+    while proc.poll() is None and not latest.exists():
+        time.sleep(0.01)    # polling for a file: the job's own progress is the event
+    os.kill(rank_status(killed / "run", 1)["pid"], signal.SIGKILL)
+    out, err = finish(proc, killer)
+    assert proc.returncode != 0 and "Root cause: rank 1 killed by SIGKILL" in err, err[-3000:]
+    assert rank_status(killed / "run", 0)["state"] == "stopped" and "SIGABRT" not in out + err
+    resumed = check(run(_resume_command(killed), timeout=300))
+    assert "resuming from" in Run(killed / "run").rank_log(0).read_text(), resumed.stdout[-2000:]
+    for r in range(2):
+        final, reference = np.load(killed / f"rank{r}.npz"), np.load(clean / f"rank{r}.npz")
+        assert all(np.array_equal(final[k], reference[k]) for k in reference.files), f"rank {r} differs"
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--resume-job", action="store_true")
     args = parser.parse_args()
-    train_rows(Path(args.out), args.rows.split(","))
+    if args.resume_job:
+        resume_job(Path(args.out))
+    else:
+        train_rows(Path(args.out), args.rows.split(","))
