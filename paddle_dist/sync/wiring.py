@@ -21,7 +21,6 @@ import contextlib
 import functools
 
 import paddle
-import paddle.distributed as dist
 
 from .checks import trainable
 from .collectives import collective
@@ -113,10 +112,8 @@ def building(sync):
             return super().__new__(cls)
 
         def __init__(self, layers, strategy=None, **kwargs):
-            with kept_from_reducer(kept):
+            with kept_from_reducer(kept):      # (Paddle broadcasts every parameter still)
                 super().__init__(layers, strategy, **{**kwargs, "find_unused_parameters": sync.find_unused})
-            for p in kept:     # Paddle broadcasts only what its reducer holds
-                collective(dist.broadcast, p.detach(), 0, what="broadcast of rank 0's weights")
 
     paddle.DataParallel = Built
     try:
@@ -131,13 +128,14 @@ def trainable_of(net) -> list:
 
 @contextlib.contextmanager
 def kept_from_reducer(params):
-    """paddle.DataParallel built inside leaves `params` to paddle_dist: Paddle reads
-    `no_sync` only while it builds the reducer and broadcasts the weights."""
+    """paddle.DataParallel built inside leaves `params` to paddle_dist: its reducer takes the
+    parameters that are trainable while it is built. (Its `no_sync` attribute would do on
+    Paddle 3.3.1, but 2.6.2 then builds the reducer with mismatched lists: PreconditionNotMet.)"""
     for p in params:
-        p.no_sync = True
+        p.stop_gradient = True
     try:
         yield
     finally:
         for p in params:
-            del p.no_sync
+            p.stop_gradient = False
 

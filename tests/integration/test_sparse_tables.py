@@ -228,6 +228,7 @@ def max_diff(a, b) -> float:
     return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
 
 
+@pytest.mark.compat
 def test_sparse_tables_equal_the_one_process_replay_in_every_mode(two_ranks):
     ranks, _ = two_ranks
     diffs, failed = {}, []
