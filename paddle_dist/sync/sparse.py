@@ -133,6 +133,17 @@ def set_dense(param, rows: np.ndarray, values: np.ndarray) -> None:
     param.grad = paddle.to_tensor(dense, place=param.place)
 
 
+def scale(grad, factor) -> None:
+    """Multiply a gradient by `factor` (a 0-d tensor) in place: rows too, which Paddle's
+    multiply_ refuses (bump_inplace_version is only supported on DenseTensor, 3.3.1)."""
+    if not is_rows(grad):
+        grad.multiply_(factor.astype(grad.dtype))
+        return
+    held = grad.get_selected_rows().get_tensor()
+    values = np.array(held)
+    held.set(values * values.dtype.type(float(factor)), _place(grad))
+
+
 def _place(param):
     place = param.place
     core = paddle.base.core

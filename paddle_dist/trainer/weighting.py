@@ -43,6 +43,7 @@ from ..errors import DataError
 from ..runtime.env import DistEnv
 from ..sync.collectives import collective
 from ..sync.grad_sync import Rider
+from ..sync.sparse import scale
 
 NONE, LABELS = "none", "labels"        # train.loss_count
 
@@ -166,5 +167,5 @@ class Weighting:
             with paddle.no_grad():
                 for p in self.params:
                     if p.grad is not None:
-                        p.grad.multiply_(factor.astype(p.grad.dtype))
+                        scale(p.grad, factor)          # a sparse table's rows too
         self._sums, self._counts = [], []

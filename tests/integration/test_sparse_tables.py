@@ -116,6 +116,18 @@ ROWS["adam/own/hapi/auto"] = ("adam", True, ["train.api=hapi"])
 ROWS["adam/dense/loop/auto"] = ("adam", "dense", [])
 ROWS["sgd/embedding/loop/accumulate2"] = ("sgd", False, [f"train.batch_size={BATCH // 2}",
                                                           "train.accumulate_steps=2"])
+# A loss that returns its count (weighting.py): the tables' rows divided by the step's count.
+for _mode in ("auto", "overlap", "dataparallel"):
+    ROWS[f"sgd/own/loop/{_mode}/counted"] = ("sgd", True, MODES[_mode])
+ROWS["sgd/embedding/hapi/auto/counted"] = ("sgd", False, ["train.api=hapi"])
+
+
+def counted_bce(paddle):
+    """BCE as a sum over the batch's samples and their count (fit() divides by the step's count)."""
+    def loss(logits, label):
+        total = paddle.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="sum")
+        return {"loss": total / label.shape[0], "count": paddle.to_tensor(float(label.shape[0]))}
+    return loss
 
 
 def train_rows(out: Path, names) -> None:
@@ -135,8 +147,8 @@ def train_rows(out: Path, names) -> None:
         rank = env.global_rank
         net = make_net(paddle, own)
         weights.update({f"{name}/initial/{k}": v.numpy() for k, v in net.state_dict().items()})
-        paddle_dist.fit(net, data, config=cfg, loss=paddle.nn.BCEWithLogitsLoss(),
-                        optimizer=make_optimizer(paddle, opt_name, net))
+        loss = counted_bce(paddle) if name.endswith("/counted") else paddle.nn.BCEWithLogitsLoss()
+        paddle_dist.fit(net, data, config=cfg, loss=loss, optimizer=make_optimizer(paddle, opt_name, net))
         weights.update({f"{name}/final/{k}": v.numpy() for k, v in net.state_dict().items()})
     np.savez(out / f"rank{rank}.npz", **weights)
 

@@ -201,3 +201,15 @@ def test_a_table_first_reached_as_rows_later_is_one_line(monkeypatch):
     _backward(net)
     with pytest.raises(ConfigError, match="parameter 'late' first got a gradient as rows"):
         tables.exchange(paddle.optimizer.SGD(0.1, parameters=params))
+
+
+def test_a_gradient_is_scaled_in_place_rows_too():
+    net = Model()
+    _backward(net)
+    rows, values = net.emb.weight.grad.rows(), net.emb.weight.grad.numpy()
+    dense = net.out.weight.grad.numpy()
+    with paddle.no_grad():                         # as weighting.py scales them
+        for p in (net.emb.weight, net.out.weight):
+            sparse.scale(p.grad, paddle.to_tensor(0.25, dtype="float32"))
+    assert net.emb.weight.grad.rows() == rows and np.array_equal(net.emb.weight.grad.numpy(), values * 0.25)
+    assert np.array_equal(net.out.weight.grad.numpy(), dense * np.float32(0.25))
