@@ -213,3 +213,15 @@ def test_a_gradient_is_scaled_in_place_rows_too():
             sparse.scale(p.grad, paddle.to_tensor(0.25, dtype="float32"))
     assert net.emb.weight.grad.rows() == rows and np.array_equal(net.emb.weight.grad.numpy(), values * 0.25)
     assert np.array_equal(net.out.weight.grad.numpy(), dense * np.float32(0.25))
+
+
+def test_the_weights_check_names_a_table_and_the_optimizers_mode(monkeypatch):
+    net = Model()
+    params = list(net.parameters())
+    names = {id(p): n for n, p in net.named_parameters()}
+    tables = sparse.Tables(_two_ranks(monkeypatch, []), params, net, name_of=lambda p: names[id(p)])
+    _backward(net)
+    tables.exchange(paddle.optimizer.Adam(0.1, parameters=params))
+    line = tables.explain("'own.weight' has 2 different values: ...")
+    assert line.startswith("'own.weight' is a sparse table") and "Adam(lazy_mode=False)" in line
+    assert "lazy_mode=True" in line and tables.explain("'out.weight' has 2 different values") == ""
