@@ -13,7 +13,9 @@ whose update on rows is not deterministic on CPU, must equal Adam on the dense g
 within 5e-5: Adam divides each element by its own history, so an element whose gradients
 stay near zero turns the dense layers' rounding (1e-8) into a larger step; the control row
 with dense tables (`adam/dense/...`, no rows anywhere) differs from its replay as much
-(2.7e-5, measured; 2.0e-5 with sparse tables).
+(2.7e-5, measured; 2.0e-5 with sparse tables). What issue 54 asks of default Adam is the
+comparison with that control: the same job with `nn.Embedding(sparse=True)` tables ends
+within 1e-5 of it in every mode (measured: the same bits, on Paddle 3.3.1 and 2.6.2).
 """
 
 import argparse
@@ -254,6 +256,19 @@ def test_sparse_tables_equal_the_one_process_replay_in_every_mode(two_ranks):
             failed.append(f"{name}: {diffs[name]:.2e}")
     print(json.dumps({"largest difference from the replay": diffs}, indent=1))
     assert not failed, f"differ from the one-process replay: {failed}"
+
+
+@pytest.mark.compat
+def test_default_adam_on_sparse_tables_equals_adam_on_dense_tables(two_ranks):
+    """Paddle's default Adam (lazy_mode=False): the job with nn.Embedding(sparse=True) tables
+    ends where the same job with dense tables does (the same seed, data and initial weights)."""
+    ranks, _ = two_ranks
+    dense = part(ranks[0], "adam/dense/loop/auto", "final")
+    sparse = [name for name, (opt, own, _) in ROWS.items() if opt == "adam" and own is False]
+    assert sparse
+    for name in sparse:
+        assert max_diff(part(ranks[0], name, "initial"), part(ranks[0], "adam/dense/loop/auto", "initial")) == 0.0
+        assert max_diff(part(ranks[0], name, "final"), dense) <= 1e-5, name
 
 
 def test_a_table_whose_gradient_is_released_is_not_named_untrained(two_ranks):
