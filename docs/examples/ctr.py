@@ -14,6 +14,7 @@ whole table (docs/sync.md, "Sparse embedding tables"), in every sync mode.
     python -m paddle_dist.launch --nprocs 2 docs/examples/ctr.py --own-tables   # F.embedding(sparse=True)
     ... docs/examples/ctr.py --save weights.npz       # rank 0 writes the final weights
 
+The same model in a plain paddle.DataParallel loop: docs/examples/ctr_plain.py.
 The same model with the tables built with sparse=False trains alike, but each step then
 exchanges the whole tables (docs/benchmarks.md, "Sparse embedding tables").
 """

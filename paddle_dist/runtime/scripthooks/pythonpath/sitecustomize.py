@@ -11,9 +11,10 @@ variables before it imports paddle):
    paused, as in paddle_dist's own ranks; once it has run, `paddle.DataParallel.__init__`
    is wrapped on the class itself (so `paddle.DataParallel`,
    `paddle.distributed.DataParallel` and their subclasses are all covered);
-3. each DataParallel made then is handed to paddle_dist.runtime.scripthooks.buffers,
-   imported at that moment, which syncs its BatchNorm statistics (--sync-buffers) or
-   warns that they differ between ranks.
+3. each DataParallel made then is handed to paddle_dist.runtime.scripthooks.tables, which
+   turns a sparse table Paddle's reducer cannot take into one line instead of a SIGSEGV,
+   and .buffers, imported at that moment, which syncs its BatchNorm statistics
+   (--sync-buffers) or warns that they differ between ranks.
 """
 
 import functools
@@ -104,7 +105,9 @@ def attach(data_parallel) -> None:
             importlib.import_module("paddle_dist")
         finally:
             sys.path.remove(PACKAGE_ROOT)
-    from paddle_dist.runtime.scripthooks import buffers
+    from paddle_dist.runtime.scripthooks import buffers, tables
+    if not buffers.made_by_paddle_dist():       # fit() keeps the tables out of the reducer itself
+        tables.guard(data_parallel, buffers.wrapped(data_parallel))
     buffers.attach(data_parallel)
 
 
