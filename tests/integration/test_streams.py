@@ -112,6 +112,6 @@ def test_length_grouped_batches_continue_on_one_rank_within_rounding(corpus, tmp
 def test_a_stream_without_max_steps_is_one_line_and_exit_2(corpus, tmp_path):
     done = run([SCRIPT, "train", str(corpus), str(tmp_path)], cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "is a stream (an IterableDataset), which has no length: set the run's optimizer steps with " \
+    assert "is a stream (an IterableDataset), which has no length: set the run's optimizer steps, " \
            "e.g. -o train.max_steps=1000" in done.stderr
     assert "Traceback" not in done.stderr
