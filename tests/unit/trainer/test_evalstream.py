@@ -4,6 +4,7 @@ taking the rank's batches in turn, a sample that cannot be collated named."""
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -13,6 +14,8 @@ from paddle_dist.errors import DataError
 from paddle_dist.trainer.evalstream import RankBatches, eval_loader, rank_batches, share
 from paddle_dist.trainer.feed import Feed
 from paddle_dist.trainer.loading import Source
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Shards(paddle.io.IterableDataset):
@@ -74,7 +77,7 @@ def test_a_stream_without_shards_is_read_whole_by_every_rank_which_keeps_its_bat
         assert [names(Plain(), rank, world, 3) for rank in range(world)] == [one[r::world] for r in range(world)]
 
 
-def test_workers_take_the_ranks_batches_in_turn():
+def workers_take_the_ranks_batches_in_turn():
     alone = [b.numpy().tolist() for b in paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None)]
     assert alone == [[[2], [3]], [[6], [7]], [[10]]]
     with_workers = paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None, num_workers=2,
@@ -83,6 +86,13 @@ def test_workers_take_the_ranks_batches_in_turn():
     net = paddle.nn.Linear(1, 1)
     split = eval_loader(Source.of(Plain(), "eval_data"), 2, 1, 2, Feed(net), workers=2)
     assert [inputs[0].numpy().tolist() for inputs, _ in split] == alone
+
+
+def test_workers_take_the_ranks_batches_in_turn(fresh_python):
+    # DataLoader workers are forked: in a fresh interpreter, never in a pytest-xdist worker,
+    # whose threads may hold a lock at the fork (the forked worker then waits for ever).
+    fresh_python("from tests.unit.trainer.test_evalstream import workers_take_the_ranks_batches_in_turn as t; t()",
+                 ROOT)
 
 
 def test_the_loader_gives_inputs_and_labels_and_names_a_sample_it_cannot_collate():

@@ -5,6 +5,8 @@ reader that opens only its own lanes' shards."""
 import copy
 import json
 
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
@@ -18,6 +20,8 @@ from paddle_dist.trainer.streamplan import StreamBatches, StreamSampler, positio
 from paddle_dist.trainer.streams import LanePosition, Layout, check_shards, lane_count, lane_items
 
 BATCH = 2
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Shards(paddle.io.IterableDataset):
@@ -92,8 +96,11 @@ def test_every_step_has_the_same_micro_batches_at_any_world_size(world):
     assert planned[2][2] == [204, 200]          # lane 2: shard 2 alone, 5 samples a pass
 
 
-def test_workers_read_the_same_micro_batches():
-    assert _read(Shards(), world=1, workers=2)[0] == _read(Shards(), world=2)[0]
+def test_workers_read_the_same_micro_batches(fresh_python):
+    # DataLoader workers are forked: in a fresh interpreter, never in a pytest-xdist worker,
+    # whose threads may hold a lock at the fork (the forked worker then waits for ever).
+    fresh_python("from tests.unit.trainer.test_streams import Shards, _read\n"
+                 "assert _read(Shards(), world=1, workers=2)[0] == _read(Shards(), world=2)[0]", ROOT)
 
 
 def test_a_reader_opens_only_its_own_lanes_shards():
