@@ -4,7 +4,6 @@ reader that opens only its own lanes' shards."""
 
 import copy
 import json
-
 from pathlib import Path
 
 import numpy as np
