@@ -162,6 +162,13 @@ def launch_once(args, name: str, workdir: Path, index: int) -> dict:
     tail = [me, "--worker", "--model", args.model, "--variants", name, "--batch", str(args.batch),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--chunk", str(args.chunk),
             "--out", str(out)]
+    return run_job(args, name, workdir, index, tail, out)
+
+
+def run_job(args, name: str, workdir: Path, index: int, tail: List[str], out: Path) -> dict:
+    """Job `index` of variant `name`: `python TAIL` on `args.nprocs` ranks (under
+    paddle_dist.launch when more than one); rank 0's record from `out`, with the other
+    ranks' overall ratios (bench_tokens.py runs its jobs through it too)."""
     cmd = [sys.executable] + tail
     if args.nprocs > 1:
         cmd = [sys.executable, "-m", "paddle_dist.launch", "--nprocs", str(args.nprocs),

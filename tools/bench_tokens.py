@@ -51,7 +51,6 @@ import argparse
 import importlib.util
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -169,24 +168,7 @@ def launch_once(args, name: str, workdir: Path, index: int) -> dict:
     tail = [str(Path(__file__).resolve()), "--worker", "--variants", name, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--chunk", str(min(args.chunk, args.steps)),
             "--eval-every", str(args.eval_every), "--out", str(out)]
-    cmd = [sys.executable] + tail
-    if args.nprocs > 1:
-        cmd = [sys.executable, "-m", "paddle_dist.launch", "--nprocs", str(args.nprocs),
-               "--log_dir", str(workdir / f"logs-{name}-{index}")] + tail
-    env = dict(os.environ, **bench_train.THREADS)
-    proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
-    if proc.returncode != 0 or not out.is_file():
-        lines = "\n".join(proc.stdout.splitlines()[-15:])
-        raise RuntimeError(f"{name}, job {index + 1} failed (exit {proc.returncode}):\n{lines}")
-    job = json.loads(out.read_text())
-    job["other_ranks"] = [_overall(json.loads(p.read_text()))
-                          for p in sorted(workdir.glob(f"{name}-{index}.rank*.json"))]
-    return job
-
-
-def _overall(job: dict) -> float:
-    return sum(job["raw"]) / sum(job["ours"])
+    return bench_overhead.run_job(args, name, workdir, index, tail, out)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -207,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     evals = [f / p for f, p in job["evals"]]
                     print(f"job {index + 1}/{args.launches}  {name:<11} tokens/s vs plain "
                           f"{statistics.median(ratios):.3f} (chunks {min(ratios):.3f}-{max(ratios):.3f}; "
-                          f"all steps {_overall(job):.3f}; other ranks "
+                          f"all steps {bench_overhead._overall(job):.3f}; other ranks "
                           f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})  eval vs plain "
                           f"{statistics.median(evals) if evals else float('nan'):.3f} ({len(evals)} pairs)",
                           flush=True)
