@@ -171,3 +171,45 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ the other user
+NOBODY = 65534          # the other local user the security tests play (uid and gid)
+
+
+def as_nobody(act: Callable[[], None], umask: Optional[int] = 0) -> None:
+    """Run `act()` in a forked child that became uid/gid 65534 (`umask`: 0, what it makes
+    anyone may write; None: left as it is); the child does file operations only, within
+    30 s (SIGALRM), and never returns into pytest. Fails when `act` raised."""
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(30)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            if umask is not None:
+                os.umask(umask)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def shared_folder():
+    """A directory every user may add to, as /tmp is (sticky), outside pytest's own (0700)
+    temporary directories: a generator for a fixture (it removes the folder after)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="pd-shared-", dir="/tmp"))
+    folder.chmod(0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

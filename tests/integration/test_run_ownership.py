@@ -7,7 +7,6 @@ followed through a link, locked or written (issue 53, findings 1, 2, 3 and 6).""
 import json
 import os
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 
@@ -18,29 +17,10 @@ from paddle_dist.errors import UserError
 from paddle_dist.runs import rundir
 from paddle_dist.runs.layout import Run
 
+from ..oracles import NOBODY, as_nobody
 from .procs import run
 
-NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
-
-
-def _as_nobody(act) -> None:
-    """Run `act()` in a forked child that became uid/gid 65534 (umask 0: what it makes, anyone
-    may write); the child does file operations only, within 30 s (SIGALRM)."""
-    pid = os.fork()
-    if pid == 0:                                  # the child: never returns into pytest
-        code = 1
-        try:
-            signal.alarm(30)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.umask(0)
-            act()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.fixture
@@ -72,7 +52,7 @@ def _plant(root: Path, cfg, secret: Path) -> Path:
         planted.mkdir(parents=True, exist_ok=True)
         Run(planted).run_file.write_text(json.dumps(identity))
         (planted / ".lock").symlink_to(secret)
-    _as_nobody(plant)
+    as_nobody(plant)
     return planted
 
 
@@ -89,7 +69,7 @@ def test_a_run_planted_in_a_shared_root_is_never_continued_followed_or_written(s
 
 def test_a_root_or_run_directory_another_user_made_first_is_refused_in_one_line(shared):
     folder, secret = shared
-    _as_nobody(lambda: [(folder / name).mkdir() for name in ("runs", "theirs")])
+    as_nobody(lambda: [(folder / name).mkdir() for name in ("runs", "theirs")])
     with pytest.raises(UserError, match=r"output.root .*/runs is not yours alone \(it belongs to user nobody"):
         rundir.choose(_cfg(output__root=folder / "runs"), 2)
     with pytest.raises(UserError, match=r"output.run_dir .*/theirs is not yours alone \(it belongs to"):
@@ -100,7 +80,7 @@ def test_a_root_or_run_directory_another_user_made_first_is_refused_in_one_line(
 def test_a_job_given_another_users_root_exits_2_with_one_line_and_writes_nothing(shared):
     folder, secret = shared
     root = folder / "runs"
-    _as_nobody(root.mkdir)
+    as_nobody(root.mkdir)
     planted = _plant(root, _cfg(), secret)
     done = run(["train.py", "-c", "configs/synthetic_lenet.yaml", "-o", f"output.root={root}",
                 "-o", "train.max_steps=1"], timeout=120)
@@ -154,7 +134,7 @@ def test_a_run_inside_a_directory_of_another_user_is_refused_in_one_line(shared,
     def plant():
         exp.mkdir(mode=0o755)
         (exp / "decoy").symlink_to(secret)
-    _as_nobody(plant)
+    as_nobody(plant)
     done = run(TRAIN + ["-o", f"{key}={exp / 'run1'}"], timeout=120)
     _one_line(done, f"{key} {exp}/run1 is inside {exp}, which is not yours alone (it belongs to user nobody "
                     f"(uid 65534)): whoever can change it can put a directory of theirs in place of yours; "
@@ -173,7 +153,7 @@ def test_a_ranks_run_directory_made_first_by_another_user_is_refused(shared):
         theirs.mkdir(mode=0o777)
         (theirs / "logs").mkdir(mode=0o777)
         (theirs / "logs" / "rank0.log").symlink_to(secret)
-    _as_nobody(plant)
+    as_nobody(plant)
     done = run(TRAIN + ["-o", f"output.run_dir={theirs}"], env={"PADDLE_DIST_SUPERVISED": "1"}, timeout=120)
     _one_line(done, f"output.run_dir {theirs} is not yours alone (it belongs to user nobody (uid 65534)): someone "
                     "else could read, plant or change what the job keeps there; choose a directory of your own "
@@ -192,7 +172,7 @@ def test_a_planted_log_directory_is_refused_before_anything_is_written_or_remove
         log.mkdir(mode=0o777)
         for name in names:
             (log / name).symlink_to(secret)
-    _as_nobody(plant)
+    as_nobody(plant)
     script = tmp_path / "script.py"
     script.write_text("print('trained')\n")
     done = run(["-m", "paddle_dist.launch", "--log_dir", str(log), str(script)], timeout=120)
@@ -213,7 +193,7 @@ def test_a_linked_folder_inside_a_run_is_refused_and_what_it_points_to_untouched
     def plant():
         (theirs / "ckpt_000000016").mkdir(parents=True)
         (theirs / "latest").write_text("ckpt_000000016\n")
-    _as_nobody(plant)
+    as_nobody(plant)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / folder_name).symlink_to(theirs)

@@ -7,9 +7,6 @@ that is Python's own rule (docs/security.md), which `python -P` turns off."""
 
 import json
 import os
-import shutil
-import signal
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,9 @@ import yaml
 
 from paddle_dist.runs.layout import Run
 
+from ..oracles import NOBODY, as_nobody, shared_folder
 from .procs import check, run
 
-NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
 
 # yaml.py of the other user: notes who imported it, then hands over the real yaml.
@@ -33,34 +30,7 @@ del sys.modules["yaml"]
 import yaml
 """
 PLANTED_CONFIG = "train:\n  lr: 0.123\noutput:\n  name: planted\n"
-
-
-def _as_nobody(act) -> None:
-    """Run `act()` in a forked child that became uid/gid 65534 (umask 0), within 30 s."""
-    pid = os.fork()
-    if pid == 0:                                  # the child: never returns into pytest
-        code = 1
-        try:
-            signal.alarm(30)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.umask(0)
-            act()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-@pytest.fixture
-def shared():
-    folder = Path(tempfile.mkdtemp(prefix="pd-shared-", dir="/tmp"))
-    folder.chmod(0o1777)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+shared = pytest.fixture(shared_folder)
 
 
 def test_a_planted_config_and_module_in_the_working_directory_change_no_rank(shared, tmp_path):
@@ -68,7 +38,7 @@ def test_a_planted_config_and_module_in_the_working_directory_change_no_rank(sha
         (shared / "yaml.py").write_text(PLANTED_YAML)
         (shared / "imported-by").write_text("")
         (shared / "synthetic_lenet").write_text(PLANTED_CONFIG)
-    _as_nobody(plant)
+    as_nobody(plant)
     root = tmp_path / "runs"
     result = check(run(["-m", "paddle_dist.train", "-c", "synthetic_lenet", "-o", "dist.nprocs=2",
                         "-o", "train.max_steps=2", "-o", "checkpoint.every_epochs=0", "-o", f"output.root={root}"],

@@ -4,10 +4,7 @@ proof and a node 0 that cannot prove the token are all refused in one line, and 
 goes on waiting for the right machine."""
 
 import os
-import shutil
-import signal
 import socket
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from paddle_dist.security import auth
 from paddle_dist.launch import launcher, rendezvous
 from paddle_dist.errors import UserError
 
+from tests.oracles import as_nobody, shared_folder
 from tests.unit.launch.test_rendezvous import _listening, _Node
 
 
@@ -43,36 +41,8 @@ def test_a_token_file_is_read_only_when_it_is_its_owners_alone(tmp_path):
         auth.read_token(str(tmp_path / "missing.token"))
 
 
-NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
-
-
-def _as_nobody(act) -> None:
-    """Run `act()` in a forked child that became uid/gid 65534, within 30 s."""
-    pid = os.fork()
-    if pid == 0:                                  # the child: never returns into pytest
-        code = 1
-        try:
-            signal.alarm(30)
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            act()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-@pytest.fixture
-def shared():
-    """A directory every user may add to, as /tmp is (sticky), outside pytest's own (0700)."""
-    folder = Path(tempfile.mkdtemp(prefix="pd-shared-", dir="/tmp"))
-    folder.chmod(0o1777)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+shared = pytest.fixture(shared_folder)
 
 
 @as_root
@@ -81,7 +51,7 @@ def test_another_users_token_file_is_refused_though_only_its_owner_can_read_it(s
     user filled it with the docs' command, and the job took it: they could read the token
     and meet node 0 as a machine of the job."""
     path = shared / "job.token"
-    _as_nobody(lambda: os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)))
+    as_nobody(lambda: os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)), umask=None)
     path.write_text(auth.new_token() + "\n")              # root writes into it, as the docs' command would
     with pytest.raises(UserError, match=rf"^dist.token_file {path} belongs to user nobody \(uid 65534\), not to "
                                         "you: another user made it or can change it; remove it and make your own$"):
@@ -98,7 +68,7 @@ def test_a_token_file_where_another_user_can_replace_it_is_refused(shared):
     """The file is the user's, but another user owns its directory, or may write into it:
     they could put a file of the user's choosing in its place (another job's token)."""
     theirs = shared / "theirs"
-    _as_nobody(lambda: theirs.mkdir(mode=0o755))
+    as_nobody(lambda: theirs.mkdir(mode=0o755), umask=None)
     with pytest.raises(UserError, match=rf"is in {theirs}, which belongs to user nobody \(uid 65534\), so they "
                                         "could replace it; keep it in a directory only you can write"):
         auth.read_token(_token_file(theirs))
