@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
@@ -165,6 +165,38 @@ def launch_once(args, name: str, workdir: Path, index: int) -> dict:
     return run_job(args, name, workdir, index, tail, out)
 
 
+def run_jobs(args, launch: Callable, prog: str, line: Callable[[int, str, dict], str]):
+    """`args.launches` jobs of every variant, `launch(args, name, workdir, index)` each, the
+    variants' order rotating every round so that none always runs first; `line` says each
+    job. {variant: [job, ...]}, or None when a job failed (said on stderr)."""
+    jobs: Dict[str, List[dict]] = {name: [] for name in args.names}
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"{prog}-") as tmp:
+            for index in range(args.launches):
+                for name in args.names[index % len(args.names):] + args.names[:index % len(args.names)]:
+                    job = launch(args, name, Path(tmp), index)
+                    jobs[name].append(job)
+                    print(line(index, name, job), flush=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    return jobs
+
+
+def gate(args, summary: dict, prog: str, against: str) -> int:
+    """--min-ratio: 1 unless the first variant's 95 % interval lies above it, else 0."""
+    if args.min_ratio is None:
+        return 0
+    interval = summary[args.names[0]]["ratio_interval_95"]
+    if interval is None or interval[0] < args.min_ratio:
+        shown = "too few chunks" if interval is None else f"from {interval[0]:.3f}"
+        print(f"{prog}: FAILED: the 95 % interval of {args.names[0]} against {against} "
+              f"({shown}) does not lie above {args.min_ratio}", file=sys.stderr)
+        return 1
+    print(f"{args.names[0]} is above {args.min_ratio} of {against} with 95 % confidence")
+    return 0
+
+
 def run_job(args, name: str, workdir: Path, index: int, tail: List[str], out: Path) -> dict:
     """Job `index` of variant `name`: `python TAIL` on `args.nprocs` ranks (under
     paddle_dist.launch when more than one); rank 0's record from `out`, with the other
@@ -198,20 +230,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{PROG}: {args.model}, {', '.join(args.names)} against the raw recipe, step by step; "
           f"{args.nprocs} rank(s), batch {args.batch}/rank, {args.warmup} + {args.steps} steps, "
           f"{args.launches} job(s) each", flush=True)
-    jobs: Dict[str, List[dict]] = {name: [] for name in args.names}
-    try:
-        with tempfile.TemporaryDirectory(prefix=f"{PROG}-") as tmp:
-            for index in range(args.launches):
-                for name in args.names[index % len(args.names):] + args.names[:index % len(args.names)]:
-                    job = launch_once(args, name, Path(tmp), index)
-                    jobs[name].append(job)
-                    ratios = chunk_ratios(job["raw"], job["ours"], args.chunk)
-                    print(f"job {index + 1}/{args.launches}  {name:<20} A/B {statistics.median(ratios):.3f} "
-                          f"(chunks {min(ratios):.3f}-{max(ratios):.3f}; all steps "
-                          f"{_overall(job):.3f}; other ranks "
-                          f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})", flush=True)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+    def line(index: int, name: str, job: dict) -> str:
+        ratios = chunk_ratios(job["raw"], job["ours"], args.chunk)
+        return (f"job {index + 1}/{args.launches}  {name:<20} A/B {statistics.median(ratios):.3f} "
+                f"(chunks {min(ratios):.3f}-{max(ratios):.3f}; all steps {_overall(job):.3f}; other ranks "
+                f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})")
+
+    jobs = run_jobs(args, launch_once, PROG, line)
+    if jobs is None:
         return 1
     summary = summarise(args, jobs)
     print()
@@ -222,15 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "launches": args.launches, "machine": bench_train.machine(), "variants": summary}
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"\nwrote {args.json}")
-    if args.min_ratio is not None:
-        interval = summary[args.names[0]]["ratio_interval_95"]
-        if interval is None or interval[0] < args.min_ratio:
-            shown = "too few chunks" if interval is None else f"from {interval[0]:.3f}"
-            print(f"{PROG}: FAILED: the 95 % interval of {args.names[0]} against the raw recipe "
-                  f"({shown}) does not lie above {args.min_ratio}", file=sys.stderr)
-            return 1
-        print(f"{args.names[0]} is above {args.min_ratio} of the raw recipe with 95 % confidence")
-    return 0
+    return gate(args, summary, PROG, "the raw recipe")
 
 
 # ---------------------------------------------------------------- the worker (one per rank)

@@ -52,9 +52,7 @@ import importlib.util
 import itertools
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -178,23 +176,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{PROG}: causal_lm.py, {', '.join(args.names)} against a plain DataParallel loop, step by "
           f"step; {args.nprocs} rank(s), {args.warmup} + {args.steps} steps, an evaluation every "
           f"{args.eval_every}, {args.launches} job(s) each", flush=True)
-    jobs: Dict[str, List[dict]] = {name: [] for name in args.names}
-    try:
-        with tempfile.TemporaryDirectory(prefix=f"{PROG}-") as tmp:
-            for index in range(args.launches):
-                for name in args.names[index % len(args.names):] + args.names[:index % len(args.names)]:
-                    job = launch_once(args, name, Path(tmp), index)
-                    jobs[name].append(job)
-                    ratios = bench_overhead.chunk_ratios(job["raw"], job["ours"], args.chunk)
-                    evals = [f / p for f, p in job["evals"]]
-                    print(f"job {index + 1}/{args.launches}  {name:<11} tokens/s vs plain "
-                          f"{statistics.median(ratios):.3f} (chunks {min(ratios):.3f}-{max(ratios):.3f}; "
-                          f"all steps {bench_overhead._overall(job):.3f}; other ranks "
-                          f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})  eval vs plain "
-                          f"{statistics.median(evals) if evals else float('nan'):.3f} ({len(evals)} pairs)",
-                          flush=True)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+    def line(index: int, name: str, job: dict) -> str:
+        ratios = bench_overhead.chunk_ratios(job["raw"], job["ours"], args.chunk)
+        evals = [f / p for f, p in job["evals"]]
+        return (f"job {index + 1}/{args.launches}  {name:<11} tokens/s vs plain "
+                f"{statistics.median(ratios):.3f} (chunks {min(ratios):.3f}-{max(ratios):.3f}; "
+                f"all steps {bench_overhead._overall(job):.3f}; other ranks "
+                f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})  eval vs plain "
+                f"{statistics.median(evals) if evals else float('nan'):.3f} ({len(evals)} pairs)")
+
+    jobs = bench_overhead.run_jobs(args, launch_once, PROG, line)
+    if jobs is None:
         return 1
     summary = summarise(args, jobs)
     print()
@@ -205,15 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "variants": summary}
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"\nwrote {args.json}")
-    if args.min_ratio is not None:
-        interval = summary[args.names[0]]["ratio_interval_95"]
-        if interval is None or interval[0] < args.min_ratio:
-            shown = "too few chunks" if interval is None else f"from {interval[0]:.3f}"
-            print(f"{PROG}: FAILED: the 95 % interval of {args.names[0]} against the plain loop "
-                  f"({shown}) does not lie above {args.min_ratio}", file=sys.stderr)
-            return 1
-        print(f"{args.names[0]} is above {args.min_ratio} of the plain loop with 95 % confidence")
-    return 0
+    return bench_overhead.gate(args, summary, PROG, "the plain loop")
 
 
 # ---------------------------------------------------------------- the worker (one per rank)
