@@ -218,7 +218,7 @@ def densify(paddle, net) -> None:
 if __package__:
     from paddle_dist.runs.layout import Run
 
-    from ..oracles import rank_status
+    from ..oracles import max_difference, rank_status
     from .procs import check, finish, run, start
 
 SCRIPT = str(Path(__file__).resolve())
@@ -237,21 +237,16 @@ def part(weights, name, which):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def max_diff(a, b) -> float:
-    assert a.keys() == b.keys() and a
-    return max(float(np.abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a)
-
-
 @pytest.mark.compat
 def test_sparse_tables_equal_the_one_process_replay_in_every_mode(two_ranks):
     ranks, _ = two_ranks
     diffs, failed = {}, []
     for name in ROWS:
         mine = part(ranks[0], name, "final")
-        assert max_diff(mine, part(ranks[1], name, "final")) == 0.0, f"{name}: rank 1 differs from rank 0"
+        assert max_difference(mine, part(ranks[1], name, "final")) == 0.0, f"{name}: rank 1 differs from rank 0"
         initial = part(ranks[0], name, "initial")
-        assert max_diff(initial, mine) > 1e-3, f"{name}: nothing trained"
-        diffs[name] = max_diff(mine, replay(name, initial, 2))
+        assert max_difference(initial, mine) > 1e-3, f"{name}: nothing trained"
+        diffs[name] = max_difference(mine, replay(name, initial, 2))
         if diffs[name] > TOLERANCE[ROWS[name][0]]:
             failed.append(f"{name}: {diffs[name]:.2e}")
     print(json.dumps({"largest difference from the replay": diffs}, indent=1))
@@ -267,8 +262,8 @@ def test_default_adam_on_sparse_tables_equals_adam_on_dense_tables(two_ranks):
     sparse = [name for name, (opt, own, _) in ROWS.items() if opt == "adam" and own is False]
     assert sparse
     for name in sparse:
-        assert max_diff(part(ranks[0], name, "initial"), part(ranks[0], "adam/dense/loop/auto", "initial")) == 0.0
-        assert max_diff(part(ranks[0], name, "final"), dense) <= 1e-5, name
+        assert max_difference(part(ranks[0], name, "initial"), part(ranks[0], "adam/dense/loop/auto", "initial")) == 0.0
+        assert max_difference(part(ranks[0], name, "final"), dense) <= 1e-5, name
 
 
 def test_a_table_whose_gradient_is_released_is_not_named_untrained(two_ranks):
