@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 from typing import Callable, List
 
 import paddle.distributed as dist
@@ -43,7 +44,15 @@ def guard(data_parallel, net) -> List:
     handles = [p.register_hook(_refuse_rows(name)) for name, p in net.named_parameters()
                if not p.stop_gradient and id(p) not in sparse]
     data_parallel._paddle_dist_table_hooks = handles
+    # Gone before the interpreter's teardown frees the parameters: no Python hook is left
+    # on a tensor Paddle destroys at exit.
+    atexit.register(_remove, handles)
     return handles
+
+
+def _remove(handles: List) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _refuse_rows(name: str) -> Callable:
