@@ -22,6 +22,31 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+
+
+def worker_port_range(worker: str = os.environ.get("PYTEST_XDIST_WORKER", "")) -> str:
+    """The ports this test process and what it starts pick from ("low:high"), 1,000 of
+    them, below the kernel's ephemeral ports and apart from every other pytest-xdist
+    worker's. A port found free and bound a moment later (Paddle's launcher picks its
+    store's so; so do paddle_dist's launcher and tests/oracles.py's free_port) could
+    otherwise be taken meanwhile by another test's outgoing connection: Paddle's store
+    then aborts its rank (SIGABRT in TCPServer::create)."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    slot = int(worker[2:]) + 1 if worker[2:].isdigit() else 0
+    low = 10000 + 1000 * slot
+    if low + 999 >= ephemeral:
+        return os.environ.get("PORT_RANGE", "")
+    return f"{low}:{low + 999}"
+
+
+# Set before the snapshot below: every test's processes inherit it (PORT_RANGE is the
+# variable Paddle's launcher reads for its ports; paddle_dist's launcher reads it too).
+if worker_port_range():
+    os.environ["PORT_RANGE"] = worker_port_range()
+
 # What the user's shell gave us, before `import paddle` edits it: Paddle sets
 # OMP_NUM_THREADS=1 and CUSTOM_DEVICE_ROOT="" on import.
 ENVIRON_BEFORE_PADDLE: Dict[str, str] = dict(os.environ)

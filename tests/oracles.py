@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any, Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
@@ -162,15 +161,15 @@ def ending(capfd, call: Callable[[], Any]) -> Ending:
 
 # ------------------------------------------------------------------ the machine
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on at this moment on `host` (the kernel's pick). Another
-    process may take it before the test does: use it at once.
+    """A TCP port nobody listens on at this moment on `host`, from this test process's
+    PORT_RANGE (tests/conftest.py). Another process may take it before the test does: use
+    it at once.
 
     Example:
         f"dist.master=127.0.0.1:{free_port()}"
     """
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    from paddle_dist.security.rankgate import free_port as pick
+    return pick(host)
 
 
 # ------------------------------------------------------------------ the other user

@@ -196,10 +196,35 @@ class RankGate:
 
 
 def free_port(host: str = "") -> int:
-    """A TCP port free at this moment on `host` ("" = every address; the kernel's pick)."""
+    """A TCP port free at this moment on `host` ("" = every address): one in PORT_RANGE
+    ("low:high", the variable Paddle's launcher reads for its own ports) when it is set,
+    else the kernel's pick. A range below the kernel's ephemeral ports keeps a port that
+    is free now from being taken by some process's outgoing connection before the store
+    binds it."""
+    low, high = _port_range(os.environ.get("PORT_RANGE", ""))
+    if low:
+        import random
+        start = random.randint(low, high)
+        for offset in range(high - low + 1):
+            port = low + (start - low + offset) % (high - low + 1)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _port_range(text: str) -> tuple:
+    """PORT_RANGE's "low:high" as (low, high); (0, 0) when unset or not a usable range."""
+    try:
+        low, high = (int(part) for part in text.split(":"))
+    except ValueError:
+        return 0, 0
+    return (low, high) if 0 < low <= high < 65536 else (0, 0)
 
 
 def _close(sock: socket.socket) -> None:

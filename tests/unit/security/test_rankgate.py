@@ -189,3 +189,25 @@ def test_the_gate_listens_on_loopback_alone(gate):
     with pytest.raises(ConnectionRefusedError):        # another address of this host
         socket.create_connection(("127.0.0.2", port), timeout=2).close()
     rankgate.admit(gate.address, JOB, 0, gate.token)
+
+
+def test_free_port_picks_from_port_range_and_steps_over_a_taken_one(monkeypatch):
+    """PORT_RANGE (Paddle's launcher's variable) bounds the store's port: within it, and
+    never one that something already listens on."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        monkeypatch.setenv("PORT_RANGE", f"{port}:{port + 1}")
+        picked = {rankgate.free_port("127.0.0.1") for _ in range(20)}
+    finally:
+        taken.close()
+    assert picked == {port + 1}
+
+
+@pytest.mark.parametrize("text", ["", "5000", "a:b", "9:3", "0:100", "1:70000"])
+def test_free_port_is_the_kernels_pick_without_a_usable_range(monkeypatch, text):
+    monkeypatch.setenv("PORT_RANGE", text)
+    assert 0 < rankgate.free_port("127.0.0.1") < 65536
+    assert rankgate._port_range(text) == (0, 0)
