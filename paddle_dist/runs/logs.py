@@ -25,6 +25,13 @@ GLOO_START_HINT = ("gloo could not connect the ranks while the process group sta
                    "seen now and then on a busy machine, it is not caused by the job or its data: "
                    "run the same command again")
 
+# Rank 0 failing to listen on the store's port (Paddle's TCPStore): another process took
+# the port between its pick and the store's start. Paddle 3.x with libuv aborts in
+# TCPServer::create (after "create libuv server at port: N"); the older store raises
+# "Bind network on IP_ANY:N failed".
+STORE_BIND_FAILED = re.compile(r"Bind network on [^:\s]*:(\d+) failed|TCPServer::create")
+STORE_PORT_SAID = re.compile(r"create libuv server at port: (\d+)")
+
 
 def is_noise(line: str) -> bool:
     """Paddle's lines that tell a user nothing: the "Modified FLAGS detected" banner (its
@@ -70,6 +77,25 @@ def gloo_start_failed(text: str) -> bool:
         gloo_start_failed("... in init_parallel_env ... [gloo/transport/tcp/pair.cc:584] TIMEOUT ...")  # True
     """
     return "init_parallel_env" in text and GLOO_PAIR_FAILED.search(text) is not None
+
+
+def store_bind_failed(text: str) -> str:
+    """The hint for `text` (a traceback, or a rank's log) that shows Paddle's store failing
+    to listen on its port as the process group started; "" when it does not.
+
+    Example:
+        store_bind_failed("ValueError: (InvalidArgument) Bind network on IP_ANY:48819 failed.")
+        # 'the process group's store could not listen on port 48819: ...'
+    """
+    found = STORE_BIND_FAILED.search(text)
+    if found is None:
+        return ""
+    said = found.group(1) or next(iter(STORE_PORT_SAID.findall(text)[-1:]), "")
+    port = f" {said}" if said else ""
+    return (f"the process group's store could not listen on port{port}: another process took it after "
+            "it was picked; not caused by the job: run the same command again (PORT_RANGE=low:high, below the "
+            "kernel's ephemeral ports in /proc/sys/net/ipv4/ip_local_port_range, keeps other programs' "
+            "connections off the ports paddle_dist and Paddle's launcher pick)")
 
 
 def text_of(path: str, limit: int = 65536) -> str:

@@ -29,7 +29,7 @@ from ..errors import REFUSAL_LINE
 from ..procfs import pid_alive
 from ..security import attest
 from .commands import resume_command
-from .logs import GLOO_START_HINT, gloo_start_failed, innermost, tail_lines, text_of
+from .logs import GLOO_START_HINT, gloo_start_failed, innermost, store_bind_failed, tail_lines, text_of
 from .status import (DIVERGED, ENDED_BADLY, HUNG, PREEMPTED, REFUSED, RUNNING, STOPPED, RankStatus,
                      read_all)
 from .topology import ONE_MACHINE, Machines
@@ -305,6 +305,7 @@ def _report(cause: RankStatus, code: int, headline: str, status: Dict[int, RankS
     said = "\n".join([cause.traceback or "", cause.error or ""]
                      + [text_of(log) for log in (cause.log, logs.get(rank)) if log])
     lines += [f"  {GLOO_START_HINT}"] if gloo_start_failed(said) else []
+    lines += [f"  {hint}" for hint in [store_bind_failed(said)] if hint]
     where = [f"last heartbeat at step {cause.step}" if cause.step is not None else "",
              f"pid {cause.pid}" if cause.pid else "",
              f"host {cause.host}" if cause.host else ""]

@@ -118,6 +118,38 @@ def test_gloo_failing_to_connect_the_ranks_at_start_is_named_in_one_line(tmp_pat
                                   exits=exits).lines
 
 
+STORE_ON_A_TAKEN_PORT = """
+import socket
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+import paddle
+from paddle.base import core
+print("port", taken.getsockname()[1], flush=True)
+core.TCPStore("127.0.0.1", taken.getsockname()[1], True, 1, 30)
+"""
+
+
+def test_a_store_that_could_not_listen_on_its_port_is_named_with_the_port(tmp_path):
+    """Paddle's own store, started on a port another socket listens on, as rank 0's store
+    is when its port was taken after the pick: its real output (a libuv abort, or the older
+    store's ValueError) gives one line naming the port and what to do."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STORE_ON_A_TAKEN_PORT], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0, done.stdout + done.stderr
+    port = done.stdout.split("port ", 1)[1].split()[0]
+    log = tmp_path / "workerlog.0"
+    log.write_text(done.stdout + done.stderr)
+    lines = root_cause({}, exits=[Exit(0, 1, 10.0)], logs={0: str(log)}).lines
+    assert lines[1].startswith(f"  the process group's store could not listen on port {port}: another process "
+                               "took it after it was picked; not caused by the job: run the same command again"), lines
+    assert all("store could not listen" not in line for line in root_cause(
+        {}, exits=[Exit(0, 1, 10.0)], logs={0: str(tmp_path / "none.log")}).lines)
+
+
 def test_every_rank_ending_with_75_is_a_requested_stop_without_status():
     exits = [Exit(0, errors.EXIT_PREEMPTED, 1.0), Exit(1, errors.EXIT_PREEMPTED, 1.1)]
     report = root_cause({}, exits=exits)
