@@ -23,8 +23,9 @@ All are medians of the ratios within each rep (the samples/s columns are medians
 Variants (--variants, comma-separated):
 - paddle_dist: the loop trainer as configured by default (fused gradient sync, batched data)
 - paddle_dist_hapi: the same job through paddle.Model.fit (train.api=hapi)
-- paddle_dist_dpsync: the loop trainer with Paddle's own DataParallel reducer and a
-  paddle.io.DataLoader, the reference's sync and data path: its gap to the reference is
+- paddle_dist_dpsync: the loop trainer with Paddle's own DataParallel reducer as the
+  reference builds it (find_unused_parameters off: sync.find_unused_parameters=false) and
+  unbatched reading, the reference's sync and data path: its gap to the reference is
   paddle_dist's own overhead
 - paddle_dist_hapi_dpsync: the same through paddle.Model.fit
 - paddle_dataparallel: the raw recipe, written below: init_parallel_env, DataParallel,
@@ -62,8 +63,9 @@ PROG = "bench_train"
 PADDLE_DIST_VARIANTS = {
     "paddle_dist": [],
     "paddle_dist_hapi": ["train.api=hapi"],
-    "paddle_dist_dpsync": ["sync.mode=dataparallel", "data.batched=false"],
-    "paddle_dist_hapi_dpsync": ["train.api=hapi", "sync.mode=dataparallel", "data.batched=false"],
+    "paddle_dist_dpsync": ["sync.mode=dataparallel", "sync.find_unused_parameters=false", "data.batched=false"],
+    "paddle_dist_hapi_dpsync": ["train.api=hapi", "sync.mode=dataparallel", "sync.find_unused_parameters=false",
+                                "data.batched=false"],
 }
 OTHER_VARIANTS = ("paddle_dataparallel", "torch_ddp")
 NO_SYNC = "no_sync"     # N separate 1-rank paddle_dist processes: the bound for N ranks

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -31,6 +32,7 @@ from ..errors import ConfigError, DataError
 from .badsample import Guarded, GuardedCollate, collate_failure, describe, name_of, raise_noted
 from . import streams
 from .feed import Feed
+from .sampling import SeededSamples
 
 # The DataLoader settings carried over from a user's loader (besides its workers and collate).
 # (Not persistent_workers: the loader is built anew each epoch, over a sampler that may
@@ -218,13 +220,16 @@ class SampleLoader:
         self.collate_fn = collate_fn or default_collate_fn
 
     def __iter__(self):
+        # SeededSamples puts the global generators back once a batch, not once a sample.
+        one_batch = self.dataset.one_batch if isinstance(self.dataset, SeededSamples) else contextlib.nullcontext
         for indices in self.batch_sampler:
             samples = []
-            for i in indices:
-                try:
-                    samples.append(self.dataset[i])
-                except Exception as exc:
-                    raise DataError(describe(exc, f"reading sample {i} of {name_of(self.dataset)}")) from exc
+            with one_batch():
+                for i in indices:
+                    try:
+                        samples.append(self.dataset[i])
+                    except Exception as exc:
+                        raise DataError(describe(exc, f"reading sample {i} of {name_of(self.dataset)}")) from exc
             try:
                 collated = self.collate_fn(samples)
             except Exception as exc:

@@ -152,17 +152,22 @@ class Weighting:
             self.count = round(count * self.env.world_size) if self.counted else None
             self.loss = total / count
             factor = paddle.to_tensor(1.0 / count, dtype="float32") if self.counted else None
+        elif not self.counted:
+            # A plain loss needs no count to train: its step's loss stays this rank's here
+            # (the mean over its micro-batches), and the progress line takes the ranks' mean
+            # at its reports (Progress.over_ranks), not one all-reduce per step (one costs
+            # 1.6-2.7 ms on 2 CPU ranks: benchmarks.md).
+            self.local = self.env.is_distributed
+            many = len(self._sums) > 1
+            self.loss = paddle.add_n(self._sums) / len(self._sums) if many else self._sums[0]
+            self.count, factor = None, None
         else:
             summed = self._local()
-            # A plain loss needs no count to train: its step's loss stays this rank's here,
-            # and the progress line takes the ranks' mean at its reports (Progress.over_ranks),
-            # not one all-reduce per step (one costs 1.6-2.7 ms on 2 CPU ranks: benchmarks.md).
-            self.local = self.env.is_distributed and not self.counted
-            if self.env.is_distributed and self.counted:
+            if self.env.is_distributed:
                 collective(dist.all_reduce, summed, phase=self.phase, what="all-reduce of the loss's count")
-            self.count = summed[0] if self.counted else None
+            self.count = summed[0]
             self.loss = summed[1] / summed[0]
-            factor = (self.env.world_size / summed[0]) if self.counted else None
+            factor = self.env.world_size / summed[0]
         if factor is not None:
             with paddle.no_grad():
                 for p in self.params:

@@ -84,3 +84,28 @@ def test_a_sample_draws_the_same_numbers_whoever_reads_it():
     assert (np.random.get_state()[1] == before).all()          # this process's generator put back
     two.set_epoch(3)
     assert one[4] != two[4]
+
+
+def test_a_batch_read_in_this_process_draws_as_its_samples_alone_and_puts_the_generators_back_once():
+    """loading.SampleLoader (zero workers) reads a batch inside one_batch(): each sample
+    still draws from its own seed, and Python's and numpy's generators are as before."""
+    import random
+
+    import numpy as np
+
+    from paddle_dist.trainer.loading import SampleLoader
+
+    class Noisy(paddle.io.Dataset):
+        def __getitem__(self, i):
+            return np.asarray([np.random.rand(), random.random()], dtype="float64")
+
+        def __len__(self):
+            return 10
+
+    seeded = SeededSamples(Noisy(), seed=7)
+    alone = [seeded[i] for i in (3, 9, 4, 0)]
+    before = (random.getstate(), np.random.get_state()[1].copy())
+    batches = [b.numpy() for b in SampleLoader(seeded, [[3, 9], [4, 0]])]
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+    assert np.array_equal(np.concatenate(batches), np.stack(alone))
+    assert not seeded._in_batch
