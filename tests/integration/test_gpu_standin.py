@@ -15,7 +15,10 @@ train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 steps.
 - at the hapi level (which computes the loss outside autocast) every loss logged is within
   1e-2 of the float32 run's;
 - float16: an overflow on one rank is a step every rank skips, with one line each, and a
-  killed run continues with the scale it had reached.
+  killed run continues with the scale it had reached;
+- a loss with a count (the mean over the labelled samples, and their number), under the
+  loss scaler and at O2, where the bfloat16 gradients are rescaled in place by the step's
+  count: 2 ranks end where one process with both micro-batches does.
 """
 
 import importlib.util
@@ -39,9 +42,9 @@ O2 = ["-o", "train.amp=O2", "-o", "train.amp_dtype=bfloat16", "-o", "train.ema_d
 SIXTEEN_BIT = {"conv.weight", "conv.bias", "head.weight", "head.bias"}
 
 
-def _job(out: Path, *extra: str, run_dir: Path = None, extra_args=()):
+def _job(out: Path, *extra: str, run_dir: Path = None, extra_args=(), nprocs: int = 2):
     out.mkdir(parents=True, exist_ok=True)
-    return run([*LAUNCH, "--log_dir", str(out / "log"), *O2,
+    return run([*LAUNCH[:-1], str(nprocs), "--log_dir", str(out / "log"), *O2,
                 "-o", f"output.run_dir={run_dir or out / 'run'}", *extra, str(SCRIPT), str(out), *extra_args],
                cwd=out, timeout=150)
 
@@ -183,3 +186,30 @@ def test_a_float16_overflow_is_skipped_on_every_rank_and_a_killed_run_continues_
     assert _scaler(killed) == _scaler(whole)
     for rank in (0, 1):
         assert differing(dict(np.load(whole / f"rank{rank}.npz")), dict(np.load(killed / f"rank{rank}.npz"))) == []
+
+
+@pytest.mark.parametrize("amp", ["float16", "O2"])
+def test_a_loss_with_a_count_trains_on_the_mean_over_every_labelled_sample_under_amp(amp, tmp_path):
+    """Every fourth label ignored, so the micro-batches' counts differ: 2 ranks of 8 samples
+    a step end where 1 process with 2 micro-batches of 8 (the same samples at every step)
+    does: its parameters and master weights, within float32 rounding under the loss scaler
+    (which computes in float32 here, scaled by a power of two), within bfloat16 rounding at
+    O2 (16-bit gradients averaged and rescaled in 16 bits). The ranks end identical."""
+    level = FLOAT16 if amp == "float16" else []
+    two, one = tmp_path / "two", tmp_path / "one"
+    check(_job(two, *level, extra_args=["--counted"]))
+    check(_job(one, *level, "-o", "train.accumulate_steps=2", nprocs=1, extra_args=["--counted"]))
+    ranks = [dict(np.load(two / f"rank{r}.npz")) for r in (0, 1)]
+    assert differing(*ranks) == []
+    alone = dict(np.load(one / "rank0.npz"))
+    # The model's parameters. BatchNorm's running statistics are left out (2 ranks and 2
+    # micro-batches update them from different batches, by design; the batch statistics a
+    # forward uses are the same), and so are the master weights: Paddle's CPU SGD kernel
+    # updates the bfloat16 weights directly and leaves them as they were made.
+    params = [k for k in alone if not k.endswith(("._mean", "._variance")) and not k.startswith("master:")]
+    assert set(params) >= SIXTEEN_BIT
+    gap = max(float(np.abs(ranks[0][k] - alone[k]).max()) for k in params)
+    assert gap < (1e-5 if amp == "float16" else 2e-2), (gap, params)
+    for out in (two, one):      # it trained: the loss fell
+        losses = [entry["train_loss"] for entry in json.loads((out / "rank0.json").read_text())["history"]]
+        assert len(losses) == 2 and losses[1] < 0.7 * losses[0], losses

@@ -14,6 +14,12 @@ what state_dict() hands out, and what fit() returned.
 makes rank 1's N-th training forward overflow (its outputs inf, as float16 overflows on a
 GPU), once per OUT (OUT/overflowed marks it done, so a continued run does not overflow
 again): the loss scaler must skip that step on every rank and halve its scale.
+
+    ... o2_fit.py OUT --counted
+
+trains on a loss with a count: every fourth sample's label is -1 (ignored), and the loss
+returns {"loss": mean over the labelled samples, "count": their number}, so that a step's
+loss is the mean over every labelled sample of all its micro-batches.
 """
 
 import json
@@ -29,18 +35,28 @@ import paddle  # noqa: E402
 from tests import gpu_standin  # noqa: E402
 
 SAMPLES, EVAL_SAMPLES = 256, 90
+IGNORED = -1
+
+
+def counted_loss(logits, labels):
+    """The mean over the labelled samples, with their number: a loss with a count."""
+    nll = paddle.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORED, reduction="none")
+    count = (labels != IGNORED).astype("float32").sum()
+    return {"loss": nll.sum() / count, "count": count}
 
 
 class Quadrants(paddle.io.Dataset):
     """8x8 images with a bright square in one of 4 quadrants; the label is the quadrant."""
 
-    def __init__(self, count, seed):
+    def __init__(self, count, seed, unlabelled: bool = False):
         rng = np.random.RandomState(seed)
         self.x = rng.normal(0, 1.0, (count, 1, 8, 8)).astype("float32")
         self.y = rng.randint(0, 4, size=(count, 1)).astype("int64")
         for i, label in enumerate(self.y[:, 0]):
             top, left = (label // 2) * 4, (label % 2) * 4
             self.x[i, :, top:top + 4, left:left + 4] += 1.0
+        if unlabelled:
+            self.y[::4] = IGNORED
 
     def __getitem__(self, i):
         return self.x[i], self.y[i]
@@ -70,7 +86,7 @@ def overflow_at(net, step: int, done: Path) -> None:
         net.register_forward_post_hook(hook)
 
 
-def main(out: Path, overflow: int = 0):
+def main(out: Path, overflow: int = 0, counted: bool = False):
     gpu_standin.install()
     import paddle_dist
 
@@ -82,8 +98,9 @@ def main(out: Path, overflow: int = 0):
         made.append(paddle.optimizer.SGD(0.05, parameters=parameters))
         return made[-1]
 
-    result = paddle_dist.fit(net, Quadrants(SAMPLES, 0), Quadrants(EVAL_SAMPLES, 1), optimizer=sgd,
-                             metrics=[paddle.metric.Accuracy()], epochs=2, batch_size=8)
+    extra = dict(loss=counted_loss) if counted else dict(metrics=[paddle.metric.Accuracy()])
+    result = paddle_dist.fit(net, Quadrants(SAMPLES, 0, counted), Quadrants(EVAL_SAMPLES, 1, counted),
+                             optimizer=sgd, epochs=2, batch_size=8, **extra)
     rank = paddle.distributed.get_rank()
     own = net.state_dict(use_hook=False)
     master = made[0]._master_weights
@@ -99,4 +116,5 @@ def main(out: Path, overflow: int = 0):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[3]) if sys.argv[2:3] == ["--overflow-at"] else 0)
+    main(Path(sys.argv[1]), int(sys.argv[3]) if sys.argv[2:3] == ["--overflow-at"] else 0,
+         counted=sys.argv[2:3] == ["--counted"])
