@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -203,7 +204,6 @@ def free_port(host: str = "") -> int:
     binds it."""
     low, high = _port_range(os.environ.get("PORT_RANGE", ""))
     if low:
-        import random
         start = random.randint(low, high)
         for offset in range(high - low + 1):
             port = low + (start - low + offset) % (high - low + 1)
