@@ -195,9 +195,19 @@ def test_free_port_picks_from_port_range_and_steps_over_a_taken_one(monkeypatch)
     """PORT_RANGE (Paddle's launcher's variable) bounds the store's port: within it, and
     never one that something already listens on."""
     taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
+    # Two neighbouring ports from this test process's own range (tests/conftest.py), where
+    # no other test process picks: the first taken here, the second free.
+    low, high = rankgate._port_range(os.environ.get("PORT_RANGE", ""))
+    for port in range(low or 20000, (high or 20999) - 1):
+        try:
+            taken.bind(("127.0.0.1", port))
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 1))
+            break
+        except OSError:
+            taken.close()
+            taken = socket.socket()
     taken.listen()
-    port = taken.getsockname()[1]
     try:
         monkeypatch.setenv("PORT_RANGE", f"{port}:{port + 1}")
         picked = {rankgate.free_port("127.0.0.1") for _ in range(20)}
