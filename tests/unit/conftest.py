@@ -1,6 +1,7 @@
 """Fixtures shared by the unit tests."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +14,32 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def fresh_python(tmp_path):
     """run(code, *path): `code` in a fresh interpreter started in `tmp_path` whose PYTHONPATH
-    is `path`; its (stdout, stderr). The test fails if it exits with an error."""
+    is `path`; its (stdout, stderr). The test fails if it exits with an error, or if it is
+    still running after 120 s: then with every thread's Python stack (SIGABRT, which
+    faulthandler reports), and nothing it started is left."""
     def run(code, *path):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout, done.stderr
+        env["PYTHONFAULTHANDLER"] = "1"
+        child = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            try:
+                out, err = child.communicate(timeout=20)
+            finally:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+            pytest.fail(f"still running after 120 s; its stacks:\n{err[-6000:]}", pytrace=False)
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)      # its own children (DataLoader workers)
+            except ProcessLookupError:
+                pass
+        assert child.returncode == 0, err
+        return out, err
     return run
 
 

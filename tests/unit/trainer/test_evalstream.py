@@ -77,22 +77,30 @@ def test_a_stream_without_shards_is_read_whole_by_every_rank_which_keeps_its_bat
         assert [names(Plain(), rank, world, 3) for rank in range(world)] == [one[r::world] for r in range(world)]
 
 
-def workers_take_the_ranks_batches_in_turn():
-    alone = [b.numpy().tolist() for b in paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None)]
-    assert alone == [[[2], [3]], [[6], [7]], [[10]]]
-    with_workers = paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None, num_workers=2,
-                                        collate_fn=lambda batch: batch)
-    assert [np.asarray(b).tolist() for b in with_workers] == alone
-    net = paddle.nn.Linear(1, 1)
-    split = eval_loader(Source.of(Plain(), "eval_data"), 2, 1, 2, Feed(net), workers=2)
-    assert [inputs[0].numpy().tolist() for inputs, _ in split] == alone
+ALONE = [[[2], [3]], [[6], [7]], [[10]]]          # rank 1 of 2, batches of 2
 
 
-def test_workers_take_the_ranks_batches_in_turn(fresh_python):
+def workers_take_the_ranks_batches_in_turn(level: str):
+    """`level` "paddle": Paddle's DataLoader with workers over RankBatches; "eval_loader":
+    paddle_dist's, as evaluation builds it."""
+    if level == "paddle":
+        alone = [b.numpy().tolist() for b in paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None)]
+        assert alone == ALONE
+        with_workers = paddle.io.DataLoader(RankBatches(Plain(), 1, 2, 2), batch_size=None, num_workers=2,
+                                            collate_fn=lambda batch: batch)
+        assert [np.asarray(b).tolist() for b in with_workers] == ALONE
+    else:
+        split = eval_loader(Source.of(Plain(), "eval_data"), 2, 1, 2, Feed(paddle.nn.Linear(1, 1)), workers=2)
+        assert [inputs[0].numpy().tolist() for inputs, _ in split] == ALONE
+
+
+@pytest.mark.parametrize("level", ["paddle", "eval_loader"])
+def test_workers_take_the_ranks_batches_in_turn(fresh_python, level):
     # DataLoader workers are forked: in a fresh interpreter, never in a pytest-xdist worker,
-    # whose threads may hold a lock at the fork (the forked worker then waits for ever).
-    fresh_python("from tests.unit.trainer.test_evalstream import workers_take_the_ranks_batches_in_turn as t; t()",
-                 ROOT)
+    # whose threads may hold a lock at the fork (the forked worker then waits for ever); one
+    # loader with workers per interpreter (a full run once hung 120 s with both in one).
+    fresh_python("from tests.unit.trainer.test_evalstream import workers_take_the_ranks_batches_in_turn as t; "
+                 f"t({level!r})", ROOT)
 
 
 def test_the_loader_gives_inputs_and_labels_and_names_a_sample_it_cannot_collate():
