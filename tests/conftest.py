@@ -23,7 +23,6 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
-
 def worker_port_range(worker: str = os.environ.get("PYTEST_XDIST_WORKER", "")) -> str:
     """The ports this test process and what it starts pick from ("low:high"), 1,000 of
     them, below the kernel's ephemeral ports and apart from every other pytest-xdist
