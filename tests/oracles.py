@@ -168,8 +168,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     Example:
         f"dist.master=127.0.0.1:{free_port()}"
     """
+    import os
+
+    from paddle_dist.runtime.variables import port_range
     from paddle_dist.security.rankgate import free_port as pick
-    return pick(host)
+    return pick(host, port_range(os.environ))
 
 
 # ------------------------------------------------------------------ the other user

@@ -80,6 +80,7 @@ class LaunchPlan:
     start_method: str = "spawn"         # spawn mode: multiprocessing's start method
     gate: Optional[rendezvous.MeetingPlace] = None   # multi-node launch: where the machines meet first
     token_file: str = ""                # direct, spawn: dist.token_file ("": a token made for the job)
+    ports: Tuple[int, int] = (0, 0)     # direct: where the store's port is picked (variables.port_range)
 
     def __post_init__(self):
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))   # a copy no one can change
@@ -136,6 +137,7 @@ def plan(spec: JobSpec, attempt: int = 0, met: Optional[Meeting] = None, log_dir
                       argv=argv, env=variables, log_dir=log_dir, stop_timeout=cfg.dist.stop_timeout,
                       direct=direct, selected=selected,
                       token_file=cfg.dist.token_file if direct or mode == "spawn" else "",
+                      ports=varlib.port_range(environ),
                       start_method=start_method(cfg.dist.start_method, gpus),
                       gate=gate_of(cfg, nprocs) if mode == "launch" and not direct else None)
 
@@ -242,7 +244,7 @@ def launch(p: LaunchPlan, fn: Optional[Callable] = None, args: Sequence = (),
     with job_files(p.token_file) as (folder, token_file):
         private_env = {protocol.JOB_DIR: folder}
         if p.direct:
-            with rankgate.RankGate(credentials.token(token_file), auth.nonce(), p.nprocs) as gate:
+            with rankgate.RankGate(credentials.token(token_file), auth.nonce(), p.nprocs, ports=p.ports) as gate:
                 child_env = varlib.child_environ(dict(p.env, **private_env, **gate.variables(token_file)))
                 return supervisor.RankSupervision(list(p.argv), child_env, varlib.rank_variables(p.nprocs, p.selected),
                                                   run_dir, p.stop_timeout, Path(p.log_dir or "log"),

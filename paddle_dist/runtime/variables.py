@@ -116,6 +116,21 @@ def host_facts() -> HostFacts:
     return HostFacts(dict(os.environ), probe_gpus(), os.cpu_count() or 1)
 
 
+def port_range(environ: Mapping[str, str]) -> Tuple[int, int]:
+    """PORT_RANGE ("low:high", the variable Paddle's launcher reads for its own ports) as
+    (low, high), where the launcher picks the store's port; (0, 0), the kernel's pick, when
+    it is unset or not a usable range.
+
+    Example:
+        port_range({"PORT_RANGE": "20000:20999"})     # (20000, 20999)
+    """
+    try:
+        low, high = (int(part) for part in environ.get("PORT_RANGE", "").split(":"))
+    except ValueError:
+        return 0, 0
+    return (low, high) if 0 < low <= high < 65536 else (0, 0)
+
+
 def export(variables: Mapping[str, str], keep_existing: bool = False) -> Dict[str, Optional[str]]:
     """Set variables in this process (for Paddle, which reads them itself); return the old
     values. `keep_existing`: leave a variable the user already set alone."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import random
 import socket
 import sys
 import threading
@@ -106,8 +105,9 @@ class RankGate:
     """Admits each rank 0..world-1 once, to ranks proving `token` for `job`; serves on
     `host` from a thread of the launcher until closed."""
 
-    def __init__(self, token: bytes, job: str, world: int, host: str = "127.0.0.1"):
-        self.token, self.job, self.world, self.host = token, job, world, host
+    def __init__(self, token: bytes, job: str, world: int, host: str = "127.0.0.1",
+                 ports: tuple[int, int] = (0, 0)):
+        self.token, self.job, self.world, self.host, self.ports = token, job, world, host, ports
         self.admitted: dict[int, float] = {}        # rank -> when
         self.refused = collections.deque(maxlen=PENDING)   # why, for the last connections refused
         self._store = ""
@@ -181,7 +181,7 @@ class RankGate:
                 why = f"rank {rank} has joined this job already; a rank is admitted once"
             else:
                 self.admitted[rank] = time.time()
-                self._store = self._store or f"{self.host}:{free_port()}"   # Paddle's store binds every address
+                self._store = self._store or f"{self.host}:{free_port(ports=self.ports)}"   # Paddle's store binds every address
         send(conn, {"error": why} if why else {"store": self._store})
         return why
 
@@ -196,14 +196,14 @@ class RankGate:
         return ""
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free at this moment on `host` ("" = every address): one in PORT_RANGE
-    ("low:high", the variable Paddle's launcher reads for its own ports) when it is set,
-    else the kernel's pick. A range below the kernel's ephemeral ports keeps a port that
-    is free now from being taken by some process's outgoing connection before the store
-    binds it."""
-    low, high = _port_range(os.environ.get("PORT_RANGE", ""))
+def free_port(host: str = "", ports: tuple[int, int] = (0, 0)) -> int:
+    """A TCP port free at this moment on `host` ("" = every address): one in `ports`
+    (low, high; variables.port_range: PORT_RANGE) when given, else the kernel's pick. A
+    range below the kernel's ephemeral ports keeps a port that is free now from being
+    taken by some process's outgoing connection before the store binds it."""
+    low, high = ports
     if low:
+        import random       # the launcher's alone: not in every rank's start (above)
         start = random.randint(low, high)
         for offset in range(high - low + 1):
             port = low + (start - low + offset) % (high - low + 1)
@@ -216,15 +216,6 @@ def free_port(host: str = "") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _port_range(text: str) -> tuple:
-    """PORT_RANGE's "low:high" as (low, high); (0, 0) when unset or not a usable range."""
-    try:
-        low, high = (int(part) for part in text.split(":"))
-    except ValueError:
-        return 0, 0
-    return (low, high) if 0 < low <= high < 65536 else (0, 0)
 
 
 def _close(sock: socket.socket) -> None:

@@ -54,6 +54,11 @@ def test_two_processes_on_one_machine_are_started_directly():
     assert p.log_dir == ""
 
 
+def test_the_stores_port_is_picked_in_the_users_port_range():
+    assert make_plan(["dist.nprocs=2"], environ={"PORT_RANGE": "20000:20999"}).ports == (20000, 20999)
+    assert make_plan(["dist.nprocs=2"]).ports == (0, 0)          # the kernel's pick
+
+
 def test_one_machine_keeps_gloo_and_nccl_on_loopback_unless_the_user_chose():
     p = make_plan(["dist.nprocs=2"])
     assert p.env["GLOO_SOCKET_IFNAME"] == p.env["NCCL_SOCKET_IFNAME"] == "lo"

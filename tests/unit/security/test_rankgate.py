@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from paddle_dist.runtime.variables import port_range
 from paddle_dist.security import auth, rankgate
 
 JOB = "job-" + "a" * 16
@@ -191,13 +192,13 @@ def test_the_gate_listens_on_loopback_alone(gate):
     rankgate.admit(gate.address, JOB, 0, gate.token)
 
 
-def test_free_port_picks_from_port_range_and_steps_over_a_taken_one(monkeypatch):
+def test_free_port_picks_from_port_range_and_steps_over_a_taken_one():
     """PORT_RANGE (Paddle's launcher's variable) bounds the store's port: within it, and
     never one that something already listens on."""
     taken = socket.socket()
     # Two neighbouring ports from this test process's own range (tests/conftest.py), where
     # no other test process picks: the first taken here, the second free.
-    low, high = rankgate._port_range(os.environ.get("PORT_RANGE", ""))
+    low, high = port_range(os.environ)
     for port in range(low or 20000, (high or 20999) - 1):
         try:
             taken.bind(("127.0.0.1", port))
@@ -209,15 +210,15 @@ def test_free_port_picks_from_port_range_and_steps_over_a_taken_one(monkeypatch)
             taken = socket.socket()
     taken.listen()
     try:
-        monkeypatch.setenv("PORT_RANGE", f"{port}:{port + 1}")
-        picked = {rankgate.free_port("127.0.0.1") for _ in range(20)}
+        ports = port_range({"PORT_RANGE": f"{port}:{port + 1}"})
+        picked = {rankgate.free_port("127.0.0.1", ports) for _ in range(20)}
     finally:
         taken.close()
     assert picked == {port + 1}
 
 
 @pytest.mark.parametrize("text", ["", "5000", "a:b", "9:3", "0:100", "1:70000"])
-def test_free_port_is_the_kernels_pick_without_a_usable_range(monkeypatch, text):
-    monkeypatch.setenv("PORT_RANGE", text)
-    assert 0 < rankgate.free_port("127.0.0.1") < 65536
-    assert rankgate._port_range(text) == (0, 0)
+def test_free_port_is_the_kernels_pick_without_a_usable_range(text):
+    ports = port_range({"PORT_RANGE": text})
+    assert 0 < rankgate.free_port("127.0.0.1", ports) < 65536
+    assert ports == (0, 0)
