@@ -91,15 +91,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.steps = args.steps or DEFAULT_STEPS[args.model]
+    check_variants(args, VARIANTS, _fail)
+    return args
+
+
+def check_variants(args, known: Sequence[str], fail: Callable[[str], None]) -> None:
+    """Set args.names from --variants; `fail` (one line, exit 2) unless each is one of
+    `known`, none twice, and --chunk fits in --steps (bench_tokens.py checks its own so)."""
     args.names = [n.strip() for n in args.variants.split(",") if n.strip()]
     for name in args.names:
-        if name not in VARIANTS:
-            _fail(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+        if name not in known:
+            fail(f"unknown variant {name!r}; choose from {', '.join(known)}")
     if not args.names or len(set(args.names)) != len(args.names):
-        _fail(f"--variants {args.variants!r}: give one or more different variants")
+        fail(f"--variants {args.variants!r}: give one or more different variants")
     if args.chunk > args.steps:
-        _fail(f"--chunk {args.chunk} is longer than --steps {args.steps}; lower it")
-    return args
+        fail(f"--chunk {args.chunk} is longer than --steps {args.steps}; lower it")
 
 
 # ---------------------------------------------------------------- statistics

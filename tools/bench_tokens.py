@@ -97,14 +97,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    for name in args.names:
-        if name not in VARIANTS:
-            _fail(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
-    if not args.names or len(set(args.names)) != len(args.names):
-        _fail(f"--variants {args.variants!r}: give one or more different variants")
-    if args.chunk > args.steps:
-        _fail(f"--chunk {args.chunk} is longer than --steps {args.steps}; lower it")
+    bench_overhead.check_variants(args, VARIANTS, _fail)
     return args
 
 

@@ -51,6 +51,7 @@ ROOT = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
 
 import bench_train  # noqa: E402  (the parser, the threads)
+import bench_tokens  # noqa: E402  (the example, loaded as a module)
 
 PROG = "compare_paddleformers"
 EXAMPLE = ROOT / "docs" / "examples" / "causal_lm.py"
@@ -78,10 +79,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def example():
     """docs/examples/causal_lm.py as a module."""
-    spec = importlib.util.spec_from_file_location("causal_lm", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_tokens.example()
 
 
 def lanes_of(lm, lanes: int):
