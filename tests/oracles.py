@@ -159,6 +159,21 @@ def ending(capfd, call: Callable[[], Any]) -> Ending:
     return Ending(code, [line for line in err.splitlines() if line.strip()], out)
 
 
+def module_from(path: Path, name: str = ""):
+    """The Python file `path` (an example, a tool, a test's script) as a module, run once
+    per call.
+
+    Example:
+        lm = module_from(ROOT / "docs" / "examples" / "causal_lm.py")
+    """
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # ------------------------------------------------------------------ the machine
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on at this moment on `host`, from this test process's

@@ -12,7 +12,6 @@ at the end: the eval loss and perplexity in metrics.json, at 1, 2 and 4 ranks, a
 process's over the whole stream with the run's final weights, to 1e-9 relative.
 """
 
-import importlib.util
 import itertools
 import math
 import re
@@ -23,17 +22,14 @@ import pytest
 
 from paddle_dist import checkpoint
 
-from ..oracles import read_metrics
+from ..oracles import module_from, read_metrics
 from .procs import ROOT, run
 
 EXAMPLE = ROOT / "docs" / "examples" / "causal_lm.py"
 
 
 def example():
-    spec = importlib.util.spec_from_file_location("causal_lm", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from(EXAMPLE, "causal_lm")
 
 
 def replay(lanes: int, llama: bool = False):

@@ -13,14 +13,13 @@ launcher (Paddle's reducer): the ranks hold the same bits, within 1e-6 of that r
 a signal (runtime/scripthooks/tables.py).
 """
 
-import importlib.util
 import json
 
 import numpy as np
 import paddle
 import pytest
 
-from ..oracles import read_metrics
+from ..oracles import module_from, read_metrics
 from .procs import ROOT, run
 
 EXAMPLE = ROOT / "docs" / "examples" / "ctr.py"
@@ -32,10 +31,7 @@ SEEN = {}
 
 
 def example():
-    spec = importlib.util.spec_from_file_location("ctr", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from(EXAMPLE, "ctr")
 
 
 def trained(tmp_path_factory, name: str):

@@ -21,7 +21,6 @@ train.ema_decay, a checkpoint every 5 steps, 2 epochs of 16 steps.
   count: 2 ranks end where one process with both micro-batches does.
 """
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -32,7 +31,7 @@ import pytest
 
 from paddle_dist.runs.layout import Run
 
-from ..oracles import References, checkpoint_arrays, differing, latest_checkpoint, read_metrics
+from ..oracles import References, checkpoint_arrays, differing, latest_checkpoint, module_from, read_metrics
 from .procs import ROOT, check, run
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "o2_fit.py"
@@ -50,10 +49,7 @@ def _job(out: Path, *extra: str, run_dir: Path = None, extra_args=(), nprocs: in
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("o2_fit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from paddle_dist import export, options
 from paddle_dist.runs.layout import Run
 from paddle_dist.train import train_main
 
-from ..oracles import References, ending, max_difference
+from ..oracles import References, ending, max_difference, module_from
 from .procs import ROOT, check, finish, run, start
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "own_fit.py")
@@ -55,11 +55,7 @@ def _only_run(root: Path) -> Path:
 def _replay(initial, world: int, epochs: int, batch: int, lr: float):
     """One process: the same SGD steps on the union of the ranks' batches of each step
     (Paddle's DistributedBatchSampler, as documented), from the same initial weights."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("own_fit", SCRIPT)
-    own = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(own)
+    own = module_from(SCRIPT)
     data = own.RandomImages(own.SAMPLES, 0)
     net = own.SmallCNN()
     net.set_state_dict({k: paddle.to_tensor(v) for k, v in initial.items()})

@@ -7,7 +7,6 @@ tag of EXPECTED_TAGS, and train/loss as the run logged it. Then the screenshot t
 the scalar page of the same run in headless Chromium (skipped without Chromium).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -21,7 +20,7 @@ import pytest
 
 from paddle_dist.runs.layout import Run
 
-from ..oracles import read_metrics
+from ..oracles import module_from, read_metrics
 from .procs import ROOT, check, run
 
 EXPECTED_TAGS = ["train/loss", "train/lr", "train/samples_per_s", "eval/loss", "eval/accuracy"]
@@ -34,10 +33,7 @@ LIFETIME_S = 120            # VisualDL is killed after this long, whatever the t
 
 def _load_tool():
     """tools/visualdl_shot.py as a module (tools/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("visualdl_shot", ROOT / "tools" / "visualdl_shot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from(ROOT / "tools" / "visualdl_shot.py")
 
 
 shot = _load_tool()
