@@ -229,6 +229,14 @@ def _overall(job: dict) -> float:
     return sum(job["raw"]) / sum(job["ours"])
 
 
+def job_ratios(job: dict, chunk: int) -> str:
+    """One job's ratio as its line says it: the median over chunks, their range, all steps
+    and the other ranks' view (bench_tokens.py says its jobs so too)."""
+    ratios = chunk_ratios(job["raw"], job["ours"], chunk)
+    return (f"{statistics.median(ratios):.3f} (chunks {min(ratios):.3f}-{max(ratios):.3f}; all steps "
+            f"{_overall(job):.3f}; other ranks {', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -237,10 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{args.nprocs} rank(s), batch {args.batch}/rank, {args.warmup} + {args.steps} steps, "
           f"{args.launches} job(s) each", flush=True)
     def line(index: int, name: str, job: dict) -> str:
-        ratios = chunk_ratios(job["raw"], job["ours"], args.chunk)
-        return (f"job {index + 1}/{args.launches}  {name:<20} A/B {statistics.median(ratios):.3f} "
-                f"(chunks {min(ratios):.3f}-{max(ratios):.3f}; all steps {_overall(job):.3f}; other ranks "
-                f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})")
+        return f"job {index + 1}/{args.launches}  {name:<20} A/B {job_ratios(job, args.chunk)}"
 
     jobs = run_jobs(args, launch_once, PROG, line)
     if jobs is None:

@@ -170,12 +170,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"step; {args.nprocs} rank(s), {args.warmup} + {args.steps} steps, an evaluation every "
           f"{args.eval_every}, {args.launches} job(s) each", flush=True)
     def line(index: int, name: str, job: dict) -> str:
-        ratios = bench_overhead.chunk_ratios(job["raw"], job["ours"], args.chunk)
         evals = [f / p for f, p in job["evals"]]
         return (f"job {index + 1}/{args.launches}  {name:<11} tokens/s vs plain "
-                f"{statistics.median(ratios):.3f} (chunks {min(ratios):.3f}-{max(ratios):.3f}; "
-                f"all steps {bench_overhead._overall(job):.3f}; other ranks "
-                f"{', '.join(f'{r:.3f}' for r in job['other_ranks']) or '-'})  eval vs plain "
+                f"{bench_overhead.job_ratios(job, args.chunk)}  eval vs plain "
                 f"{statistics.median(evals) if evals else float('nan'):.3f} ({len(evals)} pairs)")
 
     jobs = bench_overhead.run_jobs(args, launch_once, PROG, line)
